@@ -1,0 +1,164 @@
+//! The Backend seam of SparklingTree (design §3): coarse ops, each one kernel (or one library
+//! call) on a device. Model code (target, drafter, Markov head) is written once against
+//! [`Backend`]; the CPU reference backend, the wgpu backend and the CUDA backend implement it.
+//!
+//! Conventions for every op:
+//! - Activations are [`Backend::Tensor`]s of `f32`, 2-D, row-major `[rows, cols]`.
+//! - Weights are [`Backend::Weight`]s: a matrix `W[N, K]` in the HF layout (`y = x·Wᵀ`),
+//!   stored in whatever precision the backend chooses (the CPU backend keeps f32).
+//! - Host slices (`positions`, `parents`, token ids) are small per-call inputs.
+//! - Every op returns [`Result`]; shape mismatches are reported as [`Error::Shape`] naming the
+//!   op and both shapes, never as a panic.
+
+use std::fmt;
+
+/// The one error type of the engine's backends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Error {
+    /// Operand shapes do not fit the op: `op` names the op, `detail` the shapes expected/found.
+    Shape { op: &'static str, detail: String },
+    /// The backend cannot run here (no driver, no adapter, feature missing).
+    Unavailable(String),
+    /// A device-side failure (out of memory, lost device, kernel launch).
+    Device(String),
+    /// Invalid argument that is not a shape problem (empty input, out-of-range id, ...).
+    Invalid(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Shape { op, detail } => write!(f, "shape mismatch in {op}: {detail}"),
+            Error::Unavailable(m) => write!(f, "backend unavailable: {m}"),
+            Error::Device(m) => write!(f, "device error: {m}"),
+            Error::Invalid(m) => write!(f, "invalid argument: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Result alias used by every backend op.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Sentinel parent of a tree root in [`AttnMask::Tree`].
+pub const NO_PARENT: u32 = u32::MAX;
+
+/// Which keys a query row may see in [`Backend::attention`].
+///
+/// The query block is always the *last* `q_rows` entries of the key range `0..kv_len`
+/// (its own K/V have already been written to the cache); keys `0..kv_len - q_rows` are the
+/// prefix and are visible to every query.
+#[derive(Debug, Clone, Copy)]
+pub enum AttnMask<'a> {
+    /// Causal inside the block: query `i` sees block keys `0..=i` (prefill, chain verify).
+    Causal,
+    /// Tree verify (DDTree §4.8): query `i` sees block keys that are ancestors of `i` or `i`
+    /// itself. `parents[i] < i` for `i ≥ 1`, `parents[0] == NO_PARENT` (the root). Visible keys
+    /// are visited in ascending slot order, so a chain-shaped tree gives bit-identical results
+    /// to [`AttnMask::Causal`].
+    Tree { parents: &'a [u32] },
+    /// Every key visible (the drafter's non-causal context + block attention, DFlash §2.4).
+    Full,
+}
+
+/// Geometry of one attention call (GQA: query head `h` reads KV head `h / (n_heads / n_kv_heads)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnShape {
+    /// Number of query heads.
+    pub n_heads: usize,
+    /// Number of KV heads (divides `n_heads`).
+    pub n_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+}
+
+/// Per-row sampling parameters for [`Backend::sample`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleParams {
+    /// Temperature; `< 1e-5` means argmax.
+    pub temperature: f32,
+    /// Keep only the `top_k` largest logits (0 = off).
+    pub top_k: usize,
+    /// Nucleus mass (1.0 = off).
+    pub top_p: f32,
+}
+
+/// A compute backend: buffers plus the coarse ops of design §3.
+///
+/// Implementations must be deterministic: the same inputs give bit-identical outputs, and an
+/// output row never depends on how many other rows are in the same call (this is what makes
+/// tree verification exactly reproduce plain decoding at temperature 0 on one backend).
+pub trait Backend: Send + Sync {
+    /// Device activation tensor, `f32 [rows, cols]`.
+    type Tensor: Send + Sync;
+    /// Device weight matrix `[N, K]` (HF layout, `y = x·Wᵀ`).
+    type Weight: Send + Sync;
+
+    /// Human-readable backend and device name (e.g. `cpu (2 threads)`).
+    fn name(&self) -> String;
+
+    /// Upload `data` (length `rows*cols`) as a `[rows, cols]` tensor.
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
+    /// A zero-filled `[rows, cols]` tensor.
+    fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor>;
+    /// Copy a tensor back to the host (a sync point). Returns `rows*cols` values.
+    fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+    /// Copy rows `start..start+n` of `t` back to the host.
+    fn download_rows(&self, t: &Self::Tensor, start: usize, n: usize) -> Result<Vec<f32>>;
+    /// `(rows, cols)` of a tensor.
+    fn shape(&self, t: &Self::Tensor) -> (usize, usize);
+    /// Upload a weight matrix `data[N*K]` of shape `[n, k]`.
+    fn upload_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<Self::Weight>;
+    /// `(N, K)` of a weight.
+    fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
+
+    /// `out[i] = table[ids[i]]` → `[ids.len(), K]`. Errors on an id `≥ N`.
+    fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;
+    /// `x[M,K] · W[N,K]ᵀ (+ bias[1,N] broadcast over rows)` → `[M, N]`.
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Weight, bias: Option<&Self::Tensor>) -> Result<Self::Tensor>;
+    /// RMSNorm over groups of `group` columns (`group = cols` for a row norm, `head_dim` for the
+    /// Qwen3 per-head q/k norm): `x * rsqrt(mean(x²) + eps) * w` with `w: [1, group]`
+    /// (reference §1.3: no bias, no `1+w` offset).
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Tensor, group: usize, eps: f32) -> Result<Self::Tensor>;
+    /// In-place NeoX (rotate-half) RoPE on a `[T, n_heads*head_dim]` tensor with one explicit
+    /// position per row; `inv_freq[j] = theta^(-2j/head_dim)` (reference §1.3).
+    fn rope(&self, x: &mut Self::Tensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()>;
+    /// SwiGLU: `silu(gate) * up`, elementwise, same shapes.
+    fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// `x += y` elementwise.
+    fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()>;
+    /// Concatenate along columns: `[T, a] ++ [T, b] → [T, a+b]`.
+    fn concat_cols(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    /// Concatenate along rows: `[a, C] ++ [b, C] → [a+b, C]`.
+    fn concat_rows(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+    /// Gather rows: `out[i] = x[rows[i]]`.
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[usize]) -> Result<Self::Tensor>;
+
+    /// Write `src[T, C]` into rows `at..at+T` of the cache tensor `dst[cap, C]`.
+    fn write_rows(&self, dst: &mut Self::Tensor, at: usize, src: &Self::Tensor) -> Result<()>;
+    /// KV compaction (reference §4.10): read rows `start + keep[j]` of `cache` for all `j`
+    /// first, then write them to rows `start + j` (read-all-then-write, overlap safe).
+    fn compact_rows(&self, cache: &mut Self::Tensor, start: usize, keep: &[usize]) -> Result<()>;
+
+    /// Scaled dot-product attention with GQA, scale `head_dim^-0.5`, f32 softmax.
+    /// `q`: `[q_rows, n_heads*head_dim]`; `k_cache`/`v_cache`: `[cap, n_kv_heads*head_dim]` of
+    /// which rows `0..kv_len` are valid and the last `q_rows` of those are the query block.
+    /// Returns `[q_rows, n_heads*head_dim]`.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k_cache: &Self::Tensor,
+        v_cache: &Self::Tensor,
+        kv_len: usize,
+        shape: AttnShape,
+        mask: AttnMask<'_>,
+    ) -> Result<Self::Tensor>;
+
+    /// Row-wise argmax (lowest index wins ties) → one id per row.
+    fn argmax(&self, logits: &Self::Tensor) -> Result<Vec<u32>>;
+    /// Row-wise sampling: row `i` draws with the uniform `uniforms[i] ∈ [0,1)` from
+    /// `softmax(logits/T)` restricted by top-k/top-p (inverse-CDF over tokens in id order after
+    /// filtering). At `T < 1e-5` returns the argmax.
+    fn sample(&self, logits: &Self::Tensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>>;
+}

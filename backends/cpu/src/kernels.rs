@@ -1,0 +1,172 @@
+//! Scalar kernels of the CPU backend: the dot product (AVX2+FMA when the CPU has it, chosen at
+//! run time, else portable), row argmax and row sampling.
+
+use sparkling_core::SampleParams;
+
+/// Lanes of the blocked dot product: 4 × 8-wide accumulators.
+const LANES: usize = 32;
+
+/// `Σ a[i]·b[i]` over equal-length slices, accumulated in f32 in a fixed blocked order
+/// (the same order for every call on one machine, whatever the caller's batch size).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the features were detected on this CPU just above.
+            return unsafe { dot_avx2(a, b) };
+        }
+    }
+    dot_portable(a, b)
+}
+
+/// Name of the dot-product path in use, for the backend's `name()`.
+pub fn simd_name() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return "avx2+fma";
+        }
+    }
+    "portable"
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let blocks = n / LANES;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for i in 0..blocks {
+        let base = i * LANES;
+        for (l, acc_l) in acc.iter_mut().enumerate() {
+            let va = _mm256_loadu_ps(pa.add(base + 8 * l));
+            let vb = _mm256_loadu_ps(pb.add(base + 8 * l));
+            *acc_l = _mm256_fmadd_ps(va, vb, *acc_l);
+        }
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut lanes = [0.0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), s);
+    let mut total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for i in blocks * LANES..n {
+        total = a[i].mul_add(b[i], total);
+    }
+    total
+}
+
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let blocks = n / LANES;
+    let mut acc = [0.0f32; LANES];
+    for i in 0..blocks {
+        let (ca, cb) = (&a[i * LANES..(i + 1) * LANES], &b[i * LANES..(i + 1) * LANES]);
+        for l in 0..LANES {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut total: f32 = acc.iter().sum();
+    for i in blocks * LANES..n {
+        total += a[i] * b[i];
+    }
+    total
+}
+
+/// Index of the largest value (lowest index on ties; NaN never wins).
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in row.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Draw one token from `softmax(row / T)` restricted by top-k / top-p, with the uniform `u`:
+/// inverse CDF over the kept tokens in ascending id order (so every backend given the same
+/// logits and `u` draws the same token). `T < 1e-5` → argmax.
+pub fn sample_row(row: &[f32], p: SampleParams, u: f32) -> u32 {
+    if p.temperature < 1e-5 || row.is_empty() {
+        return argmax(row);
+    }
+    let inv_t = 1.0 / p.temperature as f64;
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let mut probs: Vec<f64> = row.iter().map(|&v| ((v as f64 - max) * inv_t).exp()).collect();
+    let needs_filter = (p.top_k > 0 && p.top_k < row.len()) || p.top_p < 1.0;
+    if needs_filter {
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let total: f64 = probs.iter().sum();
+        let mut keep = if p.top_k > 0 { p.top_k.min(row.len()) } else { row.len() };
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (n, &i) in order.iter().enumerate().take(keep) {
+                acc += probs[i] / total;
+                if acc >= p.top_p as f64 {
+                    keep = n + 1;
+                    break;
+                }
+            }
+        }
+        for &i in &order[keep..] {
+            probs[i] = 0.0;
+        }
+    }
+    let total: f64 = probs.iter().sum();
+    let target = u as f64 * total;
+    let mut acc = 0.0;
+    let mut last = 0u32;
+    for (i, &q) in probs.iter().enumerate() {
+        if q > 0.0 {
+            acc += q;
+            last = i as u32;
+            if acc > target {
+                return i as u32;
+            }
+        }
+    }
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_f64_reference() {
+        let a: Vec<f32> = (0..77).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..77).map(|i| (i as f32 * 0.11).cos()).collect();
+        let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        assert!((dot(&a, &b) as f64 - want).abs() < 1e-4, "{} vs {want}", dot(&a, &b));
+        assert!((dot_portable(&a, &b) as f64 - want).abs() < 1e-4);
+    }
+
+    #[test]
+    fn argmax_lowest_index_on_ties() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+    }
+
+    #[test]
+    fn sample_inverse_cdf_in_id_order() {
+        // softmax at T=1 of ln([1,2,1]) = [0.25, 0.5, 0.25]
+        let row = [0.0f32, 2f32.ln(), 0.0];
+        let p = SampleParams { temperature: 1.0, top_k: 0, top_p: 1.0 };
+        assert_eq!(sample_row(&row, p, 0.10), 0);
+        assert_eq!(sample_row(&row, p, 0.30), 1);
+        assert_eq!(sample_row(&row, p, 0.74), 1);
+        assert_eq!(sample_row(&row, p, 0.80), 2);
+        // top-k 1 keeps only the max
+        let k1 = SampleParams { top_k: 1, ..p };
+        assert_eq!(sample_row(&row, k1, 0.99), 1);
+        // top-p 0.6 keeps {1, 0} (0.5 + 0.25 ≥ 0.6; tie broken by lower id)
+        let tp = SampleParams { top_p: 0.6, ..p };
+        assert_eq!(sample_row(&row, tp, 0.99), 1);
+        assert_eq!(sample_row(&row, tp, 0.2), 0);
+    }
+}

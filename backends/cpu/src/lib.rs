@@ -1,0 +1,350 @@
+//! CPU reference backend: plain Rust, multithreaded with rayon, f32 weights and accumulation.
+//!
+//! Every output element is produced by one sequential reduction whose order does not depend on
+//! how many rows share the call, so results are bit-identical between a 1-row decode step and a
+//! 65-row tree verify (the property the exactness tests rely on).
+
+mod kernels;
+
+use kernels::dot;
+use rayon::prelude::*;
+use sparkling_core::{AttnMask, AttnShape, Backend, Error, Result, SampleParams, NO_PARENT};
+
+/// An `f32 [rows, cols]` row-major host tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTensor {
+    /// Number of rows.
+    pub rows: usize,
+    /// Number of columns.
+    pub cols: usize,
+    /// `rows*cols` values, row-major.
+    pub data: Vec<f32>,
+}
+
+/// An `f32 [n, k]` row-major weight matrix (HF layout, `y = x·Wᵀ`).
+#[derive(Debug, Clone)]
+pub struct CpuWeight {
+    /// Output features.
+    pub n: usize,
+    /// Input features.
+    pub k: usize,
+    /// `n*k` values, row-major.
+    pub data: Vec<f32>,
+}
+
+/// The CPU backend. Uses rayon's global pool (`RAYON_NUM_THREADS` sets the thread count).
+#[derive(Debug, Default, Clone)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    /// Create the backend.
+    pub fn new() -> Self {
+        CpuBackend
+    }
+}
+
+fn shape_err(op: &'static str, detail: String) -> Error {
+    Error::Shape { op, detail }
+}
+
+/// Weight rows per parallel task in `matmul`.
+const MATMUL_CHUNK: usize = 16;
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads, {})", rayon::current_num_threads(), kernels::simd_name())
+    }
+
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor> {
+        if data.len() != rows * cols {
+            return Err(shape_err("upload", format!("{} values for [{rows}, {cols}]", data.len())));
+        }
+        Ok(CpuTensor { rows, cols, data: data.to_vec() })
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
+        Ok(CpuTensor { rows, cols, data: vec![0.0; rows * cols] })
+    }
+
+    fn download(&self, t: &CpuTensor) -> Result<Vec<f32>> {
+        Ok(t.data.clone())
+    }
+
+    fn download_rows(&self, t: &CpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
+        if start + n > t.rows {
+            return Err(shape_err("download_rows", format!("rows {start}..{} of {}", start + n, t.rows)));
+        }
+        Ok(t.data[start * t.cols..(start + n) * t.cols].to_vec())
+    }
+
+    fn shape(&self, t: &CpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn upload_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<CpuWeight> {
+        if data.len() != n * k {
+            return Err(shape_err("upload_weight", format!("{} values for [{n}, {k}]", data.len())));
+        }
+        Ok(CpuWeight { n, k, data })
+    }
+
+    fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
+        (w.n, w.k)
+    }
+
+    fn embedding(&self, table: &CpuWeight, ids: &[u32]) -> Result<CpuTensor> {
+        let k = table.k;
+        let mut data = Vec::with_capacity(ids.len() * k);
+        for &id in ids {
+            let id = id as usize;
+            if id >= table.n {
+                return Err(Error::Invalid(format!("token id {id} out of range for an embedding table of {} rows", table.n)));
+            }
+            data.extend_from_slice(&table.data[id * k..(id + 1) * k]);
+        }
+        Ok(CpuTensor { rows: ids.len(), cols: k, data })
+    }
+
+    fn matmul(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuTensor>) -> Result<CpuTensor> {
+        let bias = bias.map(|b| b.data.as_slice());
+        if x.cols != w.k {
+            return Err(shape_err("matmul", format!("x [{}, {}] vs W [{}, {}]", x.rows, x.cols, w.n, w.k)));
+        }
+        if let Some(b) = bias {
+            if b.len() != w.n {
+                return Err(shape_err("matmul", format!("bias of {} for N = {}", b.len(), w.n)));
+            }
+        }
+        let (m, n, k) = (x.rows, w.n, w.k);
+        if m == 0 {
+            return Ok(CpuTensor { rows: 0, cols: n, data: Vec::new() });
+        }
+        // Transposed output [N, M]: each task owns a run of weight rows and reads them once for
+        // all M activation rows.
+        let mut out_t = vec![0.0f32; n * m];
+        out_t.par_chunks_mut(MATMUL_CHUNK * m).enumerate().for_each(|(ci, chunk)| {
+            let n0 = ci * MATMUL_CHUNK;
+            for (r, outs) in chunk.chunks_mut(m).enumerate() {
+                let wrow = &w.data[(n0 + r) * k..(n0 + r + 1) * k];
+                let b = bias.map_or(0.0, |b| b[n0 + r]);
+                for (i, o) in outs.iter_mut().enumerate().take(m) {
+                    *o = dot(&x.data[i * k..(i + 1) * k], wrow) + b;
+                }
+            }
+        });
+        let mut data = vec![0.0f32; m * n];
+        for j in 0..n {
+            for i in 0..m {
+                data[i * n + j] = out_t[j * m + i];
+            }
+        }
+        Ok(CpuTensor { rows: m, cols: n, data })
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, group: usize, eps: f32) -> Result<CpuTensor> {
+        let w = w.data.as_slice();
+        if group == 0 || x.cols % group != 0 || w.len() != group {
+            return Err(shape_err("rms_norm", format!("cols {} group {group} weight {}", x.cols, w.len())));
+        }
+        let mut out = x.data.clone();
+        out.par_chunks_mut(group).for_each(|g| {
+            let ss: f32 = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
+            let inv = 1.0 / (ss + eps).sqrt();
+            for (v, wv) in g.iter_mut().zip(w) {
+                *v = *v * inv * wv;
+            }
+        });
+        Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out })
+    }
+
+    fn rope(&self, x: &mut CpuTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
+        if positions.len() != x.rows || head_dim % 2 != 0 || x.cols % head_dim != 0 {
+            return Err(shape_err(
+                "rope",
+                format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len()),
+            ));
+        }
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> =
+            (0..half).map(|j| 1.0 / (theta as f64).powf(2.0 * j as f64 / head_dim as f64) as f32).collect();
+        let cols = x.cols;
+        x.data.par_chunks_mut(cols).zip(positions.par_iter()).for_each(|(row, &p)| {
+            let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
+                .iter()
+                .map(|f| {
+                    let a = p as f32 * f;
+                    (a.cos(), a.sin())
+                })
+                .unzip();
+            for head in row.chunks_mut(head_dim) {
+                for j in 0..half {
+                    let (a, b) = (head[j], head[j + half]);
+                    head[j] = a * cos[j] - b * sin[j];
+                    head[j + half] = b * cos[j] + a * sin[j];
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &CpuTensor, up: &CpuTensor) -> Result<CpuTensor> {
+        if gate.rows != up.rows || gate.cols != up.cols {
+            return Err(shape_err("silu_mul", format!("[{}, {}] vs [{}, {}]", gate.rows, gate.cols, up.rows, up.cols)));
+        }
+        let data = gate.data.iter().zip(&up.data).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+        Ok(CpuTensor { rows: gate.rows, cols: gate.cols, data })
+    }
+
+    fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
+        if x.rows != y.rows || x.cols != y.cols {
+            return Err(shape_err("add_assign", format!("[{}, {}] vs [{}, {}]", x.rows, x.cols, y.rows, y.cols)));
+        }
+        x.data.iter_mut().zip(&y.data).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn concat_cols(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
+        let rows = parts.first().map_or(0, |p| p.rows);
+        if parts.iter().any(|p| p.rows != rows) {
+            return Err(shape_err("concat_cols", "parts have different row counts".into()));
+        }
+        let cols: usize = parts.iter().map(|p| p.cols).sum();
+        let mut data = Vec::with_capacity(rows * cols);
+        for r in 0..rows {
+            for p in parts {
+                data.extend_from_slice(&p.data[r * p.cols..(r + 1) * p.cols]);
+            }
+        }
+        Ok(CpuTensor { rows, cols, data })
+    }
+
+    fn concat_rows(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        if parts.iter().any(|p| p.cols != cols) {
+            return Err(shape_err("concat_rows", "parts have different column counts".into()));
+        }
+        let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        Ok(CpuTensor { rows: data.len() / cols.max(1), cols, data })
+    }
+
+    fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> Result<CpuTensor> {
+        let mut data = Vec::with_capacity(rows.len() * x.cols);
+        for &r in rows {
+            if r >= x.rows {
+                return Err(shape_err("gather_rows", format!("row {r} of {}", x.rows)));
+            }
+            data.extend_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
+        }
+        Ok(CpuTensor { rows: rows.len(), cols: x.cols, data })
+    }
+
+    fn write_rows(&self, dst: &mut CpuTensor, at: usize, src: &CpuTensor) -> Result<()> {
+        if src.cols != dst.cols || at + src.rows > dst.rows {
+            return Err(shape_err(
+                "write_rows",
+                format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols),
+            ));
+        }
+        dst.data[at * dst.cols..(at + src.rows) * dst.cols].copy_from_slice(&src.data);
+        Ok(())
+    }
+
+    fn compact_rows(&self, cache: &mut CpuTensor, start: usize, keep: &[usize]) -> Result<()> {
+        let c = cache.cols;
+        if keep.iter().any(|&k| start + k >= cache.rows) {
+            return Err(shape_err("compact_rows", format!("keep {keep:?} from row {start} of {}", cache.rows)));
+        }
+        let gathered: Vec<f32> =
+            keep.iter().flat_map(|&k| cache.data[(start + k) * c..(start + k + 1) * c].iter().copied()).collect();
+        cache.data[start * c..(start + keep.len()) * c].copy_from_slice(&gathered);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k_cache: &CpuTensor,
+        v_cache: &CpuTensor,
+        kv_len: usize,
+        shape: AttnShape,
+        mask: AttnMask<'_>,
+    ) -> Result<CpuTensor> {
+        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+        let t = q.rows;
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols != n_heads * head_dim {
+            return Err(shape_err("attention", format!("q [{t}, {}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv", q.cols)));
+        }
+        if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || kv_len > k_cache.rows || t > kv_len {
+            return Err(shape_err(
+                "attention",
+                format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols),
+            ));
+        }
+        let prefix = kv_len - t;
+        let visible: Vec<Vec<usize>> = match mask {
+            AttnMask::Causal => (0..t).map(|i| (0..prefix + i + 1).collect()).collect(),
+            AttnMask::Full => vec![(0..kv_len).collect(); t],
+            AttnMask::Tree { parents } => {
+                if parents.len() != t {
+                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
+                }
+                let mut rows = Vec::with_capacity(t);
+                for i in 0..t {
+                    let mut anc = vec![i];
+                    let mut cur = i;
+                    while parents[cur] != NO_PARENT {
+                        let p = parents[cur] as usize;
+                        if p >= cur {
+                            return Err(Error::Invalid(format!("tree parent {p} of row {cur} is not an earlier row")));
+                        }
+                        anc.push(p);
+                        cur = p;
+                    }
+                    let mut vis: Vec<usize> = (0..prefix).collect();
+                    vis.extend(anc.iter().rev().map(|&a| prefix + a));
+                    rows.push(vis);
+                }
+                rows
+            }
+        };
+        let group = n_heads / n_kv_heads;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let kvc = k_cache.cols;
+        let mut out = vec![0.0f32; t * q.cols];
+        out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
+            let (i, h) = (idx / n_heads, idx % n_heads);
+            let kh = h / group;
+            let qv = &q.data[i * q.cols + h * head_dim..i * q.cols + (h + 1) * head_dim];
+            let vis = &visible[i];
+            let scores: Vec<f32> =
+                vis.iter().map(|&j| dot(qv, &k_cache.data[j * kvc + kh * head_dim..j * kvc + (kh + 1) * head_dim]) * scale).collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f32;
+            for (&j, &s) in vis.iter().zip(&scores) {
+                let p = (s - max).exp();
+                sum += p;
+                let vrow = &v_cache.data[j * kvc + kh * head_dim..j * kvc + (kh + 1) * head_dim];
+                for (a, b) in o.iter_mut().zip(vrow) {
+                    *a += p * b;
+                }
+            }
+            let inv = 1.0 / sum;
+            o.iter_mut().for_each(|a| *a *= inv);
+        });
+        Ok(CpuTensor { rows: t, cols: q.cols, data: out })
+    }
+
+    fn argmax(&self, logits: &CpuTensor) -> Result<Vec<u32>> {
+        Ok(logits.data.chunks(logits.cols.max(1)).map(kernels::argmax).collect())
+    }
+
+    fn sample(&self, logits: &CpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
+        if uniforms.len() != logits.rows {
+            return Err(shape_err("sample", format!("{} uniforms for {} rows", uniforms.len(), logits.rows)));
+        }
+        Ok(logits.data.chunks(logits.cols.max(1)).zip(uniforms).map(|(row, &u)| kernels::sample_row(row, params, u)).collect())
+    }
+}

@@ -1,0 +1,194 @@
+//! `sparkling bench`: a prompt set × methods × budgets → a table on stdout and a JSON file with
+//! τ, tokens/s, per-round stage times and per-depth acceptance.
+
+use super::generate::{gen_params, GenerateArgs};
+use super::load::{load, ModelArgs};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use sparkling::decode::{Engine, Method, Stats};
+use sparkling::{Error, Result};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Arguments of `bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt files (repeatable): MT-Bench `question.jsonl` (first turns), HumanEval
+    /// `HumanEval.jsonl[.gz]`, GSM8K-style `{"question"}` JSONL, or plain text (one prompt per line).
+    #[arg(long, required = true)]
+    pub prompts: Vec<PathBuf>,
+    /// Prompts taken from each file.
+    #[arg(long, default_value_t = 4)]
+    pub limit: usize,
+    /// Methods, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "ar,dflash,ddtree,dspark,sparkling,treespark")]
+    pub methods: Vec<String>,
+    /// Budgets, comma-separated (each tree/chain method runs at every budget; ar once).
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    pub budgets: Vec<usize>,
+    /// Maximum new tokens per prompt.
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// RNG seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// SparklingTree candidates per depth.
+    #[arg(long, default_value_t = 128)]
+    pub candidates: usize,
+    /// SparklingTree maximum fan-out.
+    #[arg(long, default_value_t = 64)]
+    pub max_fanout: usize,
+    /// TreeSpark k.
+    #[arg(long, default_value_t = 4)]
+    pub treespark_k: usize,
+    /// Write results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Read prompts (as chat messages) from a file in one of the supported formats.
+pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
+    let mut raw = Vec::new();
+    std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut raw)).map_err(|e| Error::file(path, e.to_string()))?;
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let mut s = String::new();
+        flate2::read::GzDecoder::new(&raw[..]).read_to_string(&mut s).map_err(|e| Error::file(path, format!("bad gzip: {e}")))?;
+        s
+    } else {
+        String::from_utf8(raw).map_err(|_| Error::file(path, "not UTF-8 text"))?
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        if out.len() >= limit {
+            break;
+        }
+        if !line.trim_start().starts_with('{') {
+            out.push(line.to_string());
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| Error::file(path, format!("line {}: invalid JSON: {e}", i + 1)))?;
+        let p = if let Some(t) = v.get("turns").and_then(|t| t.get(0)).and_then(|t| t.as_str()) {
+            t.to_string()
+        } else if let (Some(p), Some(_)) = (v.get("prompt").and_then(|x| x.as_str()), v.get("task_id")) {
+            // HumanEval, formatted as in the DDTree benchmark (reference §6.2).
+            format!("Write a solution to the following problem and make sure that it passes the tests:\n```python\n{p}\n```")
+        } else if let Some(q) = v.get("question").and_then(|x| x.as_str()) {
+            format!("{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
+        } else {
+            return Err(Error::file(path, format!("line {}: expected a `turns`, `prompt`+`task_id` or `question` field", i + 1)));
+        };
+        out.push(p);
+    }
+    if out.is_empty() {
+        return Err(Error::file(path, "no prompts found"));
+    }
+    Ok(out)
+}
+
+/// Run `bench`.
+pub fn run(a: BenchArgs) -> Result<()> {
+    let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
+    let mut kinds: Vec<_> = methods.iter().filter_map(|m| m.drafter_kind()).collect();
+    kinds.dedup();
+    kinds.sort_by_key(|k| format!("{k:?}"));
+    kinds.dedup();
+    let m = load(&a.model, &kinds)?;
+    let tok = m.tokenizer.as_ref().ok_or_else(|| Error::Input("bench needs a tokenizer (pass --tokenizer)".into()))?;
+    let mut prompts = Vec::new();
+    for f in &a.prompts {
+        for p in read_prompts(f, a.limit)? {
+            prompts.push(tok.encode_chat(&p, None)?);
+        }
+    }
+    let mut stop = m.target.cfg.eos.clone();
+    stop.extend(tok.stop.iter().filter(|s| !m.target.cfg.eos.contains(s)));
+    let mut runs: Vec<(Method, usize)> = Vec::new();
+    for &meth in &methods {
+        if meth == Method::Ar {
+            runs.push((meth, 0));
+        } else {
+            runs.extend(a.budgets.iter().map(|&b| (meth, b)));
+        }
+    }
+    let pb = ProgressBar::new((runs.len() * prompts.len()) as u64);
+    pb.set_style(ProgressStyle::with_template("{msg:28} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let gen_args = GenerateArgs {
+        model: a.model.clone(),
+        chat: None,
+        prompt: None,
+        prompt_ids: None,
+        system: None,
+        method: String::new(),
+        budget: None,
+        candidates: a.candidates,
+        max_fanout: a.max_fanout,
+        treespark_k: a.treespark_k,
+        temperature: a.temperature,
+        top_k: 0,
+        top_p: 1.0,
+        seed: a.seed,
+        max_new_tokens: a.max_new_tokens,
+        ids: false,
+        stats_json: None,
+    };
+    let mut reference: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
+    let mut results = Vec::new();
+    for &(meth, budget) in &runs {
+        pb.set_message(format!("{} b{budget}", meth.name()));
+        let params = gen_params(meth, Some(budget.max(1)), &gen_args, stop.clone())?;
+        let engine = Engine { backend: &m.backend, target: &m.target, drafter: meth.drafter_kind().and_then(|k| m.drafter(k)) };
+        let mut total = Stats::default();
+        let mut mismatches = 0usize;
+        for (i, p) in prompts.iter().enumerate() {
+            let g = engine.generate(p, &params, &mut |_| {})?;
+            match &reference[i] {
+                None => reference[i] = Some(g.tokens.clone()),
+                Some(r) if *r != g.tokens => mismatches += 1,
+                _ => {}
+            }
+            total.merge(&g.stats);
+            pb.inc(1);
+        }
+        results.push((meth, budget, total, mismatches));
+    }
+    pb.finish_and_clear();
+    let ar_tps = results.iter().find(|r| r.0 == Method::Ar).map(|r| r.2.tokens_per_s());
+    println!(
+        "{} prompts, {} new tokens max, T={}, backend {}",
+        prompts.len(),
+        a.max_new_tokens,
+        a.temperature,
+        sparkling::core::Backend::name(&m.backend)
+    );
+    println!("| method | budget | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut json_rows = Vec::new();
+    for (meth, budget, s, mism) in &results {
+        let [d, p, h, v, ac, c] = s.per_round_ms();
+        let speed = ar_tps.map(|x| s.tokens_per_s() / x).unwrap_or(f64::NAN);
+        println!(
+            "| {} | {} | {:.2} | {:.1} | {:.2}× | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} |",
+            meth.name(),
+            if *meth == Method::Ar { "-".to_string() } else { budget.to_string() },
+            s.tau(),
+            s.tokens_per_s(),
+            speed
+        );
+        json_rows.push(serde_json::json!({
+            "method": meth.name(), "budget": budget, "tau": s.tau(), "tokens_per_s": s.tokens_per_s(),
+            "speedup_vs_ar": speed, "per_round_ms": {"draft": d, "prep": p, "heap": h, "verify": v, "accept": ac, "compact": c},
+            "conditional_acceptance": s.conditional_acceptance(), "outputs_differing_from_first_run": mism, "stats": s,
+        }));
+    }
+    if let Some(j) = &a.json {
+        let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "rows": json_rows});
+        std::fs::write(j, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(|e| Error::file(j, e.to_string()))?;
+        eprintln!("wrote {}", j.display());
+    }
+    Ok(())
+}

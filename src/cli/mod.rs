@@ -1,0 +1,40 @@
+//! Argument parsing and subcommand dispatch.
+
+mod bench;
+mod generate;
+mod init;
+mod load;
+
+use clap::{Parser, Subcommand};
+use sparkling::Result;
+
+/// SparklingTree: lossless speculative decoding with block-diffusion draft trees.
+#[derive(Parser)]
+#[command(name = "sparkling", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt or chat message, streaming tokens as they are committed.
+    Generate(generate::GenerateArgs),
+    /// Run a prompt set × methods × budgets; print a table and write JSON.
+    Bench(bench::BenchArgs),
+    /// Write a randomly initialised DFlash or DSpark drafter sized for a target (HF layout).
+    InitDrafter(init::InitDrafterArgs),
+    /// Write a random-weight target checkpoint of a given config (HF layout).
+    SynthTarget(init::SynthTargetArgs),
+}
+
+/// Parse arguments and run the chosen subcommand.
+pub fn run() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Command::Generate(a) => generate::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::InitDrafter(a) => init::run_init_drafter(a),
+        Command::SynthTarget(a) => init::run_synth_target(a),
+    }
+}

@@ -1,0 +1,290 @@
+//! The one decode loop (design §1): prefill, then rounds of draft → propose tree → verify with
+//! tree attention → accept (greedy walk or sample-and-match) → commit path + bonus → compact KV
+//! → carry the accepted rows' taps as the next drafter context. Methods differ only in the
+//! drafter they need and the proposer they use.
+
+pub mod propose;
+pub mod rng;
+pub mod stats;
+
+use crate::error::{Error, Result};
+use crate::model::config::DrafterKind;
+use crate::model::drafter::Drafter;
+use crate::model::target::{LogitRows, Target};
+use crate::tree::DraftTree;
+use propose::{propose, TreeParams};
+use sparkling_core::{AttnMask, Backend, SampleParams};
+pub use stats::Stats;
+use std::time::Instant;
+
+/// A decoding method (design §1). All are lossless: at T=0 each emits the target's greedy
+/// tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// Plain autoregressive decoding (one target forward per token).
+    Ar,
+    /// DFlash chain: in-place drafter, argmax per depth.
+    DFlash,
+    /// DDTree: in-place drafter, best-first tree over factorized marginals (reference §5.1).
+    DDTree,
+    /// DSpark chain: shifted drafter + Markov head, greedy sequential drafts (§3.7).
+    DSpark,
+    /// SparklingTree: shifted drafter + Markov-conditioned best-first tree (§5.2c).
+    Sparkling,
+    /// TreeSpark policy: per-parent top-k, frontier pruning, global top-N packing (§5.4).
+    TreeSpark,
+}
+
+impl Method {
+    /// All methods, in the order tables list them.
+    pub const ALL: [Method; 6] = [Method::Ar, Method::DFlash, Method::DDTree, Method::DSpark, Method::Sparkling, Method::TreeSpark];
+
+    /// Parse a CLI name.
+    pub fn parse(s: &str) -> Result<Method> {
+        Ok(match s {
+            "ar" => Method::Ar,
+            "dflash" => Method::DFlash,
+            "ddtree" => Method::DDTree,
+            "dspark" => Method::DSpark,
+            "sparkling" => Method::Sparkling,
+            "treespark" => Method::TreeSpark,
+            _ => return Err(Error::Input(format!("unknown method `{s}` (expected ar, dflash, ddtree, dspark, sparkling, treespark)"))),
+        })
+    }
+
+    /// CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Ar => "ar",
+            Method::DFlash => "dflash",
+            Method::DDTree => "ddtree",
+            Method::DSpark => "dspark",
+            Method::Sparkling => "sparkling",
+            Method::TreeSpark => "treespark",
+        }
+    }
+
+    /// The drafter convention this method needs (`None` for `ar`).
+    pub fn drafter_kind(self) -> Option<DrafterKind> {
+        match self {
+            Method::Ar => None,
+            Method::DFlash | Method::DDTree => Some(DrafterKind::DFlash),
+            Method::DSpark | Method::Sparkling | Method::TreeSpark => Some(DrafterKind::DSpark),
+        }
+    }
+
+    /// Default non-root node budget.
+    pub fn default_budget(self) -> usize {
+        match self {
+            Method::TreeSpark => 32,
+            _ => 64,
+        }
+    }
+}
+
+/// Generation parameters.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    /// Decoding method.
+    pub method: Method,
+    /// Tree knobs.
+    pub tree: TreeParams,
+    /// Temperature / top-k / top-p of the target's sampling.
+    pub sampling: SampleParams,
+    /// RNG seed (counter-based, per position).
+    pub seed: u64,
+    /// Maximum generated tokens.
+    pub max_new_tokens: usize,
+    /// Token ids that end generation (the stop token is emitted, then generation ends).
+    pub stop: Vec<u32>,
+}
+
+/// Result of one generation.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Generated token ids (prompt excluded), trimmed at the first stop token / max-new-tokens.
+    pub tokens: Vec<u32>,
+    /// Whether a stop token ended generation.
+    pub stopped: bool,
+    /// Statistics.
+    pub stats: Stats,
+}
+
+/// Target + optional drafter on one backend.
+pub struct Engine<'a, B: Backend> {
+    /// Backend.
+    pub backend: &'a B,
+    /// Target model.
+    pub target: &'a Target<B>,
+    /// Drafter (needed by every method but `ar`).
+    pub drafter: Option<&'a Drafter<B>>,
+}
+
+impl<'a, B: Backend> Engine<'a, B> {
+    /// Generate from `prompt` ids. `on_tokens` receives each round's newly committed tokens.
+    /// Errors: empty prompt, prompt + max-new-tokens beyond the context, missing or wrong-kind
+    /// drafter for the method, backend failures.
+    pub fn generate(&self, prompt: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> Result<Generation> {
+        let b = self.backend;
+        let tcfg = &self.target.cfg;
+        if prompt.is_empty() {
+            return Err(Error::Input("empty prompt: nothing to condition on".into()));
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= tcfg.vocab) {
+            return Err(Error::Input(format!("prompt token id {bad} is outside the target vocabulary of {}", tcfg.vocab)));
+        }
+        let drafter = match p.method.drafter_kind() {
+            None => None,
+            Some(kind) => {
+                let d = self.drafter.ok_or_else(|| {
+                    Error::Input(format!("method `{}` needs a {kind:?} drafter (pass --drafter, or create one with `sparkling init-drafter`)", p.method.name()))
+                })?;
+                if d.cfg.kind != kind {
+                    return Err(Error::Input(format!(
+                        "method `{}` needs a {kind:?} drafter but the drafter is {:?}",
+                        p.method.name(),
+                        d.cfg.kind
+                    )));
+                }
+                Some(d)
+            }
+        };
+        let max_tree = match drafter {
+            Some(d) => 1 + p.tree.budget.max(d.cfg.block_size),
+            None => 1,
+        };
+        let capacity = prompt.len() + p.max_new_tokens + max_tree + 1;
+        if capacity > tcfg.max_positions {
+            return Err(Error::Input(format!(
+                "prompt of {} tokens + {} new tokens (+{} tree rows) exceeds the target context of {} positions",
+                prompt.len(),
+                p.max_new_tokens,
+                max_tree,
+                tcfg.max_positions
+            )));
+        }
+        let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
+        let mut out: Vec<u32> = Vec::new();
+        if p.max_new_tokens == 0 {
+            return Ok(Generation { tokens: out, stopped: false, stats });
+        }
+        let taps: Vec<usize> = drafter.map(|d| d.cfg.target_layer_ids.clone()).unwrap_or_default();
+        let mut cache = self.target.new_cache(b, capacity)?;
+        let mut dcache = match drafter {
+            Some(d) => Some(d.new_cache(b, capacity + d.cfg.block_size)?),
+            None => None,
+        };
+        let sample = |logits: &B::Tensor, positions: &[u64]| -> Result<Vec<u32>> {
+            if p.sampling.temperature < 1e-5 {
+                Ok(b.argmax(logits)?)
+            } else {
+                let u: Vec<f32> = positions.iter().map(|&pos| rng::uniform(p.seed, pos)).collect();
+                Ok(b.sample(logits, p.sampling, &u)?)
+            }
+        };
+
+        // Prefill: the first generated token comes from the last prompt row.
+        let t0 = Instant::now();
+        let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+        let pre = self.target.forward(b, &mut cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &taps)?;
+        let first = sample(&pre.logits, &[prompt.len() as u64])?[0];
+        stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let mut ctx = pre.taps;
+        let mut root = first;
+        let mut root_pos = prompt.len();
+        let mut stopped = self.push(&mut out, &[first], p, on_tokens);
+        let decode_start = Instant::now();
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+
+        while !stopped && out.len() < p.max_new_tokens {
+            // 1. Draft and propose.
+            let t = Instant::now();
+            let (tree, prep, heap) = match (drafter, dcache.as_mut(), ctx.as_ref()) {
+                (Some(d), Some(dc), Some(c)) => {
+                    let logits = d.draft(b, self.target, dc, c, root, root_pos)?;
+                    let host = b.download(&logits)?;
+                    stats.draft_ms += ms(t);
+                    let depth = d.cfg.draft_depth();
+                    propose(p.method, &host, depth, d.cfg.vocab, d.markov.as_ref(), root, p.tree)
+                }
+                _ => (DraftTree::root(root), 0.0, 0.0),
+            };
+            stats.prep_ms += prep;
+            stats.heap_ms += heap;
+
+            // 2. Verify the whole tree in one target forward with tree attention.
+            let t = Instant::now();
+            let positions: Vec<u32> = tree.depths.iter().map(|&dp| (root_pos as u32) + dp).collect();
+            let ver = self.target.forward(
+                b,
+                &mut cache,
+                &tree.tokens,
+                &positions,
+                AttnMask::Tree { parents: &tree.parents },
+                LogitRows::All,
+                &taps,
+            )?;
+            stats.verify_ms += ms(t);
+            stats.verified_nodes += tree.len();
+
+            // 3. Accept: the target's own token per row, walked down the tree (§4.9.1).
+            let t = Instant::now();
+            let sample_pos: Vec<u64> = positions.iter().map(|&x| x as u64 + 1).collect();
+            let post = sample(&ver.logits, &sample_pos)?;
+            let mut accepted = vec![0usize];
+            let mut cur = 0usize;
+            while let Some(child) = tree.child_with_token(cur, post[cur]) {
+                accepted.push(child);
+                cur = child;
+            }
+            let bonus = post[cur];
+            stats.accept_ms += ms(t);
+            stats.rounds += 1;
+            stats.committed += accepted.len();
+            let depth_reached = accepted.len() - 1;
+            if stats.accepted_at_depth.len() < depth_reached {
+                stats.accepted_at_depth.resize(depth_reached, 0);
+            }
+            for c in stats.accepted_at_depth.iter_mut().take(depth_reached) {
+                *c += 1;
+            }
+
+            // 4. Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
+            let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
+            new.push(bonus);
+            stopped = self.push(&mut out, &new, p, on_tokens);
+
+            // 5. Compact the target KV to the accepted path; carry the accepted rows' taps.
+            let t = Instant::now();
+            cache.compact(b, root_pos, &accepted)?;
+            if let Some(tp) = ver.taps {
+                ctx = Some(b.gather_rows(&tp, &accepted)?);
+            }
+            stats.compact_ms += ms(t);
+            root_pos += accepted.len();
+            root = bonus;
+        }
+        stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
+        stats.new_tokens = out.len();
+        Ok(Generation { tokens: out, stopped, stats })
+    }
+
+    /// Append `new` to `out`, stopping after a stop token or at max-new-tokens; forwards the
+    /// appended part to `on_tokens`. Returns true when a stop token was committed.
+    fn push(&self, out: &mut Vec<u32>, new: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> bool {
+        let start = out.len();
+        let mut stop = false;
+        for &t in new {
+            if out.len() >= p.max_new_tokens {
+                break;
+            }
+            out.push(t);
+            if p.stop.contains(&t) {
+                stop = true;
+                break;
+            }
+        }
+        on_tokens(&out[start..]);
+        stop
+    }
+}

@@ -1,0 +1,18 @@
+//! SparklingTree: lossless speculative decoding with block-diffusion draft trees.
+//!
+//! Layout (design §2): [`model`] (target, drafters, configs, random checkpoints), [`loader`]
+//! (safetensors / GGUF), [`tokenizer`] (tokenizer + chat template), [`tree`] (host tree
+//! builders), [`decode`] (the one decode loop and its methods). Backends live in
+//! `backends/` behind the [`sparkling_core::Backend`] trait.
+
+pub mod assets;
+pub mod decode;
+pub mod error;
+pub mod loader;
+pub mod model;
+pub mod tokenizer;
+pub mod tree;
+
+pub use error::{Error, Result};
+pub use sparkling_core as core;
+pub use sparkling_cpu as cpu;

@@ -1,0 +1,156 @@
+//! GGUF files as a [`TensorSource`]: llama.cpp tensor names are mapped to HF names, tensors are
+//! dequantized to f32 at load, and llama-architecture Q/K projections are un-permuted so one
+//! NeoX (rotate-half) RoPE serves every model.
+
+use super::gguf::GgufFile;
+use super::{HostTensor, TensorSource};
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// A GGUF file serving tensors under their HF names.
+pub struct GgufSource {
+    /// The parsed file (metadata is read by the config loader and tokenizer).
+    pub file: GgufFile,
+    arch: String,
+    n_heads: usize,
+    n_kv_heads: usize,
+}
+
+/// HF suffix ↔ GGUF suffix of per-layer tensors.
+const LAYER_MAP: &[(&str, &str)] = &[
+    ("input_layernorm.weight", "attn_norm.weight"),
+    ("self_attn.q_proj.weight", "attn_q.weight"),
+    ("self_attn.q_proj.bias", "attn_q.bias"),
+    ("self_attn.k_proj.weight", "attn_k.weight"),
+    ("self_attn.k_proj.bias", "attn_k.bias"),
+    ("self_attn.v_proj.weight", "attn_v.weight"),
+    ("self_attn.v_proj.bias", "attn_v.bias"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+    ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+];
+
+const GLOBAL_MAP: &[(&str, &str)] = &[
+    ("model.embed_tokens.weight", "token_embd.weight"),
+    ("model.norm.weight", "output_norm.weight"),
+    ("lm_head.weight", "output.weight"),
+];
+
+/// Map an HF tensor name to its GGUF name.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    if let Some((_, g)) = GLOBAL_MAP.iter().find(|(h, _)| *h == hf) {
+        return Some(g.to_string());
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (idx, suffix) = rest.split_once('.')?;
+    let i: usize = idx.parse().ok()?;
+    LAYER_MAP.iter().find(|(h, _)| *h == suffix).map(|(_, g)| format!("blk.{i}.{g}"))
+}
+
+/// Map a GGUF tensor name to its HF name.
+pub fn hf_name(gguf: &str) -> Option<String> {
+    if let Some((h, _)) = GLOBAL_MAP.iter().find(|(_, g)| *g == gguf) {
+        return Some(h.to_string());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (idx, suffix) = rest.split_once('.')?;
+    let i: usize = idx.parse().ok()?;
+    LAYER_MAP.iter().find(|(_, g)| *g == suffix).map(|(h, _)| format!("model.layers.{i}.{h}"))
+}
+
+/// Undo llama.cpp's Q/K row permutation (convert_hf_to_gguf `permute`): within each head of
+/// `head_dim` rows, GGUF row `2j + half` holds HF row `half*head_dim/2 + j`.
+/// `data` is `[n_heads*head_dim, cols]` row-major (cols = 1 for a bias).
+pub fn unpermute_rows(data: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
+    let rows = data.len() / cols;
+    let hd = rows / n_heads;
+    let mut out = vec![0.0f32; data.len()];
+    for h in 0..n_heads {
+        for j in 0..hd / 2 {
+            for half in 0..2 {
+                let src = h * hd + 2 * j + half;
+                let dst = h * hd + half * hd / 2 + j;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+impl GgufSource {
+    /// Open and index a GGUF file.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = GgufFile::open(path).map_err(|e| Error::file(path, e.to_string()))?;
+        let arch = file.get_str("general.architecture").map_err(|e| Error::file(path, e.to_string()))?.to_string();
+        let n_heads = file.get_u64(&format!("{arch}.attention.head_count")).map_err(|e| Error::file(path, e.to_string()))?
+            as usize;
+        let n_kv_heads =
+            file.get_u64(&format!("{arch}.attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_heads);
+        Ok(GgufSource { file, arch, n_heads, n_kv_heads })
+    }
+}
+
+impl TensorSource for GgufSource {
+    fn path(&self) -> &Path {
+        &self.file.path
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        gguf_name(name).is_some_and(|g| self.file.tensor(&g).is_some())
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.file.tensors.iter().filter_map(|t| hf_name(&t.name)).collect()
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor> {
+        let g = gguf_name(name)
+            .ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
+        let (shape, data) = self.file.tensor_f32(&g).map_err(|e| Error::tensor(&self.file.path, &g, e.to_string()))?;
+        let permuted_heads = if self.arch == "llama" {
+            if g.contains(".attn_q.") {
+                Some(self.n_heads)
+            } else if g.contains(".attn_k.") {
+                Some(self.n_kv_heads)
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        let data = match permuted_heads {
+            Some(h) => {
+                let cols = if shape.len() == 2 { shape[1] } else { 1 };
+                unpermute_rows(&data, h, cols)
+            }
+            None => data,
+        };
+        Ok(HostTensor { shape, data })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for hf in ["model.embed_tokens.weight", "model.layers.7.self_attn.k_proj.bias", "lm_head.weight"] {
+            let g = gguf_name(hf).unwrap();
+            assert_eq!(hf_name(&g).as_deref(), Some(hf));
+        }
+        assert_eq!(gguf_name("model.layers.3.mlp.down_proj.weight").as_deref(), Some("blk.3.ffn_down.weight"));
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_permute() {
+        // HF rows of one head (hd = 4): r0..r3; llama.cpp permute interleaves halves:
+        // GGUF rows = [r0, r2, r1, r3].
+        let gguf = [0.0f32, 2.0, 1.0, 3.0, 10.0, 12.0, 11.0, 13.0];
+        assert_eq!(unpermute_rows(&gguf, 2, 1), vec![0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]);
+    }
+}

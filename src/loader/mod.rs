@@ -1,0 +1,48 @@
+//! Checkpoint loaders: a [`TensorSource`] hands out named tensors as f32 in the HF naming and
+//! layout (`[out, in]`), whatever the file format (safetensors directory or GGUF file).
+
+pub mod gguf;
+pub mod gguf_source;
+pub mod safetensors_source;
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// A tensor on the host: `shape` slowest dimension first, `data` row-major f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Dimensions, slowest first (HF/PyTorch order).
+    pub shape: Vec<usize>,
+    /// `shape.iter().product()` values.
+    pub data: Vec<f32>,
+}
+
+/// Something that serves named tensors (HF names, HF layout) converted to f32.
+pub trait TensorSource {
+    /// The file or directory this source reads, for error messages.
+    fn path(&self) -> &Path;
+    /// Whether a tensor of this (HF) name exists.
+    fn contains(&self, name: &str) -> bool;
+    /// All tensor names (HF naming).
+    fn names(&self) -> Vec<String>;
+    /// Load and convert one tensor. Errors name the file and tensor.
+    fn load(&self, name: &str) -> Result<HostTensor>;
+
+    /// Load a tensor and check its shape; the error names the tensor, expected and found shape.
+    fn load_shaped(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        let t = self.load(name)?;
+        if t.shape != shape {
+            return Err(Error::tensor(self.path(), name, format!("expected shape {shape:?}, found {:?}", t.shape)));
+        }
+        Ok(t)
+    }
+}
+
+/// Open a checkpoint: a `.gguf` file, or a directory / `.safetensors` file in HF layout.
+pub fn open_source(path: &Path) -> Result<Box<dyn TensorSource>> {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        Ok(Box::new(gguf_source::GgufSource::open(path)?))
+    } else {
+        Ok(Box::new(safetensors_source::SafetensorsSource::open(path)?))
+    }
+}

@@ -1,0 +1,102 @@
+//! HF safetensors checkpoints: `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json` (`weight_map: name → file`); bf16 / f16 / f32 tensors.
+
+use super::{HostTensor, TensorSource};
+use crate::error::{Error, Result};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// A set of memory-mapped safetensors files with a name → file index.
+pub struct SafetensorsSource {
+    root: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    index: BTreeMap<String, usize>,
+}
+
+fn map_file(path: &Path) -> Result<Mmap> {
+    let f = File::open(path).map_err(|e| Error::file(path, format!("cannot open: {e}")))?;
+    // SAFETY: the file is opened read-only; we never write through the map. Files changed by
+    // another process while mapped are outside what a loader can guard against.
+    unsafe { Mmap::map(&f) }.map_err(|e| Error::file(path, format!("cannot map: {e}")))
+}
+
+impl SafetensorsSource {
+    /// Open a directory (containing `model.safetensors` or `model.safetensors.index.json`) or a
+    /// single `.safetensors` file. Headers are validated here (a truncated file is an error
+    /// naming it).
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut paths = Vec::new();
+        if path.is_dir() {
+            let single = path.join("model.safetensors");
+            let index = path.join("model.safetensors.index.json");
+            if single.exists() {
+                paths.push(single);
+            } else if index.exists() {
+                let text = std::fs::read_to_string(&index).map_err(|e| Error::file(&index, e.to_string()))?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| Error::file(&index, format!("invalid JSON: {e}")))?;
+                let map = v
+                    .get("weight_map")
+                    .and_then(|m| m.as_object())
+                    .ok_or_else(|| Error::config(&index, "weight_map", "missing or not an object"))?;
+                let mut shard_names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+                shard_names.sort();
+                shard_names.dedup();
+                paths.extend(shard_names.into_iter().map(|f| path.join(f)));
+            } else {
+                return Err(Error::file(path, "no model.safetensors or model.safetensors.index.json in this directory"));
+            }
+        } else if path.exists() {
+            paths.push(path.to_path_buf());
+        } else {
+            return Err(Error::file(path, "no such file or directory"));
+        }
+        let mut files = Vec::new();
+        let mut index = BTreeMap::new();
+        for p in paths {
+            let map = map_file(&p)?;
+            let st = SafeTensors::deserialize(&map)
+                .map_err(|e| Error::file(&p, format!("not a valid safetensors file (truncated or corrupt?): {e}")))?;
+            for name in st.names() {
+                index.insert(name.to_string(), files.len());
+            }
+            drop(st);
+            files.push((p, map));
+        }
+        Ok(SafetensorsSource { root: path.to_path_buf(), files, index })
+    }
+}
+
+impl TensorSource for SafetensorsSource {
+    fn path(&self) -> &Path {
+        &self.root
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.index.keys().cloned().collect()
+    }
+
+    fn load(&self, name: &str) -> Result<HostTensor> {
+        let &fi = self.index.get(name).ok_or_else(|| Error::tensor(&self.root, name, "not found in checkpoint"))?;
+        let (path, map) = &self.files[fi];
+        let st = SafeTensors::deserialize(map).map_err(|e| Error::file(path, e.to_string()))?;
+        let view = st.tensor(name).map_err(|e| Error::tensor(path, name, e.to_string()))?;
+        let bytes = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dtype::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            other => {
+                return Err(Error::tensor(path, name, format!("unsupported dtype {other:?}; expected F32, BF16 or F16")))
+            }
+        };
+        Ok(HostTensor { shape: view.shape().to_vec(), data })
+    }
+}

@@ -1,0 +1,10 @@
+//! `sparkling` command-line interface: `generate`, `bench`, `init-drafter`, `synth-target`.
+
+mod cli;
+
+fn main() {
+    if let Err(e) = cli::run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,465 @@
+//! Model configurations read from HF `config.json` or GGUF metadata (reference §1.1, §2.2, §3.3).
+
+use crate::error::{Error, Result};
+use crate::loader::gguf::GgufFile;
+use serde_json::Value;
+use std::path::Path;
+
+/// Target decoder family. All are one Llama-family decoder with switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama / SmolLM2: no QKV bias, no q/k norm.
+    Llama,
+    /// Qwen2 / Qwen2.5: QKV bias.
+    Qwen2,
+    /// Qwen3: per-head q/k RMSNorm before RoPE, no QKV bias.
+    Qwen3,
+}
+
+impl Arch {
+    /// Parse an HF `model_type` / GGUF `general.architecture` value.
+    pub fn parse(s: &str) -> Option<Arch> {
+        match s {
+            "llama" => Some(Arch::Llama),
+            "qwen2" => Some(Arch::Qwen2),
+            "qwen3" => Some(Arch::Qwen3),
+            _ => None,
+        }
+    }
+    /// The HF `model_type` spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// Geometry and numerics of a target decoder (reference §1.1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetConfig {
+    /// Decoder family.
+    pub arch: Arch,
+    /// Vocabulary rows of the embedding / lm_head.
+    pub vocab: usize,
+    /// Hidden size H.
+    pub hidden: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// KV heads (GQA).
+    pub n_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// SwiGLU intermediate size.
+    pub intermediate: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// RoPE base θ.
+    pub rope_theta: f32,
+    /// lm_head tied to the embedding.
+    pub tie_embeddings: bool,
+    /// q/k/v projections carry biases (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head q/k RMSNorm (Qwen3).
+    pub qk_norm: bool,
+    /// Context limit in tokens.
+    pub max_positions: usize,
+    /// Beginning-of-sequence id.
+    pub bos: Option<u32>,
+    /// Stop ids (eos and end-of-turn).
+    pub eos: Vec<u32>,
+}
+
+/// Which drafter convention a checkpoint follows (reference §3.1, pitfall §7.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrafterKind {
+    /// z-lab DFlash: in-place slots (slot j predicts position S+j, Bk-1 drafts), borrows the
+    /// target's embedding and lm_head, nested `dflash_config`.
+    DFlash,
+    /// DeepSpec DSpark: shifted slots (slot j predicts S+1+j, Bk drafts), Markov head,
+    /// confidence head, flat config keys.
+    DSpark,
+}
+
+/// Drafter geometry (reference §2.2, §3.3).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrafterConfig {
+    /// Convention.
+    pub kind: DrafterKind,
+    /// Hidden size (must equal the target's).
+    pub hidden: usize,
+    /// Draft layers.
+    pub layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// KV heads.
+    pub n_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// SwiGLU intermediate size.
+    pub intermediate: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// RoPE base θ (`rope_theta` or `rope_parameters.rope_theta`).
+    pub rope_theta: f32,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Block size Bk.
+    pub block_size: usize,
+    /// Input id of the masked block slots.
+    pub mask_token_id: u32,
+    /// Target layers whose raw outputs are concatenated (listed order) as drafter context.
+    pub target_layer_ids: Vec<usize>,
+    /// Markov head rank r (0 = none).
+    pub markov_rank: usize,
+    /// A confidence head is present.
+    pub confidence_head: bool,
+}
+
+impl DrafterConfig {
+    /// Number of draft depths one forward proposes: Bk-1 (DFlash) or Bk (DSpark).
+    pub fn draft_depth(&self) -> usize {
+        match self.kind {
+            DrafterKind::DFlash => self.block_size - 1,
+            DrafterKind::DSpark => self.block_size,
+        }
+    }
+}
+
+/// Evenly spaced tap layers from 1 to N-3 (z-lab `build_target_layer_ids`, reference §2.2).
+pub fn default_target_layer_ids(num_target_layers: usize, num_draft_layers: usize) -> Vec<usize> {
+    if num_draft_layers <= 1 {
+        return vec![num_target_layers / 2];
+    }
+    let n = num_draft_layers;
+    let span = num_target_layers.saturating_sub(4) as f64;
+    (0..n).map(|i| (1.0 + i as f64 * span / (n - 1) as f64).round() as usize).collect()
+}
+
+/// Read `config.json` of an HF checkpoint directory.
+pub fn read_json(dir: &Path) -> Result<(std::path::PathBuf, Value)> {
+    let path = if dir.is_dir() { dir.join("config.json") } else { dir.to_path_buf() };
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::file(&path, format!("cannot read config: {e}")))?;
+    let v = serde_json::from_str(&text).map_err(|e| Error::file(&path, format!("invalid JSON: {e}")))?;
+    Ok((path, v))
+}
+
+struct Keys<'a> {
+    path: &'a Path,
+    v: &'a Value,
+}
+
+impl Keys<'_> {
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.v
+            .get(key)
+            .and_then(Value::as_u64)
+            .map(|x| x as usize)
+            .ok_or_else(|| Error::config(self.path, key, "missing or not a non-negative integer"))
+    }
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(_) => self.usize(key),
+        }
+    }
+    fn f32_or(&self, key: &str, default: f32) -> Result<f32> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x.as_f64().map(|f| f as f32).ok_or_else(|| Error::config(self.path, key, "not a number")),
+        }
+    }
+    fn bool_or(&self, key: &str, default: bool) -> bool {
+        self.v.get(key).and_then(Value::as_bool).unwrap_or(default)
+    }
+    /// `rope_theta`, or `rope_parameters.rope_theta` (transformers v5 spelling, pitfall §7.2);
+    /// non-default rope types are refused.
+    fn rope_theta(&self) -> Result<f32> {
+        if let Some(rs) = self.v.get("rope_scaling").filter(|x| !x.is_null()) {
+            let ty = rs.get("rope_type").or_else(|| rs.get("type")).and_then(Value::as_str).unwrap_or("?");
+            if ty != "default" {
+                return Err(Error::config(self.path, "rope_scaling", format!("rope type `{ty}` is not supported (only default RoPE)")));
+            }
+        }
+        if let Some(t) = self.v.get("rope_theta").and_then(Value::as_f64) {
+            return Ok(t as f32);
+        }
+        if let Some(rp) = self.v.get("rope_parameters") {
+            let ty = rp.get("rope_type").and_then(Value::as_str).unwrap_or("default");
+            if ty != "default" {
+                return Err(Error::config(self.path, "rope_parameters.rope_type", format!("`{ty}` is not supported")));
+            }
+            if let Some(t) = rp.get("rope_theta").and_then(Value::as_f64) {
+                return Ok(t as f32);
+            }
+        }
+        Err(Error::config(self.path, "rope_theta", "missing (looked for `rope_theta` and `rope_parameters.rope_theta`)"))
+    }
+    fn ids(&self, key: &str) -> Vec<u32> {
+        match self.v.get(key) {
+            Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl TargetConfig {
+    /// Parse an HF `config.json` (`model_type` llama / qwen2 / qwen3).
+    pub fn from_hf_json(path: &Path, v: &Value) -> Result<Self> {
+        let k = Keys { path, v };
+        let mt = v.get("model_type").and_then(Value::as_str).ok_or_else(|| Error::config(path, "model_type", "missing"))?;
+        let arch = Arch::parse(mt)
+            .ok_or_else(|| Error::config(path, "model_type", format!("`{mt}` is not supported (llama, qwen2, qwen3)")))?;
+        let hidden = k.usize("hidden_size")?;
+        let n_heads = k.usize("num_attention_heads")?;
+        let cfg = TargetConfig {
+            arch,
+            vocab: k.usize("vocab_size")?,
+            hidden,
+            layers: k.usize("num_hidden_layers")?,
+            n_heads,
+            n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
+            head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
+            intermediate: k.usize("intermediate_size")?,
+            rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
+            rope_theta: k.rope_theta()?,
+            tie_embeddings: k.bool_or("tie_word_embeddings", false),
+            qkv_bias: k.bool_or("attention_bias", arch == Arch::Qwen2),
+            qk_norm: arch == Arch::Qwen3,
+            max_positions: k.usize_or("max_position_embeddings", 4096)?,
+            bos: k.ids("bos_token_id").first().copied(),
+            eos: k.ids("eos_token_id"),
+        };
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Read the config from GGUF metadata (`{arch}.block_count`, `.embedding_length`, ...).
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let path = g.path.as_path();
+        let ge = |e: crate::loader::gguf::GgufError| Error::file(path, e.to_string());
+        let arch_name = g.get_str("general.architecture").map_err(ge)?;
+        let arch = Arch::parse(arch_name).ok_or_else(|| {
+            Error::config(path, "general.architecture", format!("`{arch_name}` is not supported (llama, qwen2, qwen3)"))
+        })?;
+        let key = |s: &str| format!("{arch_name}.{s}");
+        let hidden = g.get_u64(&key("embedding_length")).map_err(ge)? as usize;
+        let n_heads = g.get_u64(&key("attention.head_count")).map_err(ge)? as usize;
+        let n_kv_heads = g.get_u64(&key("attention.head_count_kv")).map(|x| x as usize).unwrap_or(n_heads);
+        let head_dim = g.get_u64(&key("attention.key_length")).map(|x| x as usize).unwrap_or(hidden / n_heads.max(1));
+        let vocab = match g.tensor("token_embd.weight") {
+            Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+            _ => return Err(Error::tensor(path, "token_embd.weight", "missing or not 2-D")),
+        };
+        let tok_id = |k: &str| g.get_u64(k).ok().map(|x| x as u32);
+        let mut eos: Vec<u32> = Vec::new();
+        for k in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+            if let Some(id) = tok_id(k) {
+                if !eos.contains(&id) {
+                    eos.push(id);
+                }
+            }
+        }
+        let cfg = TargetConfig {
+            arch,
+            vocab,
+            hidden,
+            layers: g.get_u64(&key("block_count")).map_err(ge)? as usize,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            intermediate: g.get_u64(&key("feed_forward_length")).map_err(ge)? as usize,
+            rms_eps: g.get_f64(&key("attention.layer_norm_rms_epsilon")).map_err(ge)? as f32,
+            rope_theta: g.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
+            tie_embeddings: g.tensor("output.weight").is_none(),
+            qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
+            qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
+            max_positions: g.get_u64(&key("context_length")).map(|x| x as usize).unwrap_or(4096),
+            bos: tok_id("tokenizer.ggml.bos_token_id"),
+            eos,
+        };
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, path: &Path) -> Result<()> {
+        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return Err(Error::config(path, "num_key_value_heads", format!("{} does not divide {} heads", self.n_kv_heads, self.n_heads)));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(Error::config(path, "head_dim", format!("{} is odd; RoPE needs an even head_dim", self.head_dim)));
+        }
+        Ok(())
+    }
+
+    /// The HF `config.json` for this target (used by `synth` / tests writing random models).
+    pub fn to_hf_json(&self) -> Value {
+        serde_json::json!({
+            "architectures": [match self.arch { Arch::Llama => "LlamaForCausalLM", Arch::Qwen2 => "Qwen2ForCausalLM", Arch::Qwen3 => "Qwen3ForCausalLM" }],
+            "model_type": self.arch.name(),
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "rms_norm_eps": self.rms_eps,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_embeddings,
+            "attention_bias": self.qkv_bias,
+            "max_position_embeddings": self.max_positions,
+            "bos_token_id": self.bos,
+            "eos_token_id": self.eos,
+            "hidden_act": "silu",
+        })
+    }
+}
+
+impl DrafterConfig {
+    /// Parse a drafter `config.json`: DFlash (nested `dflash_config`) or DSpark (flat keys,
+    /// `architectures: ["Qwen3DSparkModel"]`).
+    pub fn from_hf_json(path: &Path, v: &Value) -> Result<Self> {
+        let k = Keys { path, v };
+        let archs: Vec<&str> =
+            v.get("architectures").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        let nested = v.get("dflash_config");
+        let kind = if archs.iter().any(|a| a.contains("DSpark")) {
+            DrafterKind::DSpark
+        } else if nested.is_some() || archs.iter().any(|a| a.contains("DFlash")) {
+            DrafterKind::DFlash
+        } else {
+            return Err(Error::config(
+                path,
+                "architectures",
+                format!("{archs:?} is neither a DFlash (`DFlashDraftModel`, `dflash_config`) nor a DSpark (`Qwen3DSparkModel`) drafter"),
+            ));
+        };
+        let hidden = k.usize("hidden_size")?;
+        let n_heads = k.usize("num_attention_heads")?;
+        let layers = k.usize("num_hidden_layers")?;
+        let (mask_token_id, target_layer_ids) = match kind {
+            DrafterKind::DFlash => {
+                let n = nested.ok_or_else(|| Error::config(path, "dflash_config", "missing"))?;
+                let nk = Keys { path, v: n };
+                let mask = nk.usize("mask_token_id").map_err(|_| Error::config(path, "dflash_config.mask_token_id", "missing or not an integer"))?;
+                let ids = match n.get("target_layer_ids").and_then(Value::as_array) {
+                    Some(a) => a.iter().filter_map(Value::as_u64).map(|x| x as usize).collect(),
+                    None => default_target_layer_ids(k.usize("num_target_layers")?, layers),
+                };
+                (mask as u32, ids)
+            }
+            DrafterKind::DSpark => {
+                let mask = k.usize("mask_token_id")?;
+                let ids = match v.get("target_layer_ids").and_then(Value::as_array) {
+                    Some(a) => a.iter().filter_map(Value::as_u64).map(|x| x as usize).collect(),
+                    None => default_target_layer_ids(k.usize("num_target_layers")?, layers),
+                };
+                (mask as u32, ids)
+            }
+        };
+        if target_layer_ids.is_empty() {
+            return Err(Error::config(path, "target_layer_ids", "empty"));
+        }
+        let block_size = k.usize("block_size")?;
+        if block_size < 2 {
+            return Err(Error::config(path, "block_size", format!("{block_size} (expected ≥ 2)")));
+        }
+        Ok(DrafterConfig {
+            kind,
+            hidden,
+            layers,
+            n_heads,
+            n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
+            head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
+            intermediate: k.usize("intermediate_size")?,
+            rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
+            rope_theta: k.rope_theta()?,
+            vocab: k.usize("vocab_size")?,
+            block_size,
+            mask_token_id,
+            target_layer_ids,
+            markov_rank: if kind == DrafterKind::DSpark { k.usize_or("markov_rank", 0)? } else { 0 },
+            confidence_head: kind == DrafterKind::DSpark && k.bool_or("enable_confidence_head", false),
+        })
+    }
+
+    /// The HF `config.json` of this drafter, in the spelling its kind uses.
+    pub fn to_hf_json(&self, num_target_layers: usize) -> Value {
+        let mut v = serde_json::json!({
+            "model_type": "qwen3",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "rms_norm_eps": self.rms_eps,
+            "vocab_size": self.vocab,
+            "block_size": self.block_size,
+            "num_target_layers": num_target_layers,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "max_position_embeddings": 32768,
+        });
+        let o = v.as_object_mut().expect("json object literal");
+        match self.kind {
+            DrafterKind::DFlash => {
+                o.insert("architectures".into(), serde_json::json!(["DFlashDraftModel"]));
+                o.insert("rope_theta".into(), serde_json::json!(self.rope_theta));
+                o.insert(
+                    "dflash_config".into(),
+                    serde_json::json!({"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}),
+                );
+            }
+            DrafterKind::DSpark => {
+                o.insert("architectures".into(), serde_json::json!(["Qwen3DSparkModel"]));
+                o.insert("rope_parameters".into(), serde_json::json!({"rope_theta": self.rope_theta, "rope_type": "default"}));
+                o.insert("mask_token_id".into(), serde_json::json!(self.mask_token_id));
+                o.insert("target_layer_ids".into(), serde_json::json!(self.target_layer_ids));
+                o.insert("markov_rank".into(), serde_json::json!(self.markov_rank));
+                o.insert("markov_head_type".into(), serde_json::json!("vanilla"));
+                o.insert("enable_confidence_head".into(), serde_json::json!(self.confidence_head));
+                o.insert("confidence_head_with_markov".into(), serde_json::json!(self.confidence_head));
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tap_layers_match_zlab_for_qwen3() {
+        assert_eq!(default_target_layer_ids(36, 5), vec![1, 9, 17, 25, 33]);
+        assert_eq!(default_target_layer_ids(36, 1), vec![18]);
+    }
+
+    #[test]
+    fn dspark_rope_parameters_spelling() {
+        let v = serde_json::json!({
+            "architectures": ["Qwen3DSparkModel"], "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 1, "intermediate_size": 128, "vocab_size": 100, "block_size": 7,
+            "mask_token_id": 99, "target_layer_ids": [1], "markov_rank": 8,
+            "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}
+        });
+        let c = DrafterConfig::from_hf_json(Path::new("x/config.json"), &v).unwrap();
+        assert_eq!(c.rope_theta, 1e6);
+        assert_eq!(c.kind, DrafterKind::DSpark);
+        assert_eq!(c.draft_depth(), 7);
+        assert_eq!(c.head_dim, 16);
+    }
+
+    #[test]
+    fn missing_key_is_named() {
+        let v = serde_json::json!({"model_type": "qwen3", "hidden_size": 64});
+        let e = TargetConfig::from_hf_json(Path::new("m/config.json"), &v).unwrap_err().to_string();
+        assert!(e.contains("m/config.json") && e.contains("num_attention_heads"), "{e}");
+    }
+}

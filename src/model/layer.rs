@@ -1,0 +1,224 @@
+//! Weights of one Llama-family decoder layer (shared by targets and drafters) and the pieces
+//! of its forward pass that both use (reference §1.3).
+
+use crate::error::{Error, Result};
+use crate::loader::TensorSource;
+use sparkling_core::Backend;
+
+/// One pre-norm decoder layer: attention (GQA, optional QKV bias, optional per-head q/k norm)
+/// and a SwiGLU MLP.
+pub struct DecoderLayer<B: Backend> {
+    /// `input_layernorm.weight` `[1, H]`.
+    pub attn_norm: B::Tensor,
+    /// `q_proj` `[nh*hd, H]`, `k_proj`/`v_proj` `[nkv*hd, H]`, `o_proj` `[H, nh*hd]`.
+    pub wq: B::Weight,
+    pub wk: B::Weight,
+    pub wv: B::Weight,
+    pub wo: B::Weight,
+    /// Optional biases `[1, nh*hd]` / `[1, nkv*hd]` (Qwen2).
+    pub bq: Option<B::Tensor>,
+    pub bk: Option<B::Tensor>,
+    pub bv: Option<B::Tensor>,
+    /// Optional per-head norms `[1, hd]` (Qwen3).
+    pub q_norm: Option<B::Tensor>,
+    pub k_norm: Option<B::Tensor>,
+    /// `post_attention_layernorm.weight` `[1, H]`.
+    pub mlp_norm: B::Tensor,
+    /// `gate_proj`/`up_proj` `[I, H]`, `down_proj` `[H, I]`.
+    pub w_gate: B::Weight,
+    pub w_up: B::Weight,
+    pub w_down: B::Weight,
+}
+
+/// Geometry needed to load a layer.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerDims {
+    /// Hidden size.
+    pub hidden: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// KV heads.
+    pub n_kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// MLP width.
+    pub intermediate: usize,
+    /// Expect q/k/v biases.
+    pub qkv_bias: bool,
+    /// Expect per-head q/k norms.
+    pub qk_norm: bool,
+}
+
+/// Load a `[n, k]` matrix by name and upload it.
+pub fn load_matrix<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usize, k: usize) -> Result<B::Weight> {
+    let t = src.load_shaped(name, &[n, k])?;
+    Ok(b.upload_weight(t.data, n, k)?)
+}
+
+/// Load a vector by name as a `[1, n]` tensor.
+pub fn load_vector<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usize) -> Result<B::Tensor> {
+    let t = src.load_shaped(name, &[n])?;
+    Ok(b.upload(&t.data, 1, n)?)
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// Load layer tensors named `{prefix}input_layernorm.weight`, `{prefix}self_attn.q_proj.weight`, …
+    /// Errors name the missing tensor or the expected and found shape.
+    pub fn load(b: &B, src: &dyn TensorSource, prefix: &str, d: LayerDims) -> Result<Self> {
+        let (h, q, kv) = (d.hidden, d.n_heads * d.head_dim, d.n_kv_heads * d.head_dim);
+        let n = |s: &str| format!("{prefix}{s}");
+        let bias = |s: &str, len: usize| -> Result<Option<B::Tensor>> {
+            if d.qkv_bias {
+                Ok(Some(load_vector(b, src, &n(s), len)?))
+            } else {
+                Ok(None)
+            }
+        };
+        let norm = |s: &str| -> Result<Option<B::Tensor>> {
+            if d.qk_norm {
+                Ok(Some(load_vector(b, src, &n(s), d.head_dim)?))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(DecoderLayer {
+            attn_norm: load_vector(b, src, &n("input_layernorm.weight"), h)?,
+            wq: load_matrix(b, src, &n("self_attn.q_proj.weight"), q, h)?,
+            wk: load_matrix(b, src, &n("self_attn.k_proj.weight"), kv, h)?,
+            wv: load_matrix(b, src, &n("self_attn.v_proj.weight"), kv, h)?,
+            wo: load_matrix(b, src, &n("self_attn.o_proj.weight"), h, q)?,
+            bq: bias("self_attn.q_proj.bias", q)?,
+            bk: bias("self_attn.k_proj.bias", kv)?,
+            bv: bias("self_attn.v_proj.bias", kv)?,
+            q_norm: norm("self_attn.q_norm.weight")?,
+            k_norm: norm("self_attn.k_norm.weight")?,
+            mlp_norm: load_vector(b, src, &n("post_attention_layernorm.weight"), h)?,
+            w_gate: load_matrix(b, src, &n("mlp.gate_proj.weight"), d.intermediate, h)?,
+            w_up: load_matrix(b, src, &n("mlp.up_proj.weight"), d.intermediate, h)?,
+            w_down: load_matrix(b, src, &n("mlp.down_proj.weight"), h, d.intermediate)?,
+        })
+    }
+
+    /// Names of all tensors this layer reads (for refusing unknown tensors).
+    pub fn tensor_names(prefix: &str, d: LayerDims) -> Vec<String> {
+        let mut v: Vec<String> = [
+            "input_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ]
+        .iter()
+        .map(|s| format!("{prefix}{s}"))
+        .collect();
+        if d.qkv_bias {
+            v.extend(["q", "k", "v"].iter().map(|x| format!("{prefix}self_attn.{x}_proj.bias")));
+        }
+        if d.qk_norm {
+            v.extend(["q", "k"].iter().map(|x| format!("{prefix}self_attn.{x}_norm.weight")));
+        }
+        v
+    }
+
+    /// Project queries: `q = q_norm(x·Wqᵀ + bq)` then RoPE at `positions`. `x` is already normed.
+    pub fn project_q(&self, b: &B, x: &B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<B::Tensor> {
+        let mut q = b.matmul(x, &self.wq, self.bq.as_ref())?;
+        if let Some(w) = &self.q_norm {
+            q = b.rms_norm(&q, w, hd, eps)?;
+        }
+        b.rope(&mut q, positions, hd, theta)?;
+        Ok(q)
+    }
+
+    /// Project keys (normed, rotated at `positions`) and values for the normed rows `x`.
+    pub fn project_kv(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        positions: &[u32],
+        hd: usize,
+        eps: f32,
+        theta: f32,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let mut k = b.matmul(x, &self.wk, self.bk.as_ref())?;
+        if let Some(w) = &self.k_norm {
+            k = b.rms_norm(&k, w, hd, eps)?;
+        }
+        b.rope(&mut k, positions, hd, theta)?;
+        let v = b.matmul(x, &self.wv, self.bv.as_ref())?;
+        Ok((k, v))
+    }
+
+    /// `h += o_proj(attn)`; then `h += down(silu(gate(y)) * up(y))` with `y = RMSNorm_post(h)`.
+    pub fn finish(&self, b: &B, h: &mut B::Tensor, attn: &B::Tensor, eps: f32) -> Result<()> {
+        let o = b.matmul(attn, &self.wo, None)?;
+        b.add_assign(h, &o)?;
+        let hidden = b.shape(h).1;
+        let y = b.rms_norm(h, &self.mlp_norm, hidden, eps)?;
+        let g = b.matmul(&y, &self.w_gate, None)?;
+        let u = b.matmul(&y, &self.w_up, None)?;
+        let m = b.silu_mul(&g, &u)?;
+        let d = b.matmul(&m, &self.w_down, None)?;
+        b.add_assign(h, &d)?;
+        Ok(())
+    }
+}
+
+/// Per-layer K/V cache: `[capacity, nkv*hd]` tensors; rows `0..len` are valid.
+pub struct KvCache<B: Backend> {
+    /// Keys per layer.
+    pub k: Vec<B::Tensor>,
+    /// Values per layer.
+    pub v: Vec<B::Tensor>,
+    /// Valid rows.
+    pub len: usize,
+    /// Allocated rows.
+    pub capacity: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// Allocate `layers` K/V pairs of `[capacity, width]`.
+    pub fn new(b: &B, layers: usize, capacity: usize, width: usize) -> Result<Self> {
+        let mut k = Vec::with_capacity(layers);
+        let mut v = Vec::with_capacity(layers);
+        for _ in 0..layers {
+            k.push(b.zeros(capacity, width)?);
+            v.push(b.zeros(capacity, width)?);
+        }
+        Ok(KvCache { k, v, len: 0, capacity })
+    }
+
+    /// Fail early when `extra` more rows would not fit.
+    pub fn ensure_room(&self, extra: usize) -> Result<()> {
+        if self.len + extra > self.capacity {
+            return Err(Error::Input(format!(
+                "KV cache full: {} rows used + {extra} new > capacity {} (raise the context size or lower --max-new-tokens)",
+                self.len, self.capacity
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drop rows past `len` (crop).
+    pub fn crop(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// KV compaction after a tree round (reference §4.10): the tree block starts at row
+    /// `start`; keep tree rows `keep` (increasing, `keep[0] = 0` the root) in path order at rows
+    /// `start..start+keep.len()`, every layer, K and V; then crop.
+    pub fn compact(&mut self, b: &B, start: usize, keep: &[usize]) -> Result<()> {
+        let in_place = keep.iter().enumerate().all(|(i, &k)| i == k);
+        if !in_place {
+            for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+                b.compact_rows(t, start, keep)?;
+            }
+        }
+        self.len = start + keep.len();
+        Ok(())
+    }
+}

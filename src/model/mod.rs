@@ -1,0 +1,8 @@
+//! Model graphs written once against the Backend trait: the target decoder, the DFlash/DSpark
+//! drafters, their configs, and random-weight checkpoint writers.
+
+pub mod config;
+pub mod drafter;
+pub mod layer;
+pub mod synth;
+pub mod target;

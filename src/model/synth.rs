@@ -1,0 +1,207 @@
+//! Random-weight checkpoints in HF layout (config.json + model.safetensors): targets of any
+//! supported arch for tests and timing, and untrained DFlash / DSpark drafters sized for a
+//! target (`sparkling init-drafter`), so every method runs before any drafter is trained.
+
+use super::config::{default_target_layer_ids, Arch, DrafterConfig, DrafterKind, TargetConfig};
+use crate::decode::rng::splitmix64;
+use crate::error::{Error, Result};
+use safetensors::tensor::{Dtype, TensorView};
+use std::path::Path;
+
+/// Storage precision of written tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreDtype {
+    /// 32-bit float.
+    F32,
+    /// bfloat16 (what published checkpoints use).
+    Bf16,
+}
+
+/// Deterministic pseudo-random tensors (SplitMix64 stream, uniform in ±scale).
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(1);
+        let x = splitmix64(self.0);
+        ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn tensor(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * scale).collect()
+    }
+    fn norm(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| 1.0 + 0.1 * self.uniform()).collect()
+    }
+}
+
+/// Tensors waiting to be written: name, shape, values.
+#[derive(Default)]
+struct Pending(Vec<(String, Vec<usize>, Vec<f32>)>);
+
+impl Pending {
+    fn add(&mut self, name: impl Into<String>, shape: &[usize], data: Vec<f32>) {
+        self.0.push((name.into(), shape.to_vec(), data));
+    }
+
+    fn layer(&mut self, rng: &mut Rng, prefix: &str, h: usize, nh: usize, nkv: usize, hd: usize, inter: usize, bias: bool, qk_norm: bool) {
+        let (q, kv) = (nh * hd, nkv * hd);
+        let s = |k: usize| 1.0 / (k as f32).sqrt();
+        self.add(format!("{prefix}input_layernorm.weight"), &[h], rng.norm(h));
+        self.add(format!("{prefix}self_attn.q_proj.weight"), &[q, h], rng.tensor(q * h, s(h)));
+        self.add(format!("{prefix}self_attn.k_proj.weight"), &[kv, h], rng.tensor(kv * h, s(h)));
+        self.add(format!("{prefix}self_attn.v_proj.weight"), &[kv, h], rng.tensor(kv * h, s(h)));
+        self.add(format!("{prefix}self_attn.o_proj.weight"), &[h, q], rng.tensor(h * q, s(q)));
+        if bias {
+            self.add(format!("{prefix}self_attn.q_proj.bias"), &[q], rng.tensor(q, 0.1));
+            self.add(format!("{prefix}self_attn.k_proj.bias"), &[kv], rng.tensor(kv, 0.1));
+            self.add(format!("{prefix}self_attn.v_proj.bias"), &[kv], rng.tensor(kv, 0.1));
+        }
+        if qk_norm {
+            self.add(format!("{prefix}self_attn.q_norm.weight"), &[hd], rng.norm(hd));
+            self.add(format!("{prefix}self_attn.k_norm.weight"), &[hd], rng.norm(hd));
+        }
+        self.add(format!("{prefix}post_attention_layernorm.weight"), &[h], rng.norm(h));
+        self.add(format!("{prefix}mlp.gate_proj.weight"), &[inter, h], rng.tensor(inter * h, s(h)));
+        self.add(format!("{prefix}mlp.up_proj.weight"), &[inter, h], rng.tensor(inter * h, s(h)));
+        self.add(format!("{prefix}mlp.down_proj.weight"), &[h, inter], rng.tensor(h * inter, s(inter)));
+    }
+
+    fn write(self, path: &Path, dtype: StoreDtype) -> Result<()> {
+        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = self
+            .0
+            .into_iter()
+            .map(|(n, s, d)| {
+                let b = match dtype {
+                    StoreDtype::F32 => d.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    StoreDtype::Bf16 => d.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+                };
+                (n, s, b)
+            })
+            .collect();
+        let st_dtype = match dtype {
+            StoreDtype::F32 => Dtype::F32,
+            StoreDtype::Bf16 => Dtype::BF16,
+        };
+        let views = bytes
+            .iter()
+            .map(|(n, s, b)| {
+                TensorView::new(st_dtype, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| Error::tensor(path, n, e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        safetensors::serialize_to_file(views, None, path).map_err(|e| Error::file(path, format!("cannot write safetensors: {e}")))
+    }
+}
+
+fn write_config(dir: &Path, v: &serde_json::Value) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, format!("cannot create directory: {e}")))?;
+    let p = dir.join("config.json");
+    let text = serde_json::to_string_pretty(v).map_err(|e| Error::file(&p, e.to_string()))?;
+    std::fs::write(&p, text).map_err(|e| Error::file(&p, format!("cannot write: {e}")))
+}
+
+/// Write a random target checkpoint of `cfg` into `dir`.
+pub fn write_random_target(dir: &Path, cfg: &TargetConfig, seed: u64, dtype: StoreDtype) -> Result<()> {
+    write_config(dir, &cfg.to_hf_json())?;
+    let mut rng = Rng(seed);
+    let mut t = Pending::default();
+    let (v, h) = (cfg.vocab, cfg.hidden);
+    t.add("model.embed_tokens.weight", &[v, h], rng.tensor(v * h, 1.0));
+    for i in 0..cfg.layers {
+        t.layer(&mut rng, &format!("model.layers.{i}."), h, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate, cfg.qkv_bias, cfg.qk_norm);
+    }
+    t.add("model.norm.weight", &[h], rng.norm(h));
+    if !cfg.tie_embeddings {
+        t.add("lm_head.weight", &[v, h], rng.tensor(v * h, 1.0 / (h as f32).sqrt()));
+    }
+    t.write(&dir.join("model.safetensors"), dtype)
+}
+
+/// A small target config of `arch` for tests: `vocab`, hidden 64, 4 layers, 4/2 heads of 16.
+pub fn tiny_target_config(arch: Arch, vocab: usize) -> TargetConfig {
+    TargetConfig {
+        arch,
+        vocab,
+        hidden: 64,
+        layers: 4,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 16,
+        intermediate: 128,
+        rms_eps: 1e-6,
+        rope_theta: 10000.0,
+        tie_embeddings: arch == Arch::Llama,
+        qkv_bias: arch == Arch::Qwen2,
+        qk_norm: arch == Arch::Qwen3,
+        max_positions: 4096,
+        bos: None,
+        eos: vec![vocab as u32 - 1],
+    }
+}
+
+/// Options of `init-drafter`.
+#[derive(Debug, Clone)]
+pub struct DrafterInit {
+    /// DFlash or DSpark.
+    pub kind: DrafterKind,
+    /// Draft layers.
+    pub layers: usize,
+    /// Block size Bk.
+    pub block_size: usize,
+    /// Markov rank r (DSpark only; 0 = none).
+    pub markov_rank: usize,
+    /// Number of tapped target layers.
+    pub taps: usize,
+    /// Mask token id (default: the last vocabulary row).
+    pub mask_token_id: Option<u32>,
+    /// Write a confidence head (DSpark).
+    pub confidence_head: bool,
+}
+
+/// The drafter config `init` produces for `target` (geometry copied from the target; DSpark
+/// borrows the target's embedding and lm_head, so neither is written).
+pub fn drafter_config(target: &TargetConfig, init: &DrafterInit) -> DrafterConfig {
+    DrafterConfig {
+        kind: init.kind,
+        hidden: target.hidden,
+        layers: init.layers,
+        n_heads: target.n_heads,
+        n_kv_heads: target.n_kv_heads,
+        head_dim: target.head_dim,
+        intermediate: target.intermediate,
+        rms_eps: target.rms_eps,
+        rope_theta: target.rope_theta,
+        vocab: target.vocab,
+        block_size: init.block_size,
+        mask_token_id: init.mask_token_id.unwrap_or(target.vocab as u32 - 1),
+        target_layer_ids: default_target_layer_ids(target.layers, init.taps.max(1)),
+        markov_rank: if init.kind == DrafterKind::DSpark { init.markov_rank } else { 0 },
+        confidence_head: init.kind == DrafterKind::DSpark && init.confidence_head,
+    }
+}
+
+/// Write a randomly initialised drafter for `target` into `dir` (HF layout).
+pub fn write_random_drafter(dir: &Path, target: &TargetConfig, init: &DrafterInit, seed: u64, dtype: StoreDtype) -> Result<DrafterConfig> {
+    let cfg = drafter_config(target, init);
+    write_config(dir, &cfg.to_hf_json(target.layers))?;
+    let mut rng = Rng(seed ^ 0xD4AF);
+    let mut t = Pending::default();
+    let h = cfg.hidden;
+    let nf = cfg.target_layer_ids.len() * target.hidden;
+    t.add("fc.weight", &[h, nf], rng.tensor(h * nf, 1.0 / (nf as f32).sqrt()));
+    t.add("hidden_norm.weight", &[h], rng.norm(h));
+    for l in 0..cfg.layers {
+        t.layer(&mut rng, &format!("layers.{l}."), h, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate, false, true);
+    }
+    t.add("norm.weight", &[h], rng.norm(h));
+    let r = cfg.markov_rank;
+    if r > 0 {
+        t.add("markov_head.markov_w1.weight", &[cfg.vocab, r], rng.tensor(cfg.vocab * r, 1.0));
+        t.add("markov_head.markov_w2.weight", &[cfg.vocab, r], rng.tensor(cfg.vocab * r, 1.0 / (r as f32).sqrt()));
+    }
+    if cfg.confidence_head {
+        t.add("confidence_head.proj.weight", &[1, h + r], rng.tensor(h + r, 0.05));
+        t.add("confidence_head.proj.bias", &[1], vec![0.0]);
+    }
+    t.write(&dir.join("model.safetensors"), dtype)?;
+    Ok(cfg)
+}

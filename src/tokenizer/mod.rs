@@ -1,0 +1,140 @@
+//! Text ↔ token ids: an HF `tokenizers` tokenizer (from `tokenizer.json`, or built from a
+//! GGUF's embedded vocabulary) plus the ChatML / Qwen3 chat template (thinking off) and a raw
+//! mode (no template, no BOS) for completion prompts.
+
+pub mod gguf_vocab;
+
+use crate::error::{Error, Result};
+use crate::loader::gguf::GgufFile;
+use std::path::Path;
+
+/// How a chat message becomes a prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatTemplate {
+    /// `<|im_start|>role\n…<|im_end|>\n`, optional default system message; Qwen3 adds an empty
+    /// `<think>\n\n</think>\n\n` block after the assistant header (thinking off, reference §1.5).
+    ChatMl {
+        /// System message inserted when the user gives none.
+        default_system: Option<String>,
+        /// Qwen3 non-thinking suffix.
+        qwen3_no_think: bool,
+    },
+}
+
+impl ChatTemplate {
+    /// Pick the template from a model's Jinja chat template text (as shipped in the GGUF or
+    /// `tokenizer_config.json`): ChatML with the family's default system prompt.
+    pub fn detect(jinja: Option<&str>) -> ChatTemplate {
+        let j = jinja.unwrap_or("");
+        let default_system = if j.contains("You are a helpful AI assistant named SmolLM") {
+            Some("You are a helpful AI assistant named SmolLM, trained by Hugging Face".to_string())
+        } else if j.contains("You are Qwen, created by Alibaba Cloud") {
+            Some("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.".to_string())
+        } else {
+            None
+        };
+        ChatTemplate::ChatMl { default_system, qwen3_no_think: j.contains("enable_thinking") }
+    }
+
+    /// Render one user turn (with the generation prompt).
+    pub fn render(&self, user: &str, system: Option<&str>) -> String {
+        let ChatTemplate::ChatMl { default_system, qwen3_no_think } = self;
+        let mut s = String::new();
+        if let Some(sys) = system.or(default_system.as_deref()) {
+            s.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
+        }
+        s.push_str(&format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"));
+        if *qwen3_no_think {
+            s.push_str("<think>\n\n</think>\n\n");
+        }
+        s
+    }
+}
+
+/// A tokenizer with its chat template and stop tokens.
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Chat template.
+    pub template: ChatTemplate,
+    /// Stop ids (eos, end-of-turn) known to the tokenizer.
+    pub stop: Vec<u32>,
+}
+
+impl TextTokenizer {
+    /// From a GGUF file's embedded vocabulary and chat template.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let inner = gguf_vocab::tokenizer_from_gguf(g).map_err(|e| Error::file(&g.path, e.to_string()))?;
+        let template = ChatTemplate::detect(g.get_str("tokenizer.chat_template").ok());
+        let sp = gguf_vocab::special_tokens(g);
+        let mut stop: Vec<u32> = [sp.eos, sp.eot].into_iter().flatten().collect();
+        stop.dedup();
+        let mut t = TextTokenizer { inner, template, stop };
+        t.add_named_stop("<|im_end|>");
+        Ok(t)
+    }
+
+    /// From `tokenizer.json` (and `tokenizer_config.json` for the chat template) in `dir`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let tj = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&tj).map_err(|e| Error::file(&tj, format!("cannot load tokenizer: {e}")))?;
+        let tc = dir.join("tokenizer_config.json");
+        let jinja = std::fs::read_to_string(&tc)
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .and_then(|v| v.get("chat_template").and_then(|x| x.as_str()).map(String::from));
+        let mut t = TextTokenizer { inner, template: ChatTemplate::detect(jinja.as_deref()), stop: Vec::new() };
+        for name in ["<|im_end|>", "<|endoftext|>", "</s>"] {
+            t.add_named_stop(name);
+        }
+        Ok(t)
+    }
+
+    fn add_named_stop(&mut self, name: &str) {
+        if let Some(id) = self.inner.token_to_id(name) {
+            if !self.stop.contains(&id) {
+                self.stop.push(id);
+            }
+        }
+    }
+
+    /// Encode text as-is: no template, no BOS; special-token strings map to their ids.
+    pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Encode one chat turn with the template (no BOS: ChatML models do not use one).
+    pub fn encode_chat(&self, user: &str, system: Option<&str>) -> Result<Vec<u32>> {
+        self.encode_raw(&self.template.render(user, system))
+    }
+
+    /// Decode ids to text (special tokens kept visible only if `keep_special`).
+    pub fn decode(&self, ids: &[u32], keep_special: bool) -> Result<String> {
+        self.inner.decode(ids, !keep_special).map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_smollm_default_system() {
+        let t = ChatTemplate::detect(Some("... You are a helpful AI assistant named SmolLM, trained by Hugging Face ..."));
+        assert_eq!(
+            t.render("Hi", None),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn qwen3_thinking_off() {
+        let t = ChatTemplate::detect(Some("{%- if enable_thinking is defined and enable_thinking is false %}"));
+        assert_eq!(t.render("Hi", None), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    }
+}

@@ -1,0 +1,744 @@
+//! SparklingTree: Markov-conditioned best-first draft trees (reference spec §5.2 (a) and (c)),
+//! plus the DSpark greedy chain (§3.7 at T = 0).
+//!
+//! A node's children distribution is `log_softmax(U[depth(node)] + B(token(node)))`, where
+//! `U` are the drafter's base logits `[Ld, V]` (row `d` feeds depth `d + 1`), the root has
+//! depth 0 and token = anchor, and `B(t)[v] = <W2[v], W1[t]>` is the first-order Markov bias
+//! (§3.6). Path scores are sums of these conditional log-probabilities; since every term is
+//! `<= 0`, scores only decrease along a path and a best-first heap returns exactly the
+//! `budget` highest-scoring prefixes.
+
+use super::{log_prob, log_sum_exp, topk_desc, DraftTree, Heap};
+
+/// First-order Markov head `B(prev)[v] = <W2[v], W1[prev]>` (DSpark §3.6), rank `r`.
+///
+/// Shapes: `w1` and `w2` are `[vocab, rank]` row-major `f32` (`markov_w1.weight`,
+/// `markov_w2.weight`). Precondition for every method: `w1.len() == w2.len() == vocab * rank`.
+/// Dot products accumulate sequentially over `j = 0..rank` in `f32` (one fixed order), so
+/// [`MarkovHead::bias`], [`MarkovHead::bias_at`] and [`candidate_table`] agree bit-for-bit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MarkovHead {
+    /// Vocabulary size `V`.
+    pub vocab: usize,
+    /// Low rank `r` (256 for the released DSpark checkpoints).
+    pub rank: usize,
+    /// `W1` (token embedding of the previous token), `[V, r]` row-major.
+    pub w1: Vec<f32>,
+    /// `W2` (output projection), `[V, r]` row-major.
+    pub w2: Vec<f32>,
+}
+
+impl MarkovHead {
+    /// Full bias row for previous token `prev`: `out[v] = dot(w2[v], w1[prev])` for
+    /// `v in 0..vocab`. Panics if `prev >= vocab` or `out.len() != vocab` (preconditions).
+    pub fn bias(&self, prev: u32, out: &mut [f32]) {
+        let r = self.rank;
+        let v = self.vocab;
+        assert!((prev as usize) < v, "MarkovHead::bias: prev out of range");
+        assert_eq!(out.len(), v, "MarkovHead::bias: out must have length vocab");
+        let e = &self.w1[prev as usize * r..][..r];
+        let w2 = &self.w2[..v * r];
+        // 8 independent sequential accumulators (same per-element order as `bias_at`).
+        let mut blocks = out.chunks_exact_mut(8);
+        let mut v0 = 0;
+        for ob in &mut blocks {
+            let mut acc = [0.0f32; 8];
+            let rows: [&[f32]; 8] = std::array::from_fn(|l| &w2[(v0 + l) * r..][..r]);
+            for (j, &a) in e.iter().enumerate() {
+                for l in 0..8 {
+                    acc[l] += a * rows[l][j];
+                }
+            }
+            ob.copy_from_slice(&acc);
+            v0 += 8;
+        }
+        for (l, o) in blocks.into_remainder().iter_mut().enumerate() {
+            *o = dot_seq(e, &w2[(v0 + l) * r..][..r]);
+        }
+    }
+
+    /// Single bias entry `dot(w2[cand], w1[prev])`. Panics if `prev` or `cand >= vocab`.
+    pub fn bias_at(&self, prev: u32, cand: u32) -> f32 {
+        let r = self.rank;
+        assert!((prev as usize) < self.vocab && (cand as usize) < self.vocab, "MarkovHead::bias_at: id out of range");
+        dot_seq(&self.w1[prev as usize * r..][..r], &self.w2[cand as usize * r..][..r])
+    }
+}
+
+/// Sequential f32 dot product (the canonical Markov-bias evaluation order).
+#[inline]
+fn dot_seq(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = 0.0f32;
+    for (x, y) in a.iter().zip(b) {
+        acc += x * y;
+    }
+    acc
+}
+
+/// `z = U[d] + B(prev)` (or `U[d]` without a head) over the full vocabulary.
+pub(super) fn conditional_logits(base: &[f32], d: usize, vocab: usize, markov: Option<&MarkovHead>, prev: u32, z: &mut [f32]) {
+    let row = &base[d * vocab..(d + 1) * vocab];
+    match markov {
+        Some(m) => {
+            m.bias(prev, z);
+            for (zi, &u) in z.iter_mut().zip(row) {
+                *zi = u + *zi;
+            }
+        }
+        None => z.copy_from_slice(row),
+    }
+}
+
+/// Precondition checks shared by the builders (panics with a message on violation).
+pub(super) fn check_inputs(base: &[f32], ld: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32) {
+    assert!(base.len() >= ld * vocab, "base logits shorter than ld*vocab");
+    if let Some(m) = markov {
+        assert_eq!(m.vocab, vocab, "Markov head vocab differs from the logits' vocab");
+        assert!(m.w1.len() >= vocab * m.rank && m.w2.len() >= vocab * m.rank, "Markov head weights too short");
+    }
+    assert!(vocab == 0 || (anchor as usize) < vocab, "anchor out of vocabulary range");
+}
+
+#[derive(Clone, Copy)]
+struct RefEntry {
+    logw: f64,
+    parent: u32,
+    depth: u32,
+    rank: u32,
+}
+
+/// SparklingTree naive best-first builder (§5.2 (a), `build_sparked_tree`).
+///
+/// - `base`: drafter logits `U`, `[ld, vocab]` row-major f32 (finite).
+/// - `markov`: the Markov head; `None` means zero bias, i.e. a per-depth-independent tree
+///   (identical to [`super::build_ddtree`] on the same logits, §9.4).
+/// - `anchor`: root token (`< vocab`); `budget`: number of **non-root** nodes.
+///
+/// Every created node with depth `< ld` gets its own full-vocabulary conditional
+/// `log_softmax(U[depth] + B(token))`, top-`K` with `K = min(budget, vocab)` (ties: lower id).
+/// Heap entries pop by largest path log-weight (f64, incremental sibling/child arithmetic as
+/// §5.1), ties by smaller parent index, then depth, then rank. Returns the `budget`
+/// highest-scoring prefixes in pop order (fewer if the tree is exhausted);
+/// `budget == 0`, `ld == 0` or `vocab == 0` → root only. Cost: one O(V·r) conditional per
+/// created node — a reference, not the fast path (see [`build_sparkling_precompute`]).
+///
+/// Panics (precondition violations only): `base.len() < ld*vocab`, `anchor >= vocab`, or a
+/// head whose `vocab`/weights do not match.
+pub fn build_sparkling_reference(
+    base: &[f32],
+    ld: usize,
+    vocab: usize,
+    markov: Option<&MarkovHead>,
+    anchor: u32,
+    budget: usize,
+) -> DraftTree {
+    let mut tree = DraftTree::root(anchor);
+    if budget == 0 || ld == 0 || vocab == 0 {
+        return tree;
+    }
+    check_inputs(base, ld, vocab, markov, anchor);
+    let kk = budget.min(vocab);
+    let mut z = vec![0.0f32; vocab];
+    let mut sel = Vec::with_capacity(kk);
+    // Cached conditionals: node i's list lives at dist[i*kk ..] (only nodes with depth < ld).
+    let mut dist_ids: Vec<u32> = Vec::new();
+    let mut dist_lp: Vec<f32> = Vec::new();
+    let mut dist_off: Vec<u32> = Vec::with_capacity(budget + 1);
+    let mut conditional = |d: usize, prev: u32, ids: &mut Vec<u32>, lps: &mut Vec<f32>| {
+        conditional_logits(base, d, vocab, markov, prev, &mut z);
+        let lse = log_sum_exp(&z);
+        topk_desc(&z, kk, &mut sel);
+        for &(v, id) in &sel {
+            ids.push(id);
+            lps.push(log_prob(v, lse));
+        }
+    };
+    dist_off.push(0);
+    conditional(0, anchor, &mut dist_ids, &mut dist_lp);
+
+    let first = |a: &RefEntry, b: &RefEntry| {
+        if a.logw != b.logw {
+            return a.logw > b.logw;
+        }
+        (a.parent, a.depth, a.rank) < (b.parent, b.depth, b.rank)
+    };
+    let mut heap: Heap<RefEntry> = Heap::with_capacity(2 * budget + 1);
+    heap.push(RefEntry { logw: dist_lp[0] as f64, parent: 0, depth: 1, rank: 0 }, first);
+    while tree.num_nodes() < budget {
+        let Some(e) = heap.pop(first) else { break };
+        let po = dist_off[e.parent as usize] as usize;
+        let idx = tree.len() as u32;
+        let tok = dist_ids[po + e.rank as usize];
+        tree.tokens.push(tok);
+        tree.parents.push(e.parent);
+        tree.depths.push(e.depth);
+        tree.scores.push(e.logw as f32);
+        dist_off.push(dist_ids.len() as u32);
+        if (e.rank as usize) + 1 < kk {
+            let r = po + e.rank as usize;
+            let logw = e.logw - dist_lp[r] as f64 + dist_lp[r + 1] as f64;
+            heap.push(RefEntry { logw, rank: e.rank + 1, ..e }, first);
+        }
+        if (e.depth as usize) < ld {
+            let co = dist_ids.len();
+            conditional(e.depth as usize, tok, &mut dist_ids, &mut dist_lp);
+            let logw = e.logw + dist_lp[co] as f64;
+            heap.push(RefEntry { logw, parent: idx, depth: e.depth + 1, rank: 0 }, first);
+        }
+    }
+    tree
+}
+
+/// Precomputed per-(depth, parent-candidate) top-k table for [`build_sparkling_precompute`]
+/// (§5.2 (c)).
+///
+/// `n = cand.len()`. For depth row `d in 0..ld` (feeding depth `d + 1` nodes) and parent slot
+/// `p in 0..n`, entries `j in 0..k` at flat index `(d * n + p) * k + j` hold the `j`-th best
+/// child: `slots[..]` is the child's slot in `cand` and `vals[..]` its log-probability
+/// `T[d,p,c] - logsumexp_c T[d,p,·]` with `T[d,p,c] = U[d, cand[c]] + B(cand[p])[cand[c]]`,
+/// i.e. normalised over the candidate union (not the full vocabulary). Descending per row;
+/// ties: lower slot first.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CandidateTable {
+    /// Candidate token ids: the union of per-depth top-C of `U` plus the anchor, sorted
+    /// ascending and deduplicated.
+    pub cand: Vec<u32>,
+    /// Number of depth rows.
+    pub ld: usize,
+    /// Children kept per (depth, parent): `min(max_fanout, budget, n)`.
+    pub k: usize,
+    /// Log-probabilities, `[ld, n, k]` row-major.
+    pub vals: Vec<f32>,
+    /// Child slots into `cand`, `[ld, n, k]` row-major.
+    pub slots: Vec<u32>,
+}
+
+impl CandidateTable {
+    /// Number of candidates `n = cand.len()`.
+    pub fn n(&self) -> usize {
+        self.cand.len()
+    }
+}
+
+/// Build the SparklingTree precompute table (§5.2 (c), the expensive part).
+///
+/// - `base`: `U`, `[ld, vocab]` row-major f32 (finite); `markov`: optional head (`None` =
+///   zero bias); `anchor`: root token `< vocab`.
+/// - `c`: per-depth top-C of `U` taken into the candidate union (`c >= vocab` → the whole
+///   vocabulary, which makes the builder reproduce [`build_sparkling_reference`] exactly);
+/// - `max_fanout`, `budget`: the table keeps `k = min(max_fanout, budget, n)` children per
+///   (depth, parent).
+///
+/// Method: gather `W1[cand]`, `W2[cand]`, compute the dense `[n, n]` bias in blocks of 4 parent
+/// rows (register-tiled, sequential-over-rank accumulation, identical to
+/// [`MarkovHead::bias_at`]), then per (d, p) form the row `T[d,p,·]`, log-sum-exp over the
+/// union and a partial top-k selection. Cost O(n²·r + ld·n²) time, O(ld·n·k + n·r) memory
+/// (n ≈ ld·C for unrelated depths). With `k == 0` or `ld == 0` the table is empty.
+///
+/// Panics (precondition violations only): `base.len() < ld*vocab`, `anchor >= vocab`, or a
+/// head whose `vocab`/weights do not match.
+#[allow(clippy::too_many_arguments)]
+pub fn candidate_table(
+    base: &[f32],
+    ld: usize,
+    vocab: usize,
+    markov: Option<&MarkovHead>,
+    anchor: u32,
+    c: usize,
+    max_fanout: usize,
+    budget: usize,
+) -> CandidateTable {
+    check_inputs(base, ld, vocab, markov, anchor);
+    if vocab == 0 {
+        return CandidateTable { ld, ..Default::default() };
+    }
+    // Candidate union.
+    let cc = c.min(vocab);
+    let cand: Vec<u32> = if cc == vocab {
+        (0..vocab as u32).collect()
+    } else {
+        let mut u = Vec::with_capacity(ld * cc + 1);
+        let mut sel = Vec::with_capacity(cc);
+        for d in 0..ld {
+            topk_desc(&base[d * vocab..(d + 1) * vocab], cc, &mut sel);
+            u.extend(sel.iter().map(|&(_, id)| id));
+        }
+        u.push(anchor);
+        u.sort_unstable();
+        u.dedup();
+        u
+    };
+    let n = cand.len();
+    let k = max_fanout.min(budget).min(n);
+    let mut table = CandidateTable { cand, ld, k, vals: Vec::new(), slots: Vec::new() };
+    if k == 0 || ld == 0 {
+        return table;
+    }
+    let cand = &table.cand;
+    let mut vals = vec![0.0f32; ld * n * k];
+    let mut slots = vec![0u32; ld * n * k];
+    // U[:, cand]
+    let mut ub = vec![0.0f32; ld * n];
+    for d in 0..ld {
+        let row = &base[d * vocab..(d + 1) * vocab];
+        for (o, &t) in ub[d * n..(d + 1) * n].iter_mut().zip(cand) {
+            *o = row[t as usize];
+        }
+    }
+    let mut sel = Vec::with_capacity(k);
+    let mut write_row = |z: &[f32], d: usize, p: usize, sel: &mut Vec<(f32, u32)>| {
+        let lse = log_sum_exp(z);
+        topk_desc(z, k, sel);
+        let o = (d * n + p) * k;
+        for (j, &(v, s)) in sel.iter().enumerate() {
+            vals[o + j] = log_prob(v, lse);
+            slots[o + j] = s;
+        }
+    };
+    match markov {
+        None => {
+            for d in 0..ld {
+                let z = &ub[d * n..(d + 1) * n];
+                write_row(z, d, 0, &mut sel);
+            }
+            drop(write_row);
+            // Zero bias: every parent row equals row p = 0.
+            for d in 0..ld {
+                let o0 = d * n * k;
+                for p in 1..n {
+                    vals.copy_within(o0..o0 + k, o0 + p * k);
+                    slots.copy_within(o0..o0 + k, o0 + p * k);
+                }
+            }
+        }
+        Some(m) => {
+            let r = m.rank;
+            let npad = n.div_ceil(TILE_C) * TILE_C;
+            let prow = n.div_ceil(TILE_P) * TILE_P;
+            // W2[cand] transposed to [r, npad]; W1[cand] as [prow, r] (zero padding).
+            let mut w2t = vec![0.0f32; r * npad];
+            let mut w1c = vec![0.0f32; prow * r];
+            for (i, &t) in cand.iter().enumerate() {
+                let t = t as usize;
+                let w2row = &m.w2[t * r..(t + 1) * r];
+                for j in 0..r {
+                    w2t[j * npad + i] = w2row[j];
+                }
+                w1c[i * r..(i + 1) * r].copy_from_slice(&m.w1[t * r..(t + 1) * r]);
+            }
+            let mut brow = vec![0.0f32; TILE_P * npad];
+            let mut z = vec![0.0f32; n];
+            for p0 in (0..n).step_by(TILE_P) {
+                bias_block(&w1c[p0 * r..(p0 + TILE_P) * r], &w2t, r, npad, &mut brow);
+                for a in 0..TILE_P.min(n - p0) {
+                    let b = &brow[a * npad..a * npad + n];
+                    for d in 0..ld {
+                        for ((zi, &u), &bi) in z.iter_mut().zip(&ub[d * n..(d + 1) * n]).zip(b) {
+                            *zi = u + bi;
+                        }
+                        write_row(&z, d, p0 + a, &mut sel);
+                    }
+                }
+            }
+        }
+    }
+    table.vals = vals;
+    table.slots = slots;
+    table
+}
+
+const TILE_P: usize = 4;
+const TILE_C: usize = 16;
+
+/// `out[a][c] = sum_j w1[a][j] * w2t[j][c]` for `a in 0..TILE_P`, `c in 0..npad`, accumulated
+/// sequentially over `j` (same order as [`dot_seq`]).
+fn bias_block(w1: &[f32], w2t: &[f32], r: usize, npad: usize, out: &mut [f32]) {
+    for c0 in (0..npad).step_by(TILE_C) {
+        let mut acc = [[0.0f32; TILE_C]; TILE_P];
+        for j in 0..r {
+            let w2 = &w2t[j * npad + c0..j * npad + c0 + TILE_C];
+            for a in 0..TILE_P {
+                let w = w1[a * r + j];
+                for l in 0..TILE_C {
+                    acc[a][l] += w * w2[l];
+                }
+            }
+        }
+        for a in 0..TILE_P {
+            out[a * npad + c0..a * npad + c0 + TILE_C].copy_from_slice(&acc[a]);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct PreEntry {
+    logw: f64,
+    counter: u32,
+    parent: u32,
+    depth: u32,
+    rank: u32,
+}
+
+/// SparklingTree precompute builder (§5.2 (c), the final SparklingTree heap).
+///
+/// Best-first over the [`CandidateTable`]: each node stores its `(depth, slot)`; the root is
+/// `(0, slot_of(anchor))` found by binary search in `t.cand`. Pop → node with token
+/// `cand[slots[pd, ps, rank]]`; sibling `rank + 1 < t.k` with
+/// `logw - vals[pd,ps,rank] + vals[pd,ps,rank+1]`; child (if `depth < t.ld`) with
+/// `logw + vals[depth, slot, 0]` (f64 arithmetic). Ties: insertion counter (FIFO).
+/// `budget` counts **non-root** nodes; result in pop order. `budget == 0`, `t.ld == 0` or
+/// `t.k == 0` → root only. With a table built at `c >= vocab` and `max_fanout >= budget` the
+/// tree equals [`build_sparkling_reference`] (§9.4).
+///
+/// Panics (precondition violations only): `anchor` not in `t.cand` (use the anchor the table
+/// was built with), or `t.vals`/`t.slots` shorter than `ld * n * k`.
+pub fn build_sparkling_precompute(t: &CandidateTable, anchor: u32, budget: usize) -> DraftTree {
+    let mut tree = DraftTree::root(anchor);
+    let (n, k, ld) = (t.cand.len(), t.k, t.ld);
+    if budget == 0 || ld == 0 || k == 0 || n == 0 {
+        return tree;
+    }
+    assert!(t.vals.len() >= ld * n * k && t.slots.len() >= ld * n * k, "CandidateTable: vals/slots too short");
+    let root_slot = t.cand.binary_search(&anchor).expect("build_sparkling_precompute: anchor not in the candidate set");
+    tree.tokens.reserve(budget);
+    tree.parents.reserve(budget);
+    tree.depths.reserve(budget);
+    tree.scores.reserve(budget);
+    let mut node_slot: Vec<u32> = Vec::with_capacity(budget + 1);
+    node_slot.push(root_slot as u32);
+    let row = |d: usize, s: usize| (d * n + s) * k;
+    let first = |a: &PreEntry, b: &PreEntry| {
+        if a.logw != b.logw {
+            return a.logw > b.logw;
+        }
+        a.counter < b.counter
+    };
+    let mut heap: Heap<PreEntry> = Heap::with_capacity(2 * budget + 1);
+    let mut counter = 0u32;
+    heap.push(PreEntry { logw: t.vals[row(0, root_slot)] as f64, counter, parent: 0, depth: 1, rank: 0 }, first);
+    while tree.num_nodes() < budget {
+        let Some(e) = heap.pop(first) else { break };
+        let base = row(e.depth as usize - 1, node_slot[e.parent as usize] as usize);
+        let r = base + e.rank as usize;
+        let slot = t.slots[r];
+        let idx = tree.len() as u32;
+        tree.tokens.push(t.cand[slot as usize]);
+        tree.parents.push(e.parent);
+        tree.depths.push(e.depth);
+        tree.scores.push(e.logw as f32);
+        node_slot.push(slot);
+        if (e.rank as usize) + 1 < k {
+            counter += 1;
+            let logw = e.logw - t.vals[r] as f64 + t.vals[r + 1] as f64;
+            heap.push(PreEntry { logw, counter, rank: e.rank + 1, ..e }, first);
+        }
+        if (e.depth as usize) < ld {
+            counter += 1;
+            let logw = e.logw + t.vals[row(e.depth as usize, slot as usize)] as f64;
+            heap.push(PreEntry { logw, counter, parent: idx, depth: e.depth + 1, rank: 0 }, first);
+        }
+    }
+    tree
+}
+
+/// DSpark greedy draft chain (§3.7 at T = 0): `prev = anchor`; for `d in 0..min(ld, max_len)`:
+/// `tok_d = argmax_v (U[d][v] + B(prev)[v])` (ties: lowest id), `prev = tok_d`.
+///
+/// Returns the drafts (anchor excluded), length `min(ld, max_len)` (0 if `vocab == 0`).
+/// `markov == None` → per-row argmax of `U`. Wrap with [`DraftTree::chain`] for a verify tree.
+/// Panics (precondition violations only): `base.len() < ld*vocab`, `anchor >= vocab`, or a
+/// head whose `vocab`/weights do not match.
+pub fn markov_greedy_chain(
+    base: &[f32],
+    ld: usize,
+    vocab: usize,
+    markov: Option<&MarkovHead>,
+    anchor: u32,
+    max_len: usize,
+) -> Vec<u32> {
+    let len = ld.min(max_len);
+    if vocab == 0 || len == 0 {
+        return Vec::new();
+    }
+    check_inputs(base, ld, vocab, markov, anchor);
+    let mut z = vec![0.0f32; vocab];
+    let mut out = Vec::with_capacity(len);
+    let mut prev = anchor;
+    for d in 0..len {
+        conditional_logits(base, d, vocab, markov, prev, &mut z);
+        let mut best = 0usize;
+        for (i, &v) in z.iter().enumerate() {
+            if v > z[best] {
+                best = i;
+            }
+        }
+        prev = best as u32;
+        out.push(prev);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::*;
+    use super::super::*;
+    use super::*;
+
+    /// Naive f64 conditional log-softmax (independent of the builder numerics).
+    fn naive_cond(base: &[f32], d: usize, vocab: usize, m: Option<&MarkovHead>, prev: u32) -> Vec<f64> {
+        let z: Vec<f64> = (0..vocab)
+            .map(|v| {
+                let b = m.map_or(0.0, |m| {
+                    (0..m.rank).map(|j| m.w1[prev as usize * m.rank + j] as f64 * m.w2[v * m.rank + j] as f64).sum()
+                });
+                base[d * vocab + v] as f64 + b
+            })
+            .collect();
+        naive_log_softmax(&z)
+    }
+
+    #[test]
+    fn bias_matches_bias_at_and_f64() {
+        let mut rng = Rng(3);
+        for &(v, r) in &[(1usize, 1usize), (7, 3), (19, 16), (64, 5), (33, 0)] {
+            let m = random_head(&mut rng, v, r, 1.0);
+            let mut out = vec![0.0f32; v];
+            for prev in 0..v as u32 {
+                m.bias(prev, &mut out);
+                for c in 0..v {
+                    assert_eq!(out[c].to_bits(), m.bias_at(prev, c as u32).to_bits());
+                    let want: f64 = (0..r).map(|j| m.w1[prev as usize * r + j] as f64 * m.w2[c * r + j] as f64).sum();
+                    assert!((out[c] as f64 - want).abs() < 1e-5, "{} vs {want}", out[c]);
+                }
+            }
+        }
+        // Hand-computed: W1[1] = [1, 2], W2[0] = [3, 4] → 11.
+        let m = MarkovHead { vocab: 2, rank: 2, w1: vec![0.0, 0.0, 1.0, 2.0], w2: vec![3.0, 4.0, -1.0, 0.5] };
+        assert_eq!(m.bias_at(1, 0), 11.0);
+        assert_eq!(m.bias_at(1, 1), 0.0);
+        assert_eq!(m.bias_at(0, 1), 0.0);
+    }
+
+    #[test]
+    fn reference_matches_brute_force() {
+        let mut rng = Rng(0x5EED);
+        let mut total = 0;
+        for &(vocab, ld) in &[(3usize, 2usize), (3, 3), (4, 2), (4, 3)] {
+            for _ in 0..4 {
+                let base = random_logits(&mut rng, ld * vocab, 2.0);
+                let m = random_head(&mut rng, vocab, 3, 1.0);
+                let all = enumerate_prefixes(ld, vocab, &|path: &[u32]| {
+                    let prev = path.last().copied().unwrap_or(1);
+                    naive_cond(&base, path.len(), vocab, Some(&m), prev)
+                });
+                total += check_topb(&all, 1e-5, &|b| build_sparkling_reference(&base, ld, vocab, Some(&m), 1, b));
+                // Scores equal the brute-force path scores.
+                let t = build_sparkling_reference(&base, ld, vocab, Some(&m), 1, all.len());
+                for i in 1..t.len() {
+                    let p = path_of(&t, i);
+                    let s = all.iter().find(|x| x.1 == p).unwrap().0;
+                    assert!((t.scores[i] as f64 - s).abs() < 1e-5, "{} vs {s}", t.scores[i]);
+                }
+            }
+        }
+        assert!(total > 200, "too few budgets checked: {total}");
+    }
+
+    #[test]
+    fn precompute_equals_reference_full_union() {
+        let mut rng = Rng(0xC0FFEE);
+        for &(vocab, ld, rank) in &[(30usize, 4usize, 5usize), (50, 3, 8), (17, 6, 2), (8, 5, 3)] {
+            for trial in 0..3 {
+                let base = random_logits(&mut rng, ld * vocab, 3.0);
+                let m = random_head(&mut rng, vocab, rank, 0.8);
+                let anchor = rng.below(vocab) as u32;
+                for &budget in &[1usize, 2, 5, 17, 40, 64, 100] {
+                    let want = build_sparkling_reference(&base, ld, vocab, Some(&m), anchor, budget);
+                    for (c, fan) in [(vocab, budget), (vocab + 7, budget + 3), (usize::MAX, usize::MAX)] {
+                        let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, fan, budget);
+                        assert_eq!(t.cand, (0..vocab as u32).collect::<Vec<_>>());
+                        assert_eq!(t.k, budget.min(vocab));
+                        let got = build_sparkling_precompute(&t, anchor, budget);
+                        assert!(got.is_well_formed());
+                        assert_eq!(got.tokens, want.tokens, "V={vocab} ld={ld} trial={trial} B={budget}");
+                        assert_eq!(got.parents, want.parents);
+                        assert_eq!(got.depths, want.depths);
+                        assert_eq!(got.scores, want.scores);
+                    }
+                    let expect_nodes: usize = (1..=ld).map(|d| vocab.pow(d as u32)).sum::<usize>().min(budget);
+                    assert_eq!(want.num_nodes(), expect_nodes);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_markov_equals_ddtree() {
+        let mut rng = Rng(42);
+        for &(vocab, ld) in &[(20usize, 4usize), (5, 3), (100, 6), (2, 7)] {
+            let base = random_logits(&mut rng, ld * vocab, 4.0);
+            for &budget in &[1usize, 3, 10, 33, 64] {
+                let dd = build_ddtree(&depth_topk(&base, ld, vocab, budget), 0, budget);
+                let sp = build_sparkling_reference(&base, ld, vocab, None, 0, budget);
+                assert_eq!(sp, dd, "V={vocab} ld={ld} B={budget}");
+                let t = candidate_table(&base, ld, vocab, None, 0, vocab, budget, budget);
+                let pc = build_sparkling_precompute(&t, 0, budget);
+                assert_eq!(pc, dd, "precompute V={vocab} ld={ld} B={budget}");
+            }
+        }
+    }
+
+    #[test]
+    fn no_markov_tree_is_per_depth_independent() {
+        // Every node at depth d has children drawn from the same per-depth ranking.
+        let mut rng = Rng(77);
+        let (vocab, ld) = (6, 3);
+        let base = random_logits(&mut rng, ld * vocab, 2.0);
+        let t = build_sparkling_reference(&base, ld, vocab, None, 2, 60);
+        let top = depth_topk(&base, ld, vocab, vocab);
+        let cm = t.child_map();
+        for p in 0..t.len() {
+            let d = t.depths[p] as usize;
+            let toks = cm.child_tokens(p);
+            if d < ld {
+                assert_eq!(toks, &top.ids[d * vocab..d * vocab + toks.len()], "children of {p} are a per-depth prefix");
+            }
+        }
+    }
+
+    #[test]
+    fn empty_inputs_give_root_only() {
+        let mut rng = Rng(1);
+        let (vocab, ld) = (10, 3);
+        let base = random_logits(&mut rng, ld * vocab, 2.0);
+        let m = random_head(&mut rng, vocab, 4, 1.0);
+        assert_eq!(build_sparkling_reference(&base, ld, vocab, Some(&m), 3, 0), DraftTree::root(3));
+        assert_eq!(build_sparkling_reference(&base, 0, vocab, Some(&m), 3, 5), DraftTree::root(3));
+        let t = candidate_table(&base, ld, vocab, Some(&m), 3, 4, 64, 0);
+        assert_eq!(t.k, 0);
+        assert!(t.vals.is_empty() && t.slots.is_empty());
+        assert_eq!(build_sparkling_precompute(&t, 3, 0), DraftTree::root(3));
+        assert_eq!(build_sparkling_precompute(&t, 3, 5), DraftTree::root(3));
+        let t = candidate_table(&base, 0, vocab, Some(&m), 3, 4, 64, 8);
+        assert_eq!(build_sparkling_precompute(&t, 3, 8), DraftTree::root(3));
+        assert!(markov_greedy_chain(&base, ld, vocab, Some(&m), 3, 0).is_empty());
+    }
+
+    #[test]
+    fn candidate_table_values() {
+        let mut rng = Rng(0x7AB1E);
+        let (vocab, ld, rank, c) = (40usize, 3usize, 6usize, 5usize);
+        let base = random_logits(&mut rng, ld * vocab, 3.0);
+        let m = random_head(&mut rng, vocab, rank, 0.7);
+        let anchor = 39u32;
+        let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 4, 10);
+        // Union of per-depth top-5 plus the anchor, sorted.
+        let mut want: Vec<u32> = Vec::new();
+        for d in 0..ld {
+            let mut ids: Vec<u32> = (0..vocab as u32).collect();
+            ids.sort_by(|&a, &b| base[d * vocab + b as usize].partial_cmp(&base[d * vocab + a as usize]).unwrap());
+            want.extend(&ids[..c]);
+        }
+        want.push(anchor);
+        want.sort();
+        want.dedup();
+        assert_eq!(t.cand, want);
+        let n = t.n();
+        assert_eq!(t.k, 4);
+        assert_eq!(t.vals.len(), ld * n * 4);
+        for d in 0..ld {
+            for p in 0..n {
+                // Naive union-normalised row.
+                let z: Vec<f64> = (0..n)
+                    .map(|ci| {
+                        let b: f64 = (0..rank)
+                            .map(|j| m.w1[t.cand[p] as usize * rank + j] as f64 * m.w2[t.cand[ci] as usize * rank + j] as f64)
+                            .sum();
+                        base[d * vocab + t.cand[ci] as usize] as f64 + b
+                    })
+                    .collect();
+                let lp = naive_log_softmax(&z);
+                let mut order: Vec<usize> = (0..n).collect();
+                order.sort_by(|&a, &b| lp[b].partial_cmp(&lp[a]).unwrap());
+                let o = (d * n + p) * t.k;
+                for j in 0..t.k {
+                    assert_eq!(t.slots[o + j] as usize, order[j]);
+                    assert!((t.vals[o + j] as f64 - lp[order[j]]).abs() < 1e-5);
+                }
+            }
+        }
+        // max_fanout = 2 limits every node's children.
+        let t2 = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 2, 30);
+        let tree = build_sparkling_precompute(&t2, anchor, 30);
+        assert_eq!(tree.num_nodes(), 2 + 4 + 8);
+        let cm = tree.child_map();
+        assert!((0..tree.len()).all(|p| cm.children(p).len() <= 2));
+        assert!(tree.is_well_formed());
+        assert!(tree.tokens[1..].iter().all(|tok| t2.cand.binary_search(tok).is_ok()));
+    }
+
+    #[test]
+    fn precompute_matches_brute_force_over_union() {
+        let mut rng = Rng(0xB00);
+        let mut total = 0;
+        for _ in 0..6 {
+            let (vocab, ld, c) = (12usize, 2usize, 2usize);
+            let base = random_logits(&mut rng, ld * vocab, 3.0);
+            let m = random_head(&mut rng, vocab, 3, 1.0);
+            let anchor = rng.below(vocab) as u32;
+            let probe = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 1, 1);
+            let cand = probe.cand.clone();
+            let n = cand.len();
+            let all: Vec<(f64, Vec<u32>)> = enumerate_prefixes(ld, n, &|path: &[u32]| {
+                let prev = path.last().map_or(anchor, |&s| cand[s as usize]);
+                let z: Vec<f64> = cand
+                    .iter()
+                    .map(|&ct| base[path.len() * vocab + ct as usize] as f64 + m.bias_at(prev, ct) as f64)
+                    .collect();
+                naive_log_softmax(&z)
+            })
+            .into_iter()
+            .map(|(s, p)| (s, p.iter().map(|&i| cand[i as usize]).collect()))
+            .collect();
+            total += check_topb(&all, 1e-5, &|b| {
+                let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, usize::MAX, b);
+                build_sparkling_precompute(&t, anchor, b)
+            });
+        }
+        assert!(total > 60, "too few budgets checked: {total}");
+    }
+
+    #[test]
+    fn greedy_chain_matches_naive_argmax() {
+        let mut rng = Rng(9);
+        for &(vocab, ld) in &[(50usize, 7usize), (7, 16), (1000, 5)] {
+            let base = random_logits(&mut rng, ld * vocab, 3.0);
+            let m = random_head(&mut rng, vocab, 8, 0.6);
+            let anchor = 3u32;
+            let chain = markov_greedy_chain(&base, ld, vocab, Some(&m), anchor, usize::MAX);
+            assert_eq!(chain.len(), ld);
+            let mut prev = anchor;
+            for d in 0..ld {
+                let lp = naive_cond(&base, d, vocab, Some(&m), prev);
+                let best = (0..vocab).max_by(|&a, &b| lp[a].partial_cmp(&lp[b]).unwrap()).unwrap() as u32;
+                assert_eq!(chain[d], best);
+                prev = best;
+            }
+            assert_eq!(markov_greedy_chain(&base, ld, vocab, Some(&m), anchor, 3), chain[..3.min(ld)].to_vec());
+            // Chain == best-first tree with budget = 1 per level when K = 1? The tree with
+            // budget 1 is the single best depth-1 child, which is the chain's first token.
+            let t = build_sparkling_reference(&base, ld, vocab, Some(&m), anchor, 1);
+            assert_eq!(t.tokens, vec![anchor, chain[0]]);
+            // No head: per-row argmax.
+            let plain = markov_greedy_chain(&base, ld, vocab, None, anchor, usize::MAX);
+            for d in 0..ld {
+                let row = &base[d * vocab..(d + 1) * vocab];
+                let best = (0..vocab).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32;
+                assert_eq!(plain[d], best);
+            }
+        }
+        // Ties: lowest id wins.
+        let base = [1.0f32, 2.0, 2.0, 0.0];
+        assert_eq!(markov_greedy_chain(&base, 1, 4, None, 0, 5), vec![1]);
+    }
+}
