@@ -1,0 +1,125 @@
+//! Bad input gives an error naming the file / tensor / key and what was expected — never a
+//! panic (issue 2).
+
+mod common;
+
+use common::*;
+use sparkling::cpu::CpuBackend;
+use sparkling::decode::{Engine, Method};
+use sparkling::loader::open_source;
+use sparkling::model::config::{read_json, Arch, DrafterConfig, DrafterKind, TargetConfig};
+use sparkling::model::drafter::Drafter;
+use sparkling::model::synth::{tiny_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype};
+use sparkling::model::target::Target;
+use std::path::Path;
+
+fn try_load_target(dir: &Path) -> sparkling::Result<Target<CpuBackend>> {
+    let (cp, v) = read_json(dir)?;
+    let cfg = TargetConfig::from_hf_json(&cp, &v)?;
+    let src = open_source(dir)?;
+    Target::load(&CpuBackend::new(), src.as_ref(), cfg, &|_, _| {})
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(v.as_object_mut().unwrap());
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+fn write_target(arch: Arch, vocab: usize) -> tempfile::TempDir {
+    let d = tmpdir("bad");
+    write_random_target(d.path(), &tiny_target_config(arch, vocab), 1, StoreDtype::Bf16).unwrap();
+    d
+}
+
+#[test]
+fn truncated_safetensors_names_the_file() {
+    let d = write_target(Arch::Qwen3, 32);
+    let f = d.path().join("model.safetensors");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
+    let e = try_load_target(d.path()).err().expect("must fail").to_string();
+    assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn wrong_tensor_shape_names_tensor_and_shapes() {
+    let d = write_target(Arch::Llama, 32);
+    edit_config(d.path(), |c| {
+        c.insert("intermediate_size".into(), 96.into());
+    });
+    let e = try_load_target(d.path()).err().expect("must fail").to_string();
+    assert!(e.contains("model.layers.0.mlp.gate_proj.weight") && e.contains("[96, 64]") && e.contains("[128, 64]"), "{e}");
+}
+
+#[test]
+fn missing_config_key_is_named() {
+    let d = write_target(Arch::Qwen2, 32);
+    edit_config(d.path(), |c| {
+        c.remove("num_hidden_layers");
+    });
+    let e = try_load_target(d.path()).err().expect("must fail").to_string();
+    assert!(e.contains("config.json") && e.contains("num_hidden_layers"), "{e}");
+}
+
+#[test]
+fn unknown_tensor_is_refused() {
+    let d = write_target(Arch::Qwen3, 32);
+    edit_config(d.path(), |c| {
+        c.insert("num_hidden_layers".into(), 3.into());
+    });
+    let e = try_load_target(d.path()).err().expect("must fail").to_string();
+    assert!(e.contains("model.layers.3.") && e.contains("unexpected tensor"), "{e}");
+}
+
+#[test]
+fn unsupported_rope_type_is_refused() {
+    let d = write_target(Arch::Qwen3, 32);
+    edit_config(d.path(), |c| {
+        c.insert("rope_scaling".into(), serde_json::json!({"rope_type": "yarn", "factor": 4.0}));
+    });
+    let e = try_load_target(d.path()).err().expect("must fail").to_string();
+    assert!(e.contains("rope_scaling") && e.contains("yarn"), "{e}");
+}
+
+fn drafter_against(target_cfg: &TargetConfig, drafter_for: &TargetConfig) -> String {
+    let d = tmpdir("drafter");
+    let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 7, markov_rank: 4, taps: 2, mask_token_id: None, confidence_head: true };
+    write_random_drafter(d.path(), drafter_for, &init, 1, StoreDtype::F32).unwrap();
+    let (cp, v) = read_json(d.path()).unwrap();
+    let cfg = DrafterConfig::from_hf_json(&cp, &v).unwrap();
+    let src = open_source(d.path()).unwrap();
+    Drafter::<CpuBackend>::load(&CpuBackend::new(), src.as_ref(), cfg, target_cfg).err().expect("must fail").to_string()
+}
+
+#[test]
+fn drafter_that_does_not_fit_the_target() {
+    let t = tiny_target_config(Arch::Qwen3, 32);
+    let e = drafter_against(&t, &tiny_target_config(Arch::Qwen3, 40));
+    assert!(e.contains("vocab_size") && e.contains("40") && e.contains("32"), "{e}");
+    let mut wide = t.clone();
+    wide.hidden = 80;
+    let e = drafter_against(&t, &wide);
+    assert!(e.contains("hidden_size") && e.contains("80") && e.contains("64"), "{e}");
+}
+
+#[test]
+fn empty_prompt_and_too_long_prompt() {
+    let d = write_target(Arch::Qwen3, 32);
+    edit_config(d.path(), |c| {
+        c.insert("max_position_embeddings".into(), 24.into());
+    });
+    let t = try_load_target(d.path()).unwrap();
+    let b = CpuBackend::new();
+    let e = Engine { backend: &b, target: &t, drafter: None };
+    let err = e.generate(&[], &params(Method::Ar, 1, 0.0, 0, 4, vec![]), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("empty prompt"), "{err}");
+    let long: Vec<u32> = (0..20).collect();
+    let err = e.generate(&long, &params(Method::Ar, 1, 0.0, 0, 8, vec![]), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("20 tokens") && err.contains("context of 24"), "{err}");
+    let err = e.generate(&[1, 99], &params(Method::Ar, 1, 0.0, 0, 8, vec![]), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("99") && err.contains("vocabulary"), "{err}");
+    let err = e.generate(&[1, 2], &params(Method::Sparkling, 8, 0.0, 0, 8, vec![]), &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("needs a DSpark drafter"), "{err}");
+}
