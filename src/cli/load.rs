@@ -2,7 +2,7 @@
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use sparkling::cpu::CpuBackend;
+use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::{open_source, TensorSource};
 use sparkling::model::config::{read_json, DrafterConfig, DrafterKind, TargetConfig};
@@ -35,6 +35,10 @@ pub struct ModelArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Weight storage on the CPU backend: f32, f16, or auto (f16 for GGUF targets, whose
+    /// dequantized values llama.cpp's F16 format also holds; f32 otherwise).
+    #[arg(long, default_value = "auto")]
+    pub weights: String,
 }
 
 /// Everything a run needs.
@@ -100,9 +104,14 @@ pub fn load(args: &ModelArgs, kinds: &[DrafterKind]) -> Result<Loaded> {
     if let Some(n) = args.threads {
         rayon_threads(n)?;
     }
-    let backend = CpuBackend::new();
     let tpath = target_path(args)?;
     let is_gguf = tpath.extension().is_some_and(|e| e == "gguf");
+    let dtype = match (args.weights.as_str(), is_gguf) {
+        ("f32", _) | ("auto", false) => WeightDtype::F32,
+        ("f16", _) | ("auto", true) => WeightDtype::F16,
+        (other, _) => return Err(Error::Input(format!("--weights `{other}`: expected f32, f16 or auto"))),
+    };
+    let backend = CpuBackend::with_weight_dtype(dtype);
     let gguf = if is_gguf { Some(GgufSource::open(&tpath)?) } else { None };
     let st_src;
     let src: &dyn TensorSource = match &gguf {

@@ -30,8 +30,12 @@ struct Entry {
 /// incremental arithmetic rounded to f32). Ties in log-weight pop the smaller rank tuple
 /// first (lexicographic, a proper prefix first), as Python tuple comparison does in the
 /// reference; rank tuples are unique, so parent/depth/rank never need comparing.
-/// `budget == 0`, `Ld == 0` or `top.k == 0` → root only. Never panics on a `top` whose
-/// `ids`/`logp` have equal lengths that are a multiple of `k` (as produced by `depth_topk`).
+/// `budget == 0`, `Ld == 0` or `top.k == 0` → root only.
+///
+/// # Panics
+/// Never, for a `top` whose `ids`/`logp` have equal lengths that are a multiple of `k` (as
+/// produced by [`super::depth_topk`]); a shorter `logp` is an out-of-bounds precondition
+/// violation.
 pub fn build_ddtree(top: &DepthTopK, anchor: u32, budget: usize) -> DraftTree {
     let ld = top.depths();
     let kk = budget.min(top.k);
@@ -114,6 +118,7 @@ fn rank_tuple_cmp(arena: &[u32], off: &[u32], a: &Entry, b: &Entry) -> Ordering 
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::super::testutil::*;
     use super::super::*;

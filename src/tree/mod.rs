@@ -15,9 +15,11 @@
 //! - [`build_treespark`] — the PCTree policy (§5.4: per-parent top-k, frontier pruning,
 //!   global top-N) with the budget counting **non-root** nodes.
 //!
-//! All numerics are pure `f32`/`f64` Rust with a fixed evaluation order, so the reference and
-//! precompute builders produce bit-identical scores when their inputs coincide. Logits must
-//! be finite (no NaN / ±inf); no builder panics on valid input.
+//! All numerics are pure `f32`/`f64` Rust with a fixed evaluation order: the Markov bias and
+//! the full-vocabulary log-softmax are bit-identical wherever they are evaluated (so DDTree and
+//! the SparklingTree reference agree exactly without a head); the precompute table factorises
+//! its normaliser and matches the reference to f32 rounding. Logits must be finite (no NaN /
+//! ±inf); no builder panics on valid input.
 
 pub mod ddtree;
 pub mod pctree;
@@ -227,7 +229,8 @@ impl DepthTopK {
 /// top `min(k, vocab)` entries by logit via partial selection (ties: lower id first), stored
 /// as `logit - logZ`. The result's `k` is `min(k, vocab)`.
 ///
-/// Panics if `logits.len() < depths * vocab` (precondition).
+/// # Panics
+/// If `logits.len() < depths * vocab` (precondition).
 pub fn depth_topk(logits: &[f32], depths: usize, vocab: usize, k: usize) -> DepthTopK {
     assert!(logits.len() >= depths * vocab, "depth_topk: logits shorter than depths*vocab");
     let k = k.min(vocab);
@@ -277,7 +280,7 @@ pub(crate) fn exp_nonpos(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
     let scale = f32::from_bits((ni.wrapping_add(127) as u32) << 23);
     if under {
@@ -309,25 +312,36 @@ pub(crate) fn row_max(row: &[f32]) -> f32 {
 pub(crate) fn log_sum_exp(row: &[f32]) -> f64 {
     let m = row_max(row);
     let mut total = 0.0f64;
+    let mut buf = [0.0f32; 256];
     for block in row.chunks(256) {
-        let mut lanes = [0.0f32; 8];
-        let mut chunks = block.chunks_exact(8);
-        for c in &mut chunks {
-            for l in 0..8 {
-                lanes[l] += exp_nonpos(c[l] - m);
-            }
+        let e = &mut buf[..block.len()];
+        // Plain map loop: auto-vectorised.
+        for (o, &x) in e.iter_mut().zip(block) {
+            *o = exp_nonpos(x - m);
         }
-        let mut s = 0.0f32;
-        for &v in chunks.remainder() {
-            s += exp_nonpos(v - m);
-        }
-        let mut bs = s as f64;
-        for v in lanes {
-            bs += v as f64;
-        }
-        total += bs;
+        total += sum_block(e);
     }
     m as f64 + total.ln()
+}
+
+/// Sum of a block: 8 f32 lanes (fixed order), lanes combined in f64.
+#[inline]
+fn sum_block(e: &[f32]) -> f64 {
+    let mut lanes = [0.0f32; 8];
+    let mut chunks = e.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            lanes[l] += c[l];
+        }
+    }
+    let mut bs = 0.0f64;
+    for &v in chunks.remainder() {
+        bs += v as f64;
+    }
+    for v in lanes {
+        bs += v as f64;
+    }
+    bs
 }
 
 /// `a` ranks strictly before `b`: larger value, then lower id.
@@ -416,10 +430,12 @@ pub(crate) struct Heap<T> {
 }
 
 impl<T: Copy> Heap<T> {
+    /// Empty heap with room for `n` entries.
     pub(crate) fn with_capacity(n: usize) -> Self {
         Heap { v: Vec::with_capacity(n) }
     }
 
+    /// Insert `x`; `first(a, b)` is true when `a` must pop before `b` (a strict order).
     pub(crate) fn push(&mut self, x: T, first: impl Fn(&T, &T) -> bool) {
         self.v.push(x);
         let mut c = self.v.len() - 1;
@@ -434,6 +450,7 @@ impl<T: Copy> Heap<T> {
         }
     }
 
+    /// Remove and return the entry that pops first under `first`, or `None` when empty.
     pub(crate) fn pop(&mut self, first: impl Fn(&T, &T) -> bool) -> Option<T> {
         let n = self.v.len();
         if n == 0 {
@@ -462,6 +479,7 @@ impl<T: Copy> Heap<T> {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 pub(crate) mod testutil {
     //! Deterministic helpers shared by the builder tests.
     use super::*;
@@ -578,6 +596,7 @@ pub(crate) mod testutil {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::testutil::*;
     use super::*;

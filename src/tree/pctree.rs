@@ -34,7 +34,9 @@ use super::{log_prob, log_sum_exp, topk_desc, DraftTree, MarkovHead, NO_PARENT};
 /// at most `ld`. `budget == 0`, `ld == 0`, `k == 0` or `vocab == 0` → root only. Cost:
 /// `1 + (ld-1)·k` conditionals of O(V·r).
 ///
-/// Panics (precondition violations only): `base.len() < ld*vocab`, `anchor >= vocab`, or a
+///
+/// # Panics
+/// Only on precondition violations: `base.len() < ld*vocab`, `anchor >= vocab`, or a
 /// head whose `vocab`/weights do not match.
 pub fn build_treespark(
     base: &[f32],
@@ -119,6 +121,7 @@ pub fn build_treespark(
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::super::testutil::*;
     use super::super::*;

@@ -8,14 +8,15 @@
 //! `<= 0`, scores only decrease along a path and a best-first heap returns exactly the
 //! `budget` highest-scoring prefixes.
 
-use super::{log_prob, log_sum_exp, topk_desc, DraftTree, Heap};
+use super::{exp_nonpos, log_prob, log_sum_exp, row_max, topk_desc, DraftTree, Heap};
 
 /// First-order Markov head `B(prev)[v] = <W2[v], W1[prev]>` (DSpark §3.6), rank `r`.
 ///
 /// Shapes: `w1` and `w2` are `[vocab, rank]` row-major `f32` (`markov_w1.weight`,
 /// `markov_w2.weight`). Precondition for every method: `w1.len() == w2.len() == vocab * rank`.
 /// Dot products accumulate sequentially over `j = 0..rank` in `f32` (one fixed order), so
-/// [`MarkovHead::bias`], [`MarkovHead::bias_at`] and [`candidate_table`] agree bit-for-bit.
+/// [`MarkovHead::bias`], [`MarkovHead::bias_at`] and the bias inside [`candidate_table`] agree
+/// bit-for-bit.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MarkovHead {
     /// Vocabulary size `V`.
@@ -30,7 +31,10 @@ pub struct MarkovHead {
 
 impl MarkovHead {
     /// Full bias row for previous token `prev`: `out[v] = dot(w2[v], w1[prev])` for
-    /// `v in 0..vocab`. Panics if `prev >= vocab` or `out.len() != vocab` (preconditions).
+    /// `v in 0..vocab`.
+    ///
+    /// # Panics
+    /// If `prev >= vocab` or `out.len() != vocab` (preconditions).
     pub fn bias(&self, prev: u32, out: &mut [f32]) {
         let r = self.rank;
         let v = self.vocab;
@@ -57,7 +61,10 @@ impl MarkovHead {
         }
     }
 
-    /// Single bias entry `dot(w2[cand], w1[prev])`. Panics if `prev` or `cand >= vocab`.
+    /// Single bias entry `dot(w2[cand], w1[prev])`.
+    ///
+    /// # Panics
+    /// If `prev >= vocab` or `cand >= vocab` (preconditions).
     pub fn bias_at(&self, prev: u32, cand: u32) -> f32 {
         let r = self.rank;
         assert!((prev as usize) < self.vocab && (cand as usize) < self.vocab, "MarkovHead::bias_at: id out of range");
@@ -82,7 +89,7 @@ pub(super) fn conditional_logits(base: &[f32], d: usize, vocab: usize, markov: O
         Some(m) => {
             m.bias(prev, z);
             for (zi, &u) in z.iter_mut().zip(row) {
-                *zi = u + *zi;
+                *zi += u;
             }
         }
         None => z.copy_from_slice(row),
@@ -122,7 +129,9 @@ struct RefEntry {
 /// `budget == 0`, `ld == 0` or `vocab == 0` → root only. Cost: one O(V·r) conditional per
 /// created node — a reference, not the fast path (see [`build_sparkling_precompute`]).
 ///
-/// Panics (precondition violations only): `base.len() < ld*vocab`, `anchor >= vocab`, or a
+///
+/// # Panics
+/// Only on precondition violations: `base.len() < ld*vocab`, `anchor >= vocab`, or a
 /// head whose `vocab`/weights do not match.
 pub fn build_sparkling_reference(
     base: &[f32],
@@ -229,13 +238,22 @@ impl CandidateTable {
 /// - `max_fanout`, `budget`: the table keeps `k = min(max_fanout, budget, n)` children per
 ///   (depth, parent).
 ///
-/// Method: gather `W1[cand]`, `W2[cand]`, compute the dense `[n, n]` bias in blocks of 4 parent
-/// rows (register-tiled, sequential-over-rank accumulation, identical to
-/// [`MarkovHead::bias_at`]), then per (d, p) form the row `T[d,p,·]`, log-sum-exp over the
-/// union and a partial top-k selection. Cost O(n²·r + ld·n²) time, O(ld·n·k + n·r) memory
-/// (n ≈ ld·C for unrelated depths). With `k == 0` or `ld == 0` the table is empty.
+/// Method (with a head): gather `W1[cand]`, `W2[cand]`; compute the dense `[n, n]` bias in
+/// blocks of 4 parent rows (register-tiled, sequential-over-rank accumulation, bit-identical
+/// to [`MarkovHead::bias_at`]); the normaliser of row (d, p) is factorised as
+/// `mu_d + mb_p + ln sum_c exp(U[d,c] - mu_d) exp(bias[p,c] - mb_p)` (an f64 dot product;
+/// n² + ld·n exponentials instead of ld·n², with an exact per-row fallback when the sum is
+/// tiny), and the top-k of each row is an exact buffered partial selection that visits
+/// candidates in descending `U[d,·]` and stops once `U[d,c] + max_c bias[p,c]` cannot reach the
+/// current k-th value.
+/// Values therefore match a direct per-row log-softmax to f32 rounding (~1e-7), not bit for
+/// bit. Without a head every parent row equals the depth's log-softmax over the union (computed
+/// once per depth). Cost O(n²·r + ld·n² ) multiply-adds, O(ld·n·k + n·r + ld·n) memory
+/// (n ≈ ld·C when depths disagree). With `k == 0` or `ld == 0` the table is empty.
 ///
-/// Panics (precondition violations only): `base.len() < ld*vocab`, `anchor >= vocab`, or a
+///
+/// # Panics
+/// Only on precondition violations: `base.len() < ld*vocab`, `anchor >= vocab`, or a
 /// head whose `vocab`/weights do not match.
 #[allow(clippy::too_many_arguments)]
 pub fn candidate_table(
@@ -286,65 +304,194 @@ pub fn candidate_table(
         }
     }
     let mut sel = Vec::with_capacity(k);
-    let mut write_row = |z: &[f32], d: usize, p: usize, sel: &mut Vec<(f32, u32)>| {
-        let lse = log_sum_exp(z);
-        topk_desc(z, k, sel);
-        let o = (d * n + p) * k;
-        for (j, &(v, s)) in sel.iter().enumerate() {
-            vals[o + j] = log_prob(v, lse);
-            slots[o + j] = s;
-        }
-    };
     match markov {
         None => {
+            // Zero bias: every parent row of depth d equals log_softmax(U[d, cand]).
             for d in 0..ld {
                 let z = &ub[d * n..(d + 1) * n];
-                write_row(z, d, 0, &mut sel);
-            }
-            drop(write_row);
-            // Zero bias: every parent row equals row p = 0.
-            for d in 0..ld {
+                let lse = log_sum_exp(z);
+                topk_desc(z, k, &mut sel);
                 let o0 = d * n * k;
+                for (j, &(v, s)) in sel.iter().enumerate() {
+                    vals[o0 + j] = log_prob(v, lse);
+                    slots[o0 + j] = s;
+                }
                 for p in 1..n {
                     vals.copy_within(o0..o0 + k, o0 + p * k);
                     slots.copy_within(o0..o0 + k, o0 + p * k);
                 }
             }
         }
-        Some(m) => {
-            let r = m.rank;
-            let npad = n.div_ceil(TILE_C) * TILE_C;
-            let prow = n.div_ceil(TILE_P) * TILE_P;
-            // W2[cand] transposed to [r, npad]; W1[cand] as [prow, r] (zero padding).
-            let mut w2t = vec![0.0f32; r * npad];
-            let mut w1c = vec![0.0f32; prow * r];
-            for (i, &t) in cand.iter().enumerate() {
-                let t = t as usize;
-                let w2row = &m.w2[t * r..(t + 1) * r];
-                for j in 0..r {
-                    w2t[j * npad + i] = w2row[j];
-                }
-                w1c[i * r..(i + 1) * r].copy_from_slice(&m.w1[t * r..(t + 1) * r]);
-            }
-            let mut brow = vec![0.0f32; TILE_P * npad];
-            let mut z = vec![0.0f32; n];
-            for p0 in (0..n).step_by(TILE_P) {
-                bias_block(&w1c[p0 * r..(p0 + TILE_P) * r], &w2t, r, npad, &mut brow);
-                for a in 0..TILE_P.min(n - p0) {
-                    let b = &brow[a * npad..a * npad + n];
-                    for d in 0..ld {
-                        for ((zi, &u), &bi) in z.iter_mut().zip(&ub[d * n..(d + 1) * n]).zip(b) {
-                            *zi = u + bi;
-                        }
-                        write_row(&z, d, p0 + a, &mut sel);
-                    }
-                }
-            }
-        }
+        Some(m) => markov_table(m, cand, &ub, ld, k, &mut vals, &mut slots),
     }
     table.vals = vals;
     table.slots = slots;
     table
+}
+
+/// Markov case of [`candidate_table`].
+///
+/// Normaliser: `logsumexp_c(U[d,c] + bias[p,c]) = mu_d + mb_p + ln S[d,p]` with
+/// `S[d,p] = sum_c G[d,c] E[p,c]`, `G = exp(U[d,·] - mu_d)`, `E = exp(bias[p,·] - mb_p)`
+/// (f32 exponentials, products summed in f64): O(n² + ld·n) exponentials instead of
+/// O(ld·n²). Rows whose `S` is tiny (the joint maximum far from both separate maxima, where
+/// flushed factors could matter) fall back to the direct row log-sum-exp.
+/// Top-k: candidates are visited in descending `U[d,·]` order and the scan stops once
+/// `U[d,c] + mb_p` cannot beat the current k-th value (exact: f32 addition is monotone).
+fn markov_table(m: &MarkovHead, cand: &[u32], ub: &[f32], ld: usize, k: usize, vals: &mut [f32], slots: &mut [u32]) {
+    let n = cand.len();
+    let r = m.rank;
+    let npad = n.div_ceil(TILE_C) * TILE_C;
+    let prow = n.div_ceil(TILE_P) * TILE_P;
+    // W2[cand] transposed to [r, npad]; W1[cand] as [prow, r] (zero padding).
+    let mut w2t = vec![0.0f32; r * npad];
+    let mut w1c = vec![0.0f32; prow * r];
+    for (i, &t) in cand.iter().enumerate() {
+        let t = t as usize;
+        let w2row = &m.w2[t * r..(t + 1) * r];
+        for j in 0..r {
+            w2t[j * npad + i] = w2row[j];
+        }
+        w1c[i * r..(i + 1) * r].copy_from_slice(&m.w1[t * r..(t + 1) * r]);
+    }
+    // Per-depth shift, exp factors and visiting order (descending U, then ascending slot).
+    let mut mu = vec![0.0f32; ld];
+    let mut g = vec![0.0f64; ld * n];
+    let mut order = vec![0u32; ld * n];
+    let mut tmp = vec![0.0f32; n];
+    for d in 0..ld {
+        let row = &ub[d * n..(d + 1) * n];
+        mu[d] = row_max(row);
+        for (o, &x) in tmp.iter_mut().zip(row) {
+            *o = exp_nonpos(x - mu[d]);
+        }
+        for (o, &e) in g[d * n..(d + 1) * n].iter_mut().zip(&tmp) {
+            *o = e as f64;
+        }
+        let ord = &mut order[d * n..(d + 1) * n];
+        for (i, o) in ord.iter_mut().enumerate() {
+            *o = i as u32;
+        }
+        ord.sort_unstable_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+    }
+    let mut brow = vec![0.0f32; TILE_P * npad];
+    let mut erow = vec![0.0f64; n];
+    let mut z = vec![0.0f32; n];
+    let mut heap: Vec<(f32, u32)> = Vec::with_capacity(k);
+    let mut keybuf: Vec<u64> = Vec::with_capacity(4 * k);
+    for p0 in (0..n).step_by(TILE_P) {
+        bias_block(&w1c[p0 * r..(p0 + TILE_P) * r], &w2t, r, npad, &mut brow);
+        for a in 0..TILE_P.min(n - p0) {
+            let p = p0 + a;
+            let b = &brow[a * npad..a * npad + n];
+            let mb = row_max(b);
+            for (o, &x) in tmp.iter_mut().zip(b) {
+                *o = exp_nonpos(x - mb);
+            }
+            for (o, &e) in erow.iter_mut().zip(&tmp) {
+                *o = e as f64;
+            }
+            for d in 0..ld {
+                let urow = &ub[d * n..(d + 1) * n];
+                let sum = dot_f64(&g[d * n..(d + 1) * n], &erow);
+                let lse = if sum > 1e-30 {
+                    mu[d] as f64 + mb as f64 + sum.ln()
+                } else {
+                    for ((zi, &u), &bi) in z.iter_mut().zip(urow).zip(b) {
+                        *zi = u + bi;
+                    }
+                    log_sum_exp(&z)
+                };
+                pruned_topk(urow, b, mb, &order[d * n..(d + 1) * n], k, &mut keybuf, &mut heap);
+                let o = (d * n + p) * k;
+                for (j, &(v, s)) in heap.iter().enumerate() {
+                    vals[o + j] = log_prob(v, lse);
+                    slots[o + j] = s;
+                }
+            }
+        }
+    }
+}
+
+/// Sort key: ascending key = descending value, then ascending slot.
+#[inline(always)]
+fn rank_key(v: f32, slot: u32) -> u64 {
+    let b = v.to_bits();
+    let mono = if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 };
+    ((!mono as u64) << 32) | slot as u64
+}
+
+/// Inverse of [`rank_key`]: `(value, slot)`.
+#[inline(always)]
+fn key_parts(key: u64) -> (f32, u32) {
+    let mono = !((key >> 32) as u32);
+    let b = if mono & 0x8000_0000 != 0 { mono & 0x7FFF_FFFF } else { !mono };
+    (f32::from_bits(b), key as u32)
+}
+
+/// Top-k of `z[c] = u[c] + b[c]` (best first; ties: lower slot), visiting `c` in `order`
+/// (descending `u`) and stopping once `u[c] + bmax` is below the current k-th value.
+/// Buffered selection on packed u64 keys: keys better than the current k-th are appended and
+/// the buffer is cut back to k with `select_nth_unstable` when it reaches 4k.
+/// `buf` is scratch; the result (k `(value, slot)` pairs, best first) is written to `out`.
+fn pruned_topk(u: &[f32], b: &[f32], bmax: f32, order: &[u32], k: usize, buf: &mut Vec<u64>, out: &mut Vec<(f32, u32)>) {
+    out.clear();
+    if k == 0 {
+        return;
+    }
+    let cap = 4 * k;
+    buf.clear();
+    buf.resize(cap + 1, 0);
+    let mut len = 0usize;
+    let mut thr_key = u64::MAX;
+    let mut thr_val = f32::NEG_INFINITY;
+    let mut limit = k;
+    for &c in order {
+        let ci = c as usize;
+        let uc = u[ci];
+        if uc + bmax < thr_val {
+            break;
+        }
+        let key = rank_key(uc + b[ci], c);
+        // Branch-free append: always write, advance only if the key beats the k-th.
+        buf[len] = key;
+        len += (key < thr_key) as usize;
+        if len == limit {
+            if limit > k {
+                buf[..len].select_nth_unstable(k - 1);
+                len = k;
+            }
+            thr_key = buf[..k].iter().copied().max().unwrap_or(u64::MAX);
+            thr_val = key_parts(thr_key).0;
+            limit = cap;
+        }
+    }
+    if len > k {
+        buf[..len].select_nth_unstable(k - 1);
+        len = k;
+    }
+    let kept = &mut buf[..len];
+    kept.sort_unstable();
+    out.extend(kept.iter().map(|&key| key_parts(key)));
+}
+
+/// f64 dot product with 4 independent lanes (vectorisable).
+#[inline]
+fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
+    let mut lanes = [0.0f64; 4];
+    let ca = a.chunks_exact(4);
+    let cb = b.chunks_exact(4);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..4 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let mut s = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
 }
 
 const TILE_P: usize = 4;
@@ -388,9 +535,12 @@ struct PreEntry {
 /// `logw + vals[depth, slot, 0]` (f64 arithmetic). Ties: insertion counter (FIFO).
 /// `budget` counts **non-root** nodes; result in pop order. `budget == 0`, `t.ld == 0` or
 /// `t.k == 0` → root only. With a table built at `c >= vocab` and `max_fanout >= budget` the
-/// tree equals [`build_sparkling_reference`] (§9.4).
+/// tree equals [`build_sparkling_reference`] (same tokens, parents, depths; scores to f32
+/// rounding) unless two path scores are within ~1e-6 of each other (§9.4).
 ///
-/// Panics (precondition violations only): `anchor` not in `t.cand` (use the anchor the table
+///
+/// # Panics
+/// Only on precondition violations: `anchor` not in `t.cand` (use the anchor the table
 /// was built with), or `t.vals`/`t.slots` shorter than `ld * n * k`.
 pub fn build_sparkling_precompute(t: &CandidateTable, anchor: u32, budget: usize) -> DraftTree {
     let mut tree = DraftTree::root(anchor);
@@ -446,7 +596,9 @@ pub fn build_sparkling_precompute(t: &CandidateTable, anchor: u32, budget: usize
 ///
 /// Returns the drafts (anchor excluded), length `min(ld, max_len)` (0 if `vocab == 0`).
 /// `markov == None` → per-row argmax of `U`. Wrap with [`DraftTree::chain`] for a verify tree.
-/// Panics (precondition violations only): `base.len() < ld*vocab`, `anchor >= vocab`, or a
+///
+/// # Panics
+/// Only on precondition violations: `base.len() < ld*vocab`, `anchor >= vocab`, or a
 /// head whose `vocab`/weights do not match.
 pub fn markov_greedy_chain(
     base: &[f32],
@@ -479,6 +631,7 @@ pub fn markov_greedy_chain(
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::super::testutil::*;
     use super::super::*;
@@ -563,7 +716,10 @@ mod tests {
                         assert_eq!(got.tokens, want.tokens, "V={vocab} ld={ld} trial={trial} B={budget}");
                         assert_eq!(got.parents, want.parents);
                         assert_eq!(got.depths, want.depths);
-                        assert_eq!(got.scores, want.scores);
+                        // Scores agree to f32 rounding (the table's normaliser is factorised).
+                        for (g, w) in got.scores.iter().zip(&want.scores) {
+                            assert!((g - w).abs() <= 2e-6 * w.abs().max(1.0), "{g} vs {w}");
+                        }
                     }
                     let expect_nodes: usize = (1..=ld).map(|d| vocab.pow(d as u32)).sum::<usize>().min(budget);
                     assert_eq!(want.num_nodes(), expect_nodes);
@@ -675,6 +831,80 @@ mod tests {
         assert!((0..tree.len()).all(|p| cm.children(p).len() <= 2));
         assert!(tree.is_well_formed());
         assert!(tree.tokens[1..].iter().all(|tok| t2.cand.binary_search(tok).is_ok()));
+    }
+
+    /// Naive table row: (slot, logp) sorted by (value desc, slot asc).
+    fn naive_row(base: &[f32], vocab: usize, m: &MarkovHead, cand: &[u32], d: usize, p: usize) -> Vec<(usize, f64)> {
+        let z: Vec<f32> = cand.iter().map(|&c| base[d * vocab + c as usize] + m.bias_at(cand[p], c)).collect();
+        let lp = naive_log_softmax(&z.iter().map(|&x| x as f64).collect::<Vec<_>>());
+        let mut order: Vec<usize> = (0..cand.len()).collect();
+        order.sort_by(|&a, &b| z[b].partial_cmp(&z[a]).unwrap().then(a.cmp(&b)));
+        order.into_iter().map(|i| (i, lp[i])).collect()
+    }
+
+    #[test]
+    fn rank_key_order_and_roundtrip() {
+        let vals = [-1e30f32, -3.5, -1.0, -1e-40, 0.0, 1e-40, 0.25, 1.0, 7.0, 3e38];
+        let mut keys: Vec<(u64, f32, u32)> = Vec::new();
+        for &v in &vals {
+            for slot in [0u32, 5, u32::MAX - 1] {
+                let key = rank_key(v, slot);
+                assert_eq!(key_parts(key), (v, slot));
+                keys.push((key, v, slot));
+            }
+        }
+        keys.sort_by_key(|x| x.0);
+        for w in keys.windows(2) {
+            // Ascending key = descending value, then ascending slot.
+            assert!(w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].2 < w[1].2));
+        }
+    }
+
+    #[test]
+    fn candidate_table_ties_and_extremes() {
+        // Integer-valued logits and bias: many exact ties (lower slot must win).
+        let mut rng = Rng(0x7135);
+        let (vocab, ld, rank) = (23usize, 3usize, 2usize);
+        let base: Vec<f32> = (0..ld * vocab).map(|_| rng.below(4) as f32).collect();
+        let w = |rng: &mut Rng| (0..vocab * rank).map(|_| rng.below(3) as f32 - 1.0).collect::<Vec<f32>>();
+        let m = MarkovHead { vocab, rank, w1: w(&mut rng), w2: w(&mut rng) };
+        for (c, fan) in [(vocab, 9usize), (4, 5), (2, 64)] {
+            let t = candidate_table(&base, ld, vocab, Some(&m), 0, c, fan, 64);
+            let n = t.n();
+            for d in 0..ld {
+                for p in 0..n {
+                    let want = naive_row(&base, vocab, &m, &t.cand, d, p);
+                    let o = (d * n + p) * t.k;
+                    for j in 0..t.k {
+                        assert_eq!(t.slots[o + j] as usize, want[j].0, "c={c} d={d} p={p} j={j}");
+                        assert!((t.vals[o + j] as f64 - want[j].1).abs() < 1e-5);
+                    }
+                }
+            }
+        }
+        // Joint maximum far from both separate maxima: the factorised normaliser underflows and
+        // the exact per-row fallback must kick in.
+        let base = vec![0.0f32, -90.0, -90.0, -90.0];
+        let m = MarkovHead { vocab: 4, rank: 1, w1: vec![1.0; 4], w2: vec![-90.0, 0.0, -5.0, -5.0] };
+        let t = candidate_table(&base, 1, 4, Some(&m), 0, 4, 4, 4);
+        for p in 0..4 {
+            let want = naive_row(&base, 4, &m, &t.cand, 0, p);
+            for j in 0..4 {
+                assert_eq!(t.slots[p * 4 + j] as usize, want[j].0);
+                assert!((t.vals[p * 4 + j] as f64 - want[j].1).abs() < 1e-5, "{} vs {}", t.vals[p * 4 + j], want[j].1);
+            }
+        }
+        // Large but representable spread: factorised path, still accurate.
+        let base = vec![0.0f32, -30.0, -31.0, -60.0];
+        let m = MarkovHead { vocab: 4, rank: 1, w1: vec![1.0, 0.5, -1.0, 2.0], w2: vec![-25.0, 0.0, 3.0, 20.0] };
+        let t = candidate_table(&base, 1, 4, Some(&m), 2, 4, 4, 4);
+        for p in 0..4 {
+            let want = naive_row(&base, 4, &m, &t.cand, 0, p);
+            for j in 0..4 {
+                assert_eq!(t.slots[p * 4 + j] as usize, want[j].0);
+                assert!((t.vals[p * 4 + j] as f64 - want[j].1).abs() < 1e-5 * want[j].1.abs().max(1.0));
+            }
+        }
     }
 
     #[test]

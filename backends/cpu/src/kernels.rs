@@ -58,6 +58,58 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     total
 }
 
+/// `Σ a[i]·b[i]` with f16 weights `b`, bit-identical to `dot(a, b_as_f32)` (same blocked
+/// order; f16 → f32 conversion is exact). Uses AVX2+FMA+F16C when present.
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: the features were detected on this CPU just above.
+            return unsafe { dot_f16_avx2(a, b) };
+        }
+    }
+    let mut buf = vec![0.0f32; b.len()];
+    f16_to_f32(b, &mut buf);
+    dot(a, &buf)
+}
+
+/// Convert f16 → f32 (exact).
+#[inline]
+pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    src.convert_to_f32_slice(dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_avx2(a: &[f32], b: &[half::f16]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let blocks = n / LANES;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr() as *const u16);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for i in 0..blocks {
+        let base = i * LANES;
+        for (l, acc_l) in acc.iter_mut().enumerate() {
+            let va = _mm256_loadu_ps(pa.add(base + 8 * l));
+            let vb = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(base + 8 * l) as *const __m128i));
+            *acc_l = _mm256_fmadd_ps(va, vb, *acc_l);
+        }
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut lanes = [0.0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), s);
+    let mut total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    for i in blocks * LANES..n {
+        total = a[i].mul_add(b[i].to_f32(), total);
+    }
+    total
+}
+
 fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let blocks = n / LANES;
@@ -145,6 +197,16 @@ mod tests {
         let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
         assert!((dot(&a, &b) as f64 - want).abs() < 1e-4, "{} vs {want}", dot(&a, &b));
         assert!((dot_portable(&a, &b) as f64 - want).abs() < 1e-4);
+    }
+
+    #[test]
+    fn f16_dot_is_bit_identical_to_converted_f32_dot() {
+        for n in [1usize, 31, 32, 77, 576, 1000] {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<half::f16> = (0..n).map(|i| half::f16::from_f32((i as f32 * 0.11).cos())).collect();
+            let bf: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
+            assert_eq!(dot_f16(&a, &b).to_bits(), dot(&a, &bf).to_bits(), "n = {n}");
+        }
     }
 
     #[test]

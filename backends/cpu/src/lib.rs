@@ -21,7 +21,16 @@ pub struct CpuTensor {
     pub data: Vec<f32>,
 }
 
-/// An `f32 [n, k]` row-major weight matrix (HF layout, `y = x·Wᵀ`).
+/// Storage of a weight matrix's values.
+#[derive(Debug, Clone)]
+pub enum WeightData {
+    /// 32-bit floats.
+    F32(Vec<f32>),
+    /// IEEE half floats, widened to f32 inside the dot product (half the memory traffic).
+    F16(Vec<half::f16>),
+}
+
+/// A `[n, k]` row-major weight matrix (HF layout, `y = x·Wᵀ`).
 #[derive(Debug, Clone)]
 pub struct CpuWeight {
     /// Output features.
@@ -29,17 +38,49 @@ pub struct CpuWeight {
     /// Input features.
     pub k: usize,
     /// `n*k` values, row-major.
-    pub data: Vec<f32>,
+    pub data: WeightData,
+}
+
+impl CpuWeight {
+    /// Row `r` widened to f32 into `out` (length `k`).
+    fn row_into(&self, r: usize, out: &mut [f32]) {
+        match &self.data {
+            WeightData::F32(d) => out.copy_from_slice(&d[r * self.k..(r + 1) * self.k]),
+            WeightData::F16(d) => kernels::f16_to_f32(&d[r * self.k..(r + 1) * self.k], out),
+        }
+    }
+}
+
+/// Precision in which the CPU backend stores uploaded weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightDtype {
+    /// Keep f32 (exact copy of what the loader produced).
+    #[default]
+    F32,
+    /// Round to f16 at upload (halves memory and decode bandwidth; llama.cpp's F16 format).
+    F16,
 }
 
 /// The CPU backend. Uses rayon's global pool (`RAYON_NUM_THREADS` sets the thread count).
 #[derive(Debug, Default, Clone)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    weight_dtype: WeightDtype,
+}
 
 impl CpuBackend {
-    /// Create the backend.
+    /// A backend storing weights in f32.
     pub fn new() -> Self {
-        CpuBackend
+        CpuBackend::default()
+    }
+
+    /// A backend storing weights in `dtype`.
+    pub fn with_weight_dtype(dtype: WeightDtype) -> Self {
+        CpuBackend { weight_dtype: dtype }
+    }
+
+    /// The weight storage precision.
+    pub fn weight_dtype(&self) -> WeightDtype {
+        self.weight_dtype
     }
 }
 
@@ -55,7 +96,11 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
 
     fn name(&self) -> String {
-        format!("cpu ({} threads, {})", rayon::current_num_threads(), kernels::simd_name())
+        let w = match self.weight_dtype {
+            WeightDtype::F32 => "f32",
+            WeightDtype::F16 => "f16",
+        };
+        format!("cpu ({} threads, {}, {w} weights)", rayon::current_num_threads(), kernels::simd_name())
     }
 
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor> {
@@ -88,6 +133,15 @@ impl Backend for CpuBackend {
         if data.len() != n * k {
             return Err(shape_err("upload_weight", format!("{} values for [{n}, {k}]", data.len())));
         }
+        let data = match self.weight_dtype {
+            WeightDtype::F32 => WeightData::F32(data),
+            WeightDtype::F16 => {
+                use half::slice::HalfFloatSliceExt;
+                let mut h = vec![half::f16::ZERO; data.len()];
+                h.convert_from_f32_slice(&data);
+                WeightData::F16(h)
+            }
+        };
         Ok(CpuWeight { n, k, data })
     }
 
@@ -97,13 +151,13 @@ impl Backend for CpuBackend {
 
     fn embedding(&self, table: &CpuWeight, ids: &[u32]) -> Result<CpuTensor> {
         let k = table.k;
-        let mut data = Vec::with_capacity(ids.len() * k);
-        for &id in ids {
+        let mut data = vec![0.0f32; ids.len() * k];
+        for (row, &id) in data.chunks_mut(k.max(1)).zip(ids) {
             let id = id as usize;
             if id >= table.n {
                 return Err(Error::Invalid(format!("token id {id} out of range for an embedding table of {} rows", table.n)));
             }
-            data.extend_from_slice(&table.data[id * k..(id + 1) * k]);
+            table.row_into(id, row);
         }
         Ok(CpuTensor { rows: ids.len(), cols: k, data })
     }
@@ -127,9 +181,24 @@ impl Backend for CpuBackend {
         let mut out_t = vec![0.0f32; n * m];
         out_t.par_chunks_mut(MATMUL_CHUNK * m).enumerate().for_each(|(ci, chunk)| {
             let n0 = ci * MATMUL_CHUNK;
+            let mut wide = Vec::new();
             for (r, outs) in chunk.chunks_mut(m).enumerate() {
-                let wrow = &w.data[(n0 + r) * k..(n0 + r + 1) * k];
-                let b = bias.map_or(0.0, |b| b[n0 + r]);
+                let row = n0 + r;
+                let b = bias.map_or(0.0, |b| b[row]);
+                let wrow: &[f32] = match &w.data {
+                    WeightData::F32(d) => &d[row * k..(row + 1) * k],
+                    WeightData::F16(d) if m == 1 => {
+                        // Decode step: widen inside the dot product (bit-identical to the
+                        // widened path below).
+                        outs[0] = kernels::dot_f16(&x.data[..k], &d[row * k..(row + 1) * k]) + b;
+                        continue;
+                    }
+                    WeightData::F16(_) => {
+                        wide.resize(k, 0.0);
+                        w.row_into(row, &mut wide);
+                        &wide
+                    }
+                };
                 for (i, o) in outs.iter_mut().enumerate().take(m) {
                     *o = dot(&x.data[i * k..(i + 1) * k], wrow) + b;
                 }
