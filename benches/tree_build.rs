@@ -7,13 +7,16 @@
 //! - `ddtree_heap`: [`build_ddtree`] on a precomputed `DepthTopK` (host heap only).
 //! - `sparkling_table_prep`: [`candidate_table`] (union, dense bias, per-(d,p) top-k).
 //! - `sparkling_heap`: [`build_sparkling_precompute`] on a prebuilt table (host heap only).
+//! - `sparkling_lazy_prep`: [`LazyCandidates::new`] (union + gathers; what the CPU engine runs).
+//! - `sparkling_lazy_heap`: [`build_sparkling_lazy`] (heap including the rows it expands).
 //!
 //! Inputs are deterministic pseudo-random (splitmix64). Run with
 //! `cargo bench --bench tree_build` (needs `[[bench]] name = "tree_build", harness = false`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use sparkling::tree::{
-    build_ddtree, build_sparkling_precompute, candidate_table, depth_topk, MarkovHead,
+    build_ddtree, build_sparkling_lazy, build_sparkling_precompute, candidate_table, depth_topk, LazyCandidates,
+    MarkovHead,
 };
 use std::hint::black_box;
 use std::time::Duration;
@@ -79,6 +82,13 @@ fn bench_tree_build(c: &mut Criterion) {
     g.bench_function("ddtree_heap", |b| b.iter(|| build_ddtree(black_box(&top), ANCHOR, BUDGET)));
     g.bench_function("sparkling_heap", |b| {
         b.iter(|| build_sparkling_precompute(black_box(&table), ANCHOR, BUDGET))
+    });
+    let lc = LazyCandidates::new(&logits, LD, VOCAB, Some(&head), ANCHOR, C);
+    g.bench_function("sparkling_lazy_prep", |b| {
+        b.iter(|| LazyCandidates::new(black_box(&logits), LD, VOCAB, Some(&head), ANCHOR, C))
+    });
+    g.bench_function("sparkling_lazy_heap", |b| {
+        b.iter(|| build_sparkling_lazy(black_box(&lc), Some(&head), ANCHOR, MAX_FANOUT, BUDGET))
     });
     g.bench_function("ddtree_topk_prep", |b| {
         b.iter(|| depth_topk(black_box(&logits), LD, VOCAB, BUDGET))

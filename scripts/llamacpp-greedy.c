@@ -13,6 +13,8 @@
 //   after N_PREDICT tokens or at an end-of-generation token (which is recorded).
 //
 // Output (stdout, one record per line, all text hex-encoded):
+//   version <llama_version()>
+//   sysinfo_hex <hex of llama_print_system_info()>
 //   meta add_bos <0|1> add_bos_key <value|-> n_vocab <n>
 //   prompt_ids <id> <id> ...
 //   step <i> <id> <logit1> <id2> <logit2> <piece_hex>
@@ -44,7 +46,8 @@ static char *read_file(const char *path, long *len) {
 
 static void quiet_log(enum ggml_log_level level, const char *text, void *ud) {
     (void) ud;
-    if (level >= GGML_LOG_LEVEL_WARN) fputs(text, stderr);
+    // WARN and ERROR only (CONT lines are the progress dots of the loader)
+    if (level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
 int main(int argc, char **argv) {
@@ -69,6 +72,12 @@ int main(int argc, char **argv) {
     if (!model) { fprintf(stderr, "failed to load %s\n", model_path); return 1; }
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
+
+    printf("version %s\n", llama_version());
+    const char *si = llama_print_system_info();
+    printf("sysinfo_hex ");
+    hex_out(si, (int) strlen(si));
+    printf("\n");
 
     char keybuf[64];
     int kl = llama_model_meta_val_str(model, "tokenizer.ggml.add_bos_token", keybuf, sizeof keybuf);

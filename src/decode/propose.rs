@@ -52,10 +52,12 @@ pub fn propose(
             (tr, prep, ms(t1))
         }
         Method::Sparkling => {
-            let table = tree::candidate_table(logits, depth, vocab, markov, anchor, p.candidates, p.max_fanout, p.budget);
+            // Host path: the union-normalised tree of §5.2c with rows built only for expanded
+            // nodes (same tree as the precompute table, a fraction of its cost on a CPU).
+            let lc = tree::LazyCandidates::new(logits, depth, vocab, markov, anchor, p.candidates);
             let prep = ms(t0);
             let t1 = Instant::now();
-            let tr = tree::build_sparkling_precompute(&table, anchor, p.budget);
+            let tr = tree::build_sparkling_lazy(&lc, markov, anchor, p.max_fanout, p.budget);
             (tr, prep, ms(t1))
         }
         Method::TreeSpark => {

@@ -11,7 +11,9 @@
 //!   fed by [`depth_topk`].
 //! - [`build_sparkling_reference`] — SparklingTree naive Markov-conditioned best-first
 //!   (§5.2 (a)); [`candidate_table`] + [`build_sparkling_precompute`] — the precompute form
-//!   (§5.2 (c)); [`markov_greedy_chain`] — the DSpark greedy chain (§3.7 at T = 0).
+//!   (§5.2 (c)); [`build_sparkling_lazy`] — the same union-normalised tree with rows built only
+//!   for expanded nodes (the CPU fast path); [`markov_greedy_chain`] — the DSpark greedy chain
+//!   (§3.7 at T = 0).
 //! - [`build_treespark`] — the PCTree policy (§5.4: per-parent top-k, frontier pruning,
 //!   global top-N) with the budget counting **non-root** nodes.
 //!
@@ -24,13 +26,15 @@
 pub mod ddtree;
 pub mod pctree;
 pub mod sparkling;
+pub mod sparkling_lazy;
 
 pub use ddtree::build_ddtree;
 pub use pctree::build_treespark;
 pub use sparkling::{
-    build_sparkling_precompute, build_sparkling_reference, candidate_table, markov_greedy_chain,
+    build_sparkling_precompute, build_sparkling_reference, candidate_table, candidate_union, markov_greedy_chain,
     CandidateTable, MarkovHead,
 };
+pub use sparkling_lazy::{build_sparkling_lazy, LazyCandidates};
 
 /// Sentinel parent of the root (`parents[0]` of every [`DraftTree`]).
 pub const NO_PARENT: u32 = u32::MAX;

@@ -270,22 +270,7 @@ pub fn candidate_table(
     if vocab == 0 {
         return CandidateTable { ld, ..Default::default() };
     }
-    // Candidate union.
-    let cc = c.min(vocab);
-    let cand: Vec<u32> = if cc == vocab {
-        (0..vocab as u32).collect()
-    } else {
-        let mut u = Vec::with_capacity(ld * cc + 1);
-        let mut sel = Vec::with_capacity(cc);
-        for d in 0..ld {
-            topk_desc(&base[d * vocab..(d + 1) * vocab], cc, &mut sel);
-            u.extend(sel.iter().map(|&(_, id)| id));
-        }
-        u.push(anchor);
-        u.sort_unstable();
-        u.dedup();
-        u
-    };
+    let cand = candidate_union(base, ld, vocab, anchor, c);
     let n = cand.len();
     let k = max_fanout.min(budget).min(n);
     let mut table = CandidateTable { cand, ld, k, vals: Vec::new(), slots: Vec::new() };
@@ -327,6 +312,25 @@ pub fn candidate_table(
     table.vals = vals;
     table.slots = slots;
     table
+}
+
+/// The SparklingTree candidate set (§5.2 b/c): the union of each depth's top-`c` tokens of
+/// `base` (`[ld, vocab]`) plus the anchor, sorted ascending; `c >= vocab` → every token.
+pub fn candidate_union(base: &[f32], ld: usize, vocab: usize, anchor: u32, c: usize) -> Vec<u32> {
+    let cc = c.min(vocab);
+    if cc == vocab {
+        return (0..vocab as u32).collect();
+    }
+    let mut u = Vec::with_capacity(ld * cc + 1);
+    let mut sel = Vec::with_capacity(cc);
+    for d in 0..ld {
+        topk_desc(&base[d * vocab..(d + 1) * vocab], cc, &mut sel);
+        u.extend(sel.iter().map(|&(_, id)| id));
+    }
+    u.push(anchor);
+    u.sort_unstable();
+    u.dedup();
+    u
 }
 
 /// Markov case of [`candidate_table`].
