@@ -7,7 +7,7 @@
 //   cc -O2 -std=c11 scripts/llamacpp-greedy.c -I$LLAMA_SRC/include -I$LLAMA_SRC/ggml/include
 //      -L$LLAMA_BUILD/bin -Wl,-rpath,$LLAMA_BUILD/bin -lllama -lggml -lggml-base -o llamacpp-greedy
 //
-// Usage: llamacpp-greedy MODEL.gguf PROMPT_FILE N_PREDICT SPECIAL(0|1) [KV_TYPE f32|f16] [THREADS]
+// Usage: llamacpp-greedy MODEL.gguf PROMPT_FILE N_PREDICT SPECIAL(0|1) [KV_TYPE f32|f16] [THREADS] [FLASH_ATTN off|on|auto]
 //   The prompt is the raw bytes of PROMPT_FILE. It is tokenized with
 //   add_special=false (never a BOS) and parse_special=SPECIAL. Generation stops
 //   after N_PREDICT tokens or at an end-of-generation token (which is recorded).
@@ -52,7 +52,7 @@ static void quiet_log(enum ggml_log_level level, const char *text, void *ud) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s MODEL PROMPT_FILE N_PREDICT SPECIAL(0|1) [f32|f16] [THREADS]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL PROMPT_FILE N_PREDICT SPECIAL(0|1) [f32|f16] [THREADS] [off|on|auto]\n", argv[0]);
         return 2;
     }
     const char *model_path = argv[1];
@@ -62,6 +62,7 @@ int main(int argc, char **argv) {
     const bool special = atoi(argv[4]) != 0;
     const char *kv = argc > 5 ? argv[5] : "f32";
     const int n_threads = argc > 6 ? atoi(argv[6]) : 2;
+    const char *fa = argc > 7 ? argv[7] : "off";
 
     llama_log_set(quiet_log, NULL);
     llama_backend_init();
@@ -109,6 +110,16 @@ int main(int argc, char **argv) {
         cp.type_v = GGML_TYPE_F16;
     } else {
         fprintf(stderr, "bad kv type %s\n", kv);
+        return 2;
+    }
+    if (strcmp(fa, "off") == 0) {
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    } else if (strcmp(fa, "on") == 0) {
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    } else if (strcmp(fa, "auto") == 0) {
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_AUTO;
+    } else {
+        fprintf(stderr, "bad flash_attn mode %s\n", fa);
         return 2;
     }
     struct llama_context *ctx = llama_init_from_model(model, cp);

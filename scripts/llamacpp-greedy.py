@@ -136,6 +136,8 @@ def main():
     ap.add_argument("--kv", default="f32", choices=["f32", "f16"],
                     help="KV cache type inside llama.cpp (default f32, closest to an f32 reference)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--flash-attn", default="off", choices=["off", "on", "auto"],
+                    help="llama.cpp flash attention (default off: plain softmax attention)")
     ap.add_argument("--out-dir", default=os.path.join(REPO, "tests", "data"))
     args = ap.parse_args()
 
@@ -165,7 +167,8 @@ def main():
         for prompt, special in [(p, False) for p in RAW_PROMPTS] + [(m["chat"], True)]:
             with open(prompt_path, "wb") as f:
                 f.write(prompt.encode("utf-8"))
-            cmd = [exe, f16, prompt_path, str(N_PREDICT), "1" if special else "0", args.kv, str(args.threads)]
+            cmd = [exe, f16, prompt_path, str(N_PREDICT), "1" if special else "0", args.kv, str(args.threads),
+                   args.flash_attn]
             out = run(cmd, capture_output=True, text=True).stdout
             r = parse_driver_output(out)
             gaps = [round(s["logit"] - s["logit2"], 4) for s in r["steps"]]
@@ -192,17 +195,20 @@ def main():
                 "llama_cpp_commit": commit,
                 "llama_cpp_version": r.get("version"),
                 "llama_cpp_system_info": r.get("sysinfo"),
-                "build": "scripts/build-llamacpp: cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF "
-                         "-DCMAKE_BUILD_TYPE=Release; x86-64 CPU backend",
+                "build": "scripts/build-llamacpp: cmake -S vendor/llama.cpp -B build -G Ninja -DGGML_NATIVE=ON "
+                         "-DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF "
+                         "-DLLAMA_BUILD_SERVER=OFF; cmake --build build -j 2 --target llama llama-quantize "
+                         "llama-bench llama-simple llama-tokenize; gcc 12.2, CPU backend only",
                 "driver": "scripts/llamacpp-greedy.c driven by scripts/llamacpp-greedy.py",
                 "commands": {
                     "f16_copy": " ".join(shlex.quote(c) for c in
                                          ["llama-quantize", "--allow-requantize", m["source"], m["f16"], "F16"]),
-                    "driver_build": " ".join(shlex.quote(c) for c in build_cmd),
+                    "driver_build": " ".join(shlex.quote(c) for c in build_cmd)
+                                    .replace(llama_dir, "$LLAMA_DIR").replace(REPO + "/", ""),
                     "per_case": "sparkling-llamacpp-greedy MODEL_F16 PROMPT_FILE "
-                                f"{N_PREDICT} SPECIAL {args.kv} {args.threads}",
+                                f"{N_PREDICT} SPECIAL {args.kv} {args.threads} {args.flash_attn}",
                     "regenerate": f"scripts/llamacpp-greedy.py --model {name} --kv {args.kv} "
-                                  f"--threads {args.threads}",
+                                  f"--threads {args.threads} --flash-attn {args.flash_attn}",
                 },
                 "source_gguf": m["source"],
                 "source_gguf_sha256": src_sha,
@@ -215,6 +221,7 @@ def main():
                     "n_predict": N_PREDICT,
                     "stop": "end-of-generation token (recorded, then stop) or n_predict tokens",
                     "kv_cache_type": args.kv,
+                    "flash_attn": args.flash_attn,
                     "threads": args.threads,
                     "n_seq": 1,
                 },

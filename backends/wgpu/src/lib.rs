@@ -1,0 +1,184 @@
+//! wgpu/WGSL backend of SparklingTree (design §3, issue 4): every [`sparkling_core::Backend`]
+//! op as a WGSL compute kernel (`shaders/`, one op per file), running on Vulkan, Metal, DX12,
+//! GL or WebGPU through wgpu 30 — and on machines without a GPU on Mesa's lavapipe
+//! (`scripts/install-lavapipe`, platform.md §1).
+//!
+//! - Tensors are f32 storage buffers from a size-bucketed pool; weights are f32, or f16 / bf16
+//!   packed two per `u32` and widened in-shader ([`WeightDtype`]). Weights larger than one
+//!   storage binding (`max_storage_buffer_binding_size`) are split by rows across bindings;
+//!   an activation tensor that does not fit one binding is a clear [`Error::Device`].
+//! - Dispatches are folded into 2-D grids so no dimension exceeds
+//!   `max_compute_workgroups_per_dimension` (65,535).
+//! - Ops only encode and submit; `download`, `download_rows`, `argmax` and `sample` are the
+//!   only sync points (no per-op `device.poll(Wait)`).
+//! - Determinism: every reduction has a fixed shape that does not depend on the number of
+//!   rows in the call (matmul: one sequential fma chain over K per output; attention: chunks
+//!   cut by visible-key ordinal), so a tree verify reproduces 1-row decoding bit for bit on one
+//!   adapter, as the Backend contract requires.
+//! - Subgroups are not used (no `enable subgroups;` portability trap); the reduction kernels
+//!   say where a subgroup variant would go.
+
+mod attention;
+mod backend;
+mod ctx;
+mod device;
+mod linear;
+mod ops;
+mod pipelines;
+mod pool;
+mod tensor;
+
+pub use tensor::{WeightDtype, WgpuTensor, WgpuWeight};
+
+use ctx::Gpu;
+use sparkling_core::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Options of [`WgpuBackend::with_options`]. `Default` = the default adapter, f32 weights and
+/// the adapter's own limits.
+#[derive(Debug, Clone, Default)]
+pub struct WgpuOptions {
+    /// Adapter to use: an index into [`list_adapters`] or a case-insensitive substring of an
+    /// adapter name. `None`: `WGPU_ADAPTER_NAME` if set, else wgpu's default adapter.
+    pub adapter: Option<String>,
+    /// Storage precision of uploaded weights.
+    pub weight_dtype: WeightDtype,
+    /// Use at most this many bytes per storage binding (below the adapter's
+    /// `max_storage_buffer_binding_size`); for exercising the weight-splitting path in tests.
+    pub max_binding_bytes: Option<u64>,
+    /// Use at most this many workgroups per dispatch dimension (below the adapter's
+    /// `max_compute_workgroups_per_dimension`); for exercising the 2-D grid folding in tests.
+    pub max_workgroups_per_dim: Option<u32>,
+}
+
+/// Host-computed RoPE cos/sin table for one `(head_dim, theta)`: `[n_pos][head_dim]` f32
+/// (`cos` for `j < half`, then `sin`), grown as larger positions appear.
+struct RopeTable {
+    n_pos: usize,
+    buffer: wgpu::Buffer,
+}
+
+/// The wgpu backend: one adapter, one device and queue, a buffer pool and the kernels.
+pub struct WgpuBackend {
+    gpu: Arc<Gpu>,
+    weight_dtype: WeightDtype,
+    rope: Mutex<HashMap<(usize, u32), Arc<RopeTable>>>,
+    /// 16 zero bytes bound where a kernel's optional input is absent (bias, tree table).
+    dummy: wgpu::Buffer,
+}
+
+/// Every adapter wgpu can see, one line each: `index: name (backend, device type, driver)`.
+/// The index and any substring of the name are accepted by [`WgpuBackend::new`].
+/// Empty when there is no adapter (no GPU driver and no lavapipe).
+pub fn list_adapters() -> Vec<String> {
+    let inst = device::instance();
+    device::adapters(&inst).iter().enumerate().map(|(i, a)| format!("{i}: {}", device::describe(&a.get_info()))).collect()
+}
+
+impl WgpuBackend {
+    /// Open the adapter `adapter` (an index into [`list_adapters`] or a name substring;
+    /// `None` = `WGPU_ADAPTER_NAME` or wgpu's default) with f32 weights.
+    /// Errors: [`Error::Unavailable`] when there is no adapter at all (the message says how to
+    /// install lavapipe), when nothing matches `adapter` (the message lists the adapters), or
+    /// when the device cannot be opened.
+    pub fn new(adapter: Option<&str>) -> Result<Self> {
+        WgpuBackend::with_options(&WgpuOptions { adapter: adapter.map(str::to_string), ..Default::default() })
+    }
+
+    /// Open an adapter with explicit [`WgpuOptions`]. Errors as [`WgpuBackend::new`].
+    pub fn with_options(opts: &WgpuOptions) -> Result<Self> {
+        let inst = device::instance();
+        let adapter = device::select(&inst, opts.adapter.as_deref())?;
+        let health = Arc::new(device::Health::default());
+        let (device, queue) = device::open(&adapter, &health)?;
+        let limits = device.limits();
+        let info = adapter.get_info();
+        let adapter_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let max_binding = opts.max_binding_bytes.map_or(adapter_binding, |b| b.min(adapter_binding)) & !3;
+        let max_groups = opts.max_workgroups_per_dim.map_or(limits.max_compute_workgroups_per_dimension, |g| {
+            g.clamp(1, limits.max_compute_workgroups_per_dimension)
+        });
+        let dummy = pool::create_buffer(&device, wgpu::BufferUsages::STORAGE, 16, "sparkling dummy")?;
+        let gpu = Gpu {
+            pool: pool::Pool::new(device.clone()),
+            pipelines: pipelines::Pipelines::new(),
+            device,
+            queue,
+            info,
+            limits,
+            max_binding,
+            max_groups,
+            health,
+        };
+        Ok(WgpuBackend { gpu: Arc::new(gpu), weight_dtype: opts.weight_dtype, rope: Mutex::new(HashMap::new()), dummy })
+    }
+
+    /// The adapter in use (name, backend, device type, driver).
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.gpu.info
+    }
+
+    /// The device limits in force (the adapter's own limits).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.gpu.limits
+    }
+
+    /// Bytes per storage binding actually used (adapter limit or [`WgpuOptions`] override).
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.gpu.max_binding
+    }
+
+    /// Storage precision of uploaded weights.
+    pub fn weight_dtype(&self) -> WeightDtype {
+        self.weight_dtype
+    }
+
+    /// Bytes of idle buffers currently held by the pool.
+    pub fn pooled_idle_bytes(&self) -> u64 {
+        self.gpu.pool.idle_bytes()
+    }
+
+    /// Wait until every submitted op has finished (for benchmarks; ops never need it).
+    /// Errors: the device was lost or reported an error.
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
+        self.gpu.check()
+    }
+
+    /// The RoPE table for `(head_dim, theta)` covering positions `0..=max_pos`.
+    /// `inv_freq[j] = 1 / (theta^(2j/head_dim) computed in f64, cast to f32)`, angle
+    /// `= f32(pos) * inv_freq[j]`, f32 `cos`/`sin` — the CPU backend's expressions exactly, so
+    /// both backends rotate by identical factors (reference §1.3).
+    /// Errors: the table would exceed one storage binding.
+    fn rope_table(&self, head_dim: usize, theta: f32, max_pos: usize) -> Result<Arc<RopeTable>> {
+        let key = (head_dim, theta.to_bits());
+        let mut cache = self.rope.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = cache.get(&key) {
+            if t.n_pos > max_pos {
+                return Ok(Arc::clone(t));
+            }
+        }
+        let n_pos = (max_pos + 1).next_power_of_two().max(256);
+        let half = head_dim / 2;
+        let bytes = self.gpu.tensor_bytes("rope table", n_pos, head_dim)?;
+        let inv_freq: Vec<f32> =
+            (0..half).map(|j| 1.0 / (theta as f64).powf(2.0 * j as f64 / head_dim as f64) as f32).collect();
+        let mut data = vec![0.0f32; n_pos * head_dim];
+        for (p, row) in data.chunks_mut(head_dim.max(1)).enumerate() {
+            for (j, f) in inv_freq.iter().enumerate() {
+                let a = p as u32 as f32 * f;
+                row[j] = a.cos();
+                row[half + j] = a.sin();
+            }
+        }
+        let buffer = pool::create_buffer(&self.gpu.device, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, bytes.max(4), "rope table")?;
+        self.gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+        let t = Arc::new(RopeTable { n_pos, buffer });
+        cache.insert(key, Arc::clone(&t));
+        Ok(t)
+    }
+}

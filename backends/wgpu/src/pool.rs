@@ -1,0 +1,159 @@
+//! A size-bucketed buffer pool: tensors, readback staging buffers and uniform parameter blocks
+//! are recycled instead of allocated per op.
+//!
+//! Reuse is safe without waiting for the GPU because every op submits its commands before its
+//! temporaries are dropped, and the queue executes submissions (and `write_buffer` uploads) in
+//! order (WebGPU queue-timeline semantics): a buffer handed out again is only written by work
+//! that runs after every earlier use of it.
+
+use sparkling_core::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// What a pooled buffer is used for (each kind has its own usage flags and free lists).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// Activation tensors: `STORAGE | COPY_SRC | COPY_DST`.
+    Storage,
+    /// Readback: `MAP_READ | COPY_DST`.
+    Staging,
+    /// Kernel parameters: `UNIFORM | COPY_DST`.
+    Uniform,
+}
+
+impl Kind {
+    fn usage(self) -> wgpu::BufferUsages {
+        use wgpu::BufferUsages as U;
+        match self {
+            Kind::Storage => U::STORAGE | U::COPY_SRC | U::COPY_DST,
+            Kind::Staging => U::MAP_READ | U::COPY_DST,
+            Kind::Uniform => U::UNIFORM | U::COPY_DST,
+        }
+    }
+}
+
+/// Smallest bucket, bytes (also keeps zero-sized tensors bindable).
+const MIN_BUCKET: u64 = 256;
+/// Above this size buckets are 1 MiB multiples instead of powers of two (limits the waste on
+/// KV caches and logits).
+const POW2_LIMIT: u64 = 16 << 20;
+/// At most this many bytes of idle buffers are kept; beyond it released buffers are freed.
+const MAX_IDLE_BYTES: u64 = 512 << 20;
+
+/// Bucket size for a request of `bytes`.
+pub(crate) fn bucket(bytes: u64) -> u64 {
+    let b = bytes.max(MIN_BUCKET);
+    if b <= POW2_LIMIT {
+        b.next_power_of_two()
+    } else {
+        b.div_ceil(1 << 20) << 20
+    }
+}
+
+struct State {
+    free: HashMap<(Kind, u64), Vec<wgpu::Buffer>>,
+    idle_bytes: u64,
+}
+
+/// The pool. Shared (`Arc`) by every [`PooledBuffer`] it hands out.
+pub(crate) struct Pool {
+    device: wgpu::Device,
+    state: Mutex<State>,
+}
+
+impl Pool {
+    /// An empty pool for `device`.
+    pub(crate) fn new(device: wgpu::Device) -> Arc<Pool> {
+        Arc::new(Pool { device, state: Mutex::new(State { free: HashMap::new(), idle_bytes: 0 }) })
+    }
+
+    /// A buffer of at least `bytes` bytes (contents unspecified: a recycled buffer keeps old
+    /// data). Errors: the allocation failed (out of memory) — reported by wgpu's error scope.
+    pub(crate) fn get(self: &Arc<Self>, kind: Kind, bytes: u64) -> Result<PooledBuffer> {
+        let size = bucket(bytes);
+        let reused = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let hit = st.free.get_mut(&(kind, size)).and_then(|v| v.pop());
+            if hit.is_some() {
+                st.idle_bytes -= size;
+            }
+            hit
+        };
+        let buffer = match reused {
+            Some(b) => b,
+            None => create_buffer(&self.device, kind.usage(), size, "sparkling pooled buffer")?,
+        };
+        Ok(PooledBuffer { buffer, kind, size, pool: Arc::clone(self) })
+    }
+
+    fn put(&self, kind: Kind, size: u64, buffer: wgpu::Buffer) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.idle_bytes + size > MAX_IDLE_BYTES {
+            // Dropping (not destroying) lets wgpu free it once in-flight work is done.
+            drop(st);
+            drop(buffer);
+            return;
+        }
+        st.idle_bytes += size;
+        st.free.entry((kind, size)).or_default().push(buffer);
+    }
+
+    /// Bytes currently idle in the pool (for tests and stats).
+    pub(crate) fn idle_bytes(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).idle_bytes
+    }
+}
+
+/// Create a buffer, turning an out-of-memory or validation failure into [`Error::Device`]
+/// instead of wgpu's default panic.
+pub(crate) fn create_buffer(device: &wgpu::Device, usage: wgpu::BufferUsages, size: u64, label: &str) -> Result<wgpu::Buffer> {
+    let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let val = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false });
+    let v = pollster::block_on(val.pop());
+    let o = pollster::block_on(oom.pop());
+    if let Some(e) = o.or(v) {
+        return Err(Error::Device(format!("allocating a {size}-byte buffer ({label}) failed: {e}")));
+    }
+    Ok(buffer)
+}
+
+/// A buffer on loan from the [`Pool`]; returned to it when dropped.
+pub(crate) struct PooledBuffer {
+    buffer: wgpu::Buffer,
+    kind: Kind,
+    size: u64,
+    pool: Arc<Pool>,
+}
+
+impl PooledBuffer {
+    /// The underlying wgpu buffer (its size is the bucket size, ≥ the requested bytes).
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        self.pool.put(self.kind, self.size, self.buffer.clone());
+    }
+}
+
+impl std::fmt::Debug for PooledBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PooledBuffer({:?}, {} bytes)", self.kind, self.size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket;
+
+    #[test]
+    fn buckets_are_powers_of_two_then_mib_multiples() {
+        assert_eq!(bucket(0), 256);
+        assert_eq!(bucket(257), 512);
+        assert_eq!(bucket(16 << 20), 16 << 20);
+        assert_eq!(bucket((16 << 20) + 1), 17 << 20);
+    }
+}

@@ -1,0 +1,181 @@
+//! Device tensors and weights of the wgpu backend, and the host-side packing of f16 / bf16
+//! weights into `u32` words (two values per word, low half first) for the WGSL preludes
+//! `shaders/weights_f16.wgsl` / `weights_bf16.wgsl`.
+
+use crate::pool::PooledBuffer;
+
+/// An `f32 [rows, cols]` row-major activation tensor in a pooled storage buffer (returned to
+/// the pool when dropped).
+#[derive(Debug)]
+pub struct WgpuTensor {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) buf: PooledBuffer,
+}
+
+impl WgpuTensor {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes of valid data (`rows * cols * 4`).
+    pub(crate) fn bytes(&self) -> u64 {
+        (self.rows * self.cols * 4) as u64
+    }
+
+    /// The storage buffer (its size is a pool bucket, ≥ [`Self::bytes`]).
+    pub(crate) fn buffer(&self) -> &wgpu::Buffer {
+        self.buf.buffer()
+    }
+}
+
+/// Precision in which [`crate::WgpuBackend`] stores uploaded weights. Activations and
+/// accumulation are always f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WeightDtype {
+    /// 32-bit floats (exact copy of what the loader produced).
+    #[default]
+    F32,
+    /// IEEE half, round-to-nearest-even at upload (the same rounding as the CPU backend's
+    /// `WeightDtype::F16`), widened in-shader with `unpack2x16float`.
+    F16,
+    /// bfloat16, round-to-nearest-even at upload (lossless for bf16 checkpoints), widened
+    /// in-shader by a 16-bit shift.
+    Bf16,
+}
+
+impl WeightDtype {
+    /// Bytes of a chunk of `elems` weight values in this storage (packed formats round up to
+    /// whole `u32` words).
+    pub(crate) fn chunk_bytes(self, elems: u64) -> u64 {
+        match self {
+            WeightDtype::F32 => elems * 4,
+            WeightDtype::F16 | WeightDtype::Bf16 => elems.div_ceil(2) * 4,
+        }
+    }
+
+    /// Short name (`f32`, `f16`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::F16 => "f16",
+            WeightDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// One binding-sized piece of a weight: rows `row0 .. row0 + rows` of the `[n, k]` matrix.
+#[derive(Debug)]
+pub(crate) struct WeightChunk {
+    pub(crate) row0: usize,
+    pub(crate) rows: usize,
+    pub(crate) bytes: u64,
+    pub(crate) buffer: wgpu::Buffer,
+}
+
+/// A `[n, k]` weight matrix (HF layout, `y = x·Wᵀ`), split by rows into chunks that each fit
+/// one storage binding (`max_storage_buffer_binding_size`, 128 MiB on WebGPU and lavapipe).
+#[derive(Debug)]
+pub struct WgpuWeight {
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) dtype: WeightDtype,
+    pub(crate) chunks: Vec<WeightChunk>,
+}
+
+impl WgpuWeight {
+    /// Output features (rows).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input features (columns).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Storage precision.
+    pub fn dtype(&self) -> WeightDtype {
+        self.dtype
+    }
+
+    /// Number of storage bindings the weight is split across.
+    pub fn n_chunks(&self) -> usize {
+        self.chunks.len()
+    }
+}
+
+/// Rows per chunk so that one chunk of `k`-wide rows in `dtype` fits `limit` bytes; 0 when a
+/// single row does not fit.
+pub(crate) fn rows_per_chunk(dtype: WeightDtype, k: usize, limit: u64) -> usize {
+    if k == 0 {
+        return usize::MAX;
+    }
+    let per_row = match dtype {
+        WeightDtype::F32 => 4 * k as u64,
+        _ => 2 * k as u64,
+    };
+    let mut r = limit / per_row;
+    while r > 0 && dtype.chunk_bytes(r * k as u64) > limit {
+        r -= 1;
+    }
+    r.min(usize::MAX as u64) as usize
+}
+
+/// Encode `vals` in `dtype` as little-endian bytes ready for a storage buffer.
+pub(crate) fn encode(dtype: WeightDtype, vals: &[f32]) -> Vec<u8> {
+    match dtype {
+        WeightDtype::F32 => bytemuck::cast_slice(vals).to_vec(),
+        WeightDtype::F16 => pack_u16(vals, |v| half::f16::from_f32(v).to_bits()),
+        WeightDtype::Bf16 => pack_u16(vals, |v| half::bf16::from_f32(v).to_bits()),
+    }
+}
+
+/// Two 16-bit codes per `u32` word, element `2i` in the low half; an odd count is padded
+/// with a zero half.
+fn pack_u16(vals: &[f32], code: impl Fn(f32) -> u16) -> Vec<u8> {
+    let mut words: Vec<u32> = Vec::with_capacity(vals.len().div_ceil(2));
+    for pair in vals.chunks(2) {
+        let lo = code(pair[0]) as u32;
+        let hi = pair.get(1).map_or(0, |&v| code(v) as u32);
+        words.push(lo | (hi << 16));
+    }
+    bytemuck::cast_slice(&words).to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_rows_fit_the_limit() {
+        for dt in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+            for k in [1usize, 3, 576, 577] {
+                let r = rows_per_chunk(dt, k, 4096);
+                assert!(dt.chunk_bytes((r * k) as u64) <= 4096, "{dt:?} k {k}");
+                assert!(dt.chunk_bytes(((r + 1) * k) as u64) > 4096, "{dt:?} k {k} not maximal");
+            }
+        }
+        assert_eq!(rows_per_chunk(WeightDtype::F32, 2000, 4096), 0);
+    }
+
+    #[test]
+    fn packing_puts_even_elements_in_the_low_half() {
+        let b = encode(WeightDtype::Bf16, &[1.0, -2.0, 0.5]);
+        let w: &[u32] = bytemuck::cast_slice(&b);
+        assert_eq!(w.len(), 2);
+        assert_eq!(f32::from_bits(w[0] << 16), 1.0);
+        assert_eq!(f32::from_bits(w[0] & 0xffff_0000), -2.0);
+        assert_eq!(f32::from_bits(w[1] << 16), 0.5);
+        let h = encode(WeightDtype::F16, &[1.0, 0.25]);
+        let w: &[u32] = bytemuck::cast_slice(&h);
+        assert_eq!(half::f16::from_bits((w[0] & 0xffff) as u16).to_f32(), 1.0);
+        assert_eq!(half::f16::from_bits((w[0] >> 16) as u16).to_f32(), 0.25);
+    }
+}
