@@ -266,6 +266,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
         stats.new_tokens = out.len();
+        stats.decode_tokens = out.len().saturating_sub(1);
         Ok(Generation { tokens: out, stopped, stats })
     }
 

@@ -8,8 +8,10 @@ use serde::Serialize;
 pub struct Stats {
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Generated tokens (after stop/max trimming).
+    /// Generated tokens (after stop/max trimming), the prefill's first token included.
     pub new_tokens: usize,
+    /// Tokens emitted by the decode rounds (excludes the first token, which the prefill emits).
+    pub decode_tokens: usize,
     /// Verify rounds (prefill excluded).
     pub rounds: usize,
     /// Tokens committed by the rounds, including each round's bonus token (Σ τ).
@@ -46,12 +48,13 @@ impl Stats {
             self.committed as f64 / self.rounds as f64
         }
     }
-    /// Decode tokens per second (prefill excluded).
+    /// Decode tokens per second: tokens emitted by the rounds over the rounds' wall time
+    /// (prefill and its first token excluded).
     pub fn tokens_per_s(&self) -> f64 {
         if self.decode_ms <= 0.0 {
             0.0
         } else {
-            self.new_tokens as f64 / (self.decode_ms / 1000.0)
+            self.decode_tokens as f64 / (self.decode_ms / 1000.0)
         }
     }
     /// Conditional acceptance per depth: P(depth d accepted | depth d-1 accepted).
@@ -70,6 +73,7 @@ impl Stats {
     pub fn merge(&mut self, o: &Stats) {
         self.prompt_tokens += o.prompt_tokens;
         self.new_tokens += o.new_tokens;
+        self.decode_tokens += o.decode_tokens;
         self.rounds += o.rounds;
         self.committed += o.committed;
         self.prefill_ms += o.prefill_ms;
