@@ -118,6 +118,7 @@ fn agreed_prefix(cpu: &CpuBackend, ct: &Target<CpuBackend>, prompt: &[u32], want
 #[test]
 fn every_method_gives_the_cpu_greedy_tokens_on_wgpu() {
     let Some(g) = gpu(WeightDtype::F32, "every_method_gives_the_cpu_greedy_tokens_on_wgpu") else { return };
+    let g = &g;
     let cpu = CpuBackend::new();
     let vocab = 48;
     let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];

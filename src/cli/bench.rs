@@ -133,6 +133,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         top_p: 1.0,
         seed: a.seed,
         max_new_tokens: a.max_new_tokens,
+        ignore_eos: false,
         ids: false,
         stats_json: None,
     };

@@ -56,6 +56,9 @@ pub struct GenerateArgs {
     /// Maximum new tokens.
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
+    /// Do not stop at end-of-sequence tokens (always generate --max-new-tokens; for timing).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Print generated ids instead of text.
     #[arg(long)]
     pub ids: bool,
@@ -139,6 +142,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 stop.push(s);
             }
         }
+    }
+    if a.ignore_eos {
+        stop.clear();
     }
     let params = gen_params(method, a.budget, &a, stop)?;
     let engine = Engine { backend: &m.backend, target: &m.target, drafter: method.drafter_kind().and_then(|k| m.drafter(k)) };
