@@ -21,51 +21,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_portable(a, b)
 }
 
-/// Two dot products sharing the weight row: `(Σ a0·b, Σ a1·b)`, each bit-identical to
-/// [`dot`] (same blocked order per output); the shared loads of `b` make multi-row matmuls
-/// (prefill, tree verify) faster.
-#[inline]
-pub fn dot2(a0: &[f32], a1: &[f32], b: &[f32]) -> (f32, f32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the features were detected on this CPU just above.
-            return unsafe { dot2_avx2(a0, a1, b) };
-        }
-    }
-    (dot_portable(a0, b), dot_portable(a1, b))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot2_avx2(a0: &[f32], a1: &[f32], b: &[f32]) -> (f32, f32) {
-    use std::arch::x86_64::*;
-    let n = a0.len().min(a1.len()).min(b.len());
-    let blocks = n / LANES;
-    let (p0, p1, pb) = (a0.as_ptr(), a1.as_ptr(), b.as_ptr());
-    let mut c0 = [_mm256_setzero_ps(); 4];
-    let mut c1 = [_mm256_setzero_ps(); 4];
-    for i in 0..blocks {
-        let base = i * LANES;
-        for l in 0..4 {
-            let vb = _mm256_loadu_ps(pb.add(base + 8 * l));
-            c0[l] = _mm256_fmadd_ps(_mm256_loadu_ps(p0.add(base + 8 * l)), vb, c0[l]);
-            c1[l] = _mm256_fmadd_ps(_mm256_loadu_ps(p1.add(base + 8 * l)), vb, c1[l]);
-        }
-    }
-    let fold = |acc: [__m256; 4], a: &[f32]| {
-        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), s);
-        let mut total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-        for i in blocks * LANES..n {
-            total = a[i].mul_add(b[i], total);
-        }
-        total
-    };
-    (fold(c0, a0), fold(c1, a1))
-}
-
 /// Name of the dot-product path in use, for the backend's `name()`.
 pub fn simd_name() -> &'static str {
     #[cfg(target_arch = "x86_64")]
@@ -99,58 +54,6 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     let mut total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     for i in blocks * LANES..n {
         total = a[i].mul_add(b[i], total);
-    }
-    total
-}
-
-/// `Σ a[i]·b[i]` with f16 weights `b`, bit-identical to `dot(a, b_as_f32)` (same blocked
-/// order; f16 → f32 conversion is exact). Uses AVX2+FMA+F16C when present.
-#[inline]
-pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            // SAFETY: the features were detected on this CPU just above.
-            return unsafe { dot_f16_avx2(a, b) };
-        }
-    }
-    let mut buf = vec![0.0f32; b.len()];
-    f16_to_f32(b, &mut buf);
-    dot(a, &buf)
-}
-
-/// Convert f16 → f32 (exact).
-#[inline]
-pub fn f16_to_f32(src: &[half::f16], dst: &mut [f32]) {
-    use half::slice::HalfFloatSliceExt;
-    src.convert_to_f32_slice(dst);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_f16_avx2(a: &[f32], b: &[half::f16]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let blocks = n / LANES;
-    let (pa, pb) = (a.as_ptr(), b.as_ptr() as *const u16);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for i in 0..blocks {
-        let base = i * LANES;
-        for (l, acc_l) in acc.iter_mut().enumerate() {
-            let va = _mm256_loadu_ps(pa.add(base + 8 * l));
-            let vb = _mm256_cvtph_ps(_mm_loadu_si128(pb.add(base + 8 * l) as *const __m128i));
-            *acc_l = _mm256_fmadd_ps(va, vb, *acc_l);
-        }
-    }
-    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut lanes = [0.0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), s);
-    let mut total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    for i in blocks * LANES..n {
-        total = a[i].mul_add(b[i].to_f32(), total);
     }
     total
 }
@@ -242,27 +145,6 @@ mod tests {
         let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
         assert!((dot(&a, &b) as f64 - want).abs() < 1e-4, "{} vs {want}", dot(&a, &b));
         assert!((dot_portable(&a, &b) as f64 - want).abs() < 1e-4);
-    }
-
-    #[test]
-    fn dot2_is_bit_identical_to_two_dots() {
-        for n in [1usize, 31, 32, 77, 576, 1536] {
-            let a0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let a1: Vec<f32> = (0..n).map(|i| (i as f32 * 0.93).cos()).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-            let (x, y) = dot2(&a0, &a1, &b);
-            assert_eq!((x.to_bits(), y.to_bits()), (dot(&a0, &b).to_bits(), dot(&a1, &b).to_bits()), "n = {n}");
-        }
-    }
-
-    #[test]
-    fn f16_dot_is_bit_identical_to_converted_f32_dot() {
-        for n in [1usize, 31, 32, 77, 576, 1000] {
-            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let b: Vec<half::f16> = (0..n).map(|i| half::f16::from_f32((i as f32 * 0.11).cos())).collect();
-            let bf: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
-            assert_eq!(dot_f16(&a, &b).to_bits(), dot(&a, &bf).to_bits(), "n = {n}");
-        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! how many rows share the call, so results are bit-identical between a 1-row decode step and a
 //! 65-row tree verify (the property the exactness tests rely on).
 
+pub mod gemm;
 mod kernels;
 
 use kernels::dot;
@@ -21,34 +22,16 @@ pub struct CpuTensor {
     pub data: Vec<f32>,
 }
 
-/// Storage of a weight matrix's values.
-#[derive(Debug, Clone)]
-pub enum WeightData {
-    /// 32-bit floats.
-    F32(Vec<f32>),
-    /// IEEE half floats, widened to f32 inside the dot product (half the memory traffic).
-    F16(Vec<half::f16>),
-}
-
-/// A `[n, k]` row-major weight matrix (HF layout, `y = x·Wᵀ`).
+/// A `[n, k]` weight matrix (HF layout, `y = x·Wᵀ`), packed into column panels for the
+/// matmul kernel (see [`gemm`]).
 #[derive(Debug, Clone)]
 pub struct CpuWeight {
     /// Output features.
     pub n: usize,
     /// Input features.
     pub k: usize,
-    /// `n*k` values, row-major.
-    pub data: WeightData,
-}
-
-impl CpuWeight {
-    /// Row `r` widened to f32 into `out` (length `k`).
-    fn row_into(&self, r: usize, out: &mut [f32]) {
-        match &self.data {
-            WeightData::F32(d) => out.copy_from_slice(&d[r * self.k..(r + 1) * self.k]),
-            WeightData::F16(d) => kernels::f16_to_f32(&d[r * self.k..(r + 1) * self.k], out),
-        }
-    }
+    /// Packed values.
+    pub packed: gemm::Packed,
 }
 
 /// Precision in which the CPU backend stores uploaded weights.
@@ -88,8 +71,10 @@ fn shape_err(op: &'static str, detail: String) -> Error {
     Error::Shape { op, detail }
 }
 
-/// Weight rows per parallel task in `matmul`.
-const MATMUL_CHUNK: usize = 16;
+/// Below this many elements an elementwise op runs on the calling thread (a rayon dispatch
+/// costs more than the work).
+const PAR_MIN_ELEMS: usize = 1 << 15;
+
 
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
@@ -133,16 +118,8 @@ impl Backend for CpuBackend {
         if data.len() != n * k {
             return Err(shape_err("upload_weight", format!("{} values for [{n}, {k}]", data.len())));
         }
-        let data = match self.weight_dtype {
-            WeightDtype::F32 => WeightData::F32(data),
-            WeightDtype::F16 => {
-                use half::slice::HalfFloatSliceExt;
-                let mut h = vec![half::f16::ZERO; data.len()];
-                h.convert_from_f32_slice(&data);
-                WeightData::F16(h)
-            }
-        };
-        Ok(CpuWeight { n, k, data })
+        let packed = gemm::Packed::pack(&data, n, k, self.weight_dtype == WeightDtype::F16);
+        Ok(CpuWeight { n, k, packed })
     }
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
@@ -157,7 +134,7 @@ impl Backend for CpuBackend {
             if id >= table.n {
                 return Err(Error::Invalid(format!("token id {id} out of range for an embedding table of {} rows", table.n)));
             }
-            table.row_into(id, row);
+            table.packed.row_into(id, row);
         }
         Ok(CpuTensor { rows: ids.len(), cols: k, data })
     }
@@ -172,51 +149,11 @@ impl Backend for CpuBackend {
                 return Err(shape_err("matmul", format!("bias of {} for N = {}", b.len(), w.n)));
             }
         }
-        let (m, n, k) = (x.rows, w.n, w.k);
+        let (m, n) = (x.rows, w.n);
         if m == 0 {
             return Ok(CpuTensor { rows: 0, cols: n, data: Vec::new() });
         }
-        // Transposed output [N, M]: each task owns a run of weight rows and reads them once for
-        // all M activation rows.
-        let mut out_t = vec![0.0f32; n * m];
-        out_t.par_chunks_mut(MATMUL_CHUNK * m).enumerate().for_each(|(ci, chunk)| {
-            let n0 = ci * MATMUL_CHUNK;
-            let mut wide = Vec::new();
-            for (r, outs) in chunk.chunks_mut(m).enumerate() {
-                let row = n0 + r;
-                let b = bias.map_or(0.0, |b| b[row]);
-                let wrow: &[f32] = match &w.data {
-                    WeightData::F32(d) => &d[row * k..(row + 1) * k],
-                    WeightData::F16(d) if m == 1 => {
-                        // Decode step: widen inside the dot product (bit-identical to the
-                        // widened path below).
-                        outs[0] = kernels::dot_f16(&x.data[..k], &d[row * k..(row + 1) * k]) + b;
-                        continue;
-                    }
-                    WeightData::F16(_) => {
-                        wide.resize(k, 0.0);
-                        w.row_into(row, &mut wide);
-                        &wide
-                    }
-                };
-                let mut i = 0;
-                while i + 1 < m {
-                    let (p, q) = kernels::dot2(&x.data[i * k..(i + 1) * k], &x.data[(i + 1) * k..(i + 2) * k], wrow);
-                    outs[i] = p + b;
-                    outs[i + 1] = q + b;
-                    i += 2;
-                }
-                if i < m {
-                    outs[i] = dot(&x.data[i * k..(i + 1) * k], wrow) + b;
-                }
-            }
-        });
-        let mut data = vec![0.0f32; m * n];
-        for j in 0..n {
-            for i in 0..m {
-                data[i * n + j] = out_t[j * m + i];
-            }
-        }
+        let data = gemm::matmul(&x.data, m, &w.packed, bias);
         Ok(CpuTensor { rows: m, cols: n, data })
     }
 
@@ -226,13 +163,18 @@ impl Backend for CpuBackend {
             return Err(shape_err("rms_norm", format!("cols {} group {group} weight {}", x.cols, w.len())));
         }
         let mut out = x.data.clone();
-        out.par_chunks_mut(group).for_each(|g| {
+        let norm = |g: &mut [f32]| {
             let ss: f32 = g.iter().map(|v| v * v).sum::<f32>() / group as f32;
             let inv = 1.0 / (ss + eps).sqrt();
             for (v, wv) in g.iter_mut().zip(w) {
                 *v = *v * inv * wv;
             }
-        });
+        };
+        if out.len() >= PAR_MIN_ELEMS {
+            out.par_chunks_mut(group).for_each(norm);
+        } else {
+            out.chunks_mut(group).for_each(norm);
+        }
         Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out })
     }
 
@@ -247,7 +189,7 @@ impl Backend for CpuBackend {
         let inv_freq: Vec<f32> =
             (0..half).map(|j| 1.0 / (theta as f64).powf(2.0 * j as f64 / head_dim as f64) as f32).collect();
         let cols = x.cols;
-        x.data.par_chunks_mut(cols).zip(positions.par_iter()).for_each(|(row, &p)| {
+        let rotate = |(row, &p): (&mut [f32], &u32)| {
             let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
                 .iter()
                 .map(|f| {
@@ -262,7 +204,12 @@ impl Backend for CpuBackend {
                     head[j + half] = b * cos[j] + a * sin[j];
                 }
             }
-        });
+        };
+        if x.data.len() >= PAR_MIN_ELEMS {
+            x.data.par_chunks_mut(cols).zip(positions.par_iter()).for_each(rotate);
+        } else {
+            x.data.chunks_mut(cols).zip(positions.iter()).for_each(rotate);
+        }
         Ok(())
     }
 
@@ -390,7 +337,8 @@ impl Backend for CpuBackend {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let kvc = k_cache.cols;
         let mut out = vec![0.0f32; t * q.cols];
-        out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
+        let work: usize = visible.iter().map(|v| v.len()).sum::<usize>() * n_heads * head_dim;
+        let head_task = |(idx, o): (usize, &mut [f32])| {
             let (i, h) = (idx / n_heads, idx % n_heads);
             let kh = h / group;
             let qv = &q.data[i * q.cols + h * head_dim..i * q.cols + (h + 1) * head_dim];
@@ -409,7 +357,12 @@ impl Backend for CpuBackend {
             }
             let inv = 1.0 / sum;
             o.iter_mut().for_each(|a| *a *= inv);
-        });
+        };
+        if work >= PAR_MIN_ELEMS {
+            out.par_chunks_mut(head_dim).enumerate().for_each(head_task);
+        } else {
+            out.chunks_mut(head_dim).enumerate().for_each(head_task);
+        }
         Ok(CpuTensor { rows: t, cols: q.cols, data: out })
     }
 
@@ -450,10 +403,10 @@ mod tests {
                 assert_eq!(one.data, all.data[i * n..(i + 1) * n].to_vec(), "{dtype:?} row {i}");
             }
             // and against an f64 reference
-            let wd: Vec<f32> = match &w.data {
-                WeightData::F32(d) => d.clone(),
-                WeightData::F16(d) => d.iter().map(|v| v.to_f32()).collect(),
-            };
+            let mut wd = vec![0.0f32; n * k];
+            for (j, row) in wd.chunks_mut(k).enumerate() {
+                w.packed.row_into(j, row);
+            }
             for i in 0..m {
                 for j in 0..n {
                     let want: f64 = (0..k).map(|t| x.data[i * k + t] as f64 * wd[j * k + t] as f64).sum::<f64>() + bias.data[j] as f64;
