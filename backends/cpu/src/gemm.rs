@@ -36,25 +36,23 @@ pub struct Packed {
 impl Packed {
     /// Pack a row-major `[n, k]` matrix, optionally rounding to f16.
     pub fn pack(data: &[f32], n: usize, k: usize, f16: bool) -> Packed {
-        let np = n.div_ceil(NR);
-        let mut out = vec![0.0f32; np * k * NR];
-        out.par_chunks_mut(k * NR).enumerate().for_each(|(p, panel)| {
-            for j in 0..NR {
-                let row = p * NR + j;
-                if row < n {
-                    for kk in 0..k {
-                        panel[kk * NR + j] = data[row * k + kk];
+        fn fill<T: Copy + Send>(data: &[f32], n: usize, k: usize, zero: T, conv: impl Fn(f32) -> T + Sync) -> Vec<T> {
+            let np = n.div_ceil(NR);
+            let mut out = vec![zero; np * k * NR];
+            out.par_chunks_mut(k * NR).enumerate().for_each(|(p, panel)| {
+                for j in 0..NR.min(n - p * NR) {
+                    let row = &data[(p * NR + j) * k..(p * NR + j + 1) * k];
+                    for (kk, &v) in row.iter().enumerate() {
+                        panel[kk * NR + j] = conv(v);
                     }
                 }
-            }
-        });
+            });
+            out
+        }
         let panels = if f16 {
-            use half::slice::HalfFloatSliceExt;
-            let mut h = vec![half::f16::ZERO; out.len()];
-            h.convert_from_f32_slice(&out);
-            Panels::F16(h)
+            Panels::F16(fill(data, n, k, half::f16::ZERO, half::f16::from_f32))
         } else {
-            Panels::F32(out)
+            Panels::F32(fill(data, n, k, 0.0f32, |v| v))
         };
         Packed { n, k, panels }
     }
