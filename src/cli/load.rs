@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 /// Model selection shared by `generate` and `bench`.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Target model: a `.gguf` file or an HF directory (config.json + safetensors). Default:
+    /// Target model: a `.gguf` file, an HF directory (config.json + safetensors), or a hub id
+    /// (`Qwen/Qwen3-4B`, resolved through the HF cache; downloads need network). Default:
     /// SmolLM2-135M-Instruct from `$SPARKLING_ASSETS` (run `scripts/fetch-assets` first).
     #[arg(long)]
     pub target: Option<PathBuf>,
@@ -65,19 +66,23 @@ fn bar(len: u64, msg: String) -> ProgressBar {
     pb
 }
 
+/// A local path, or a hub id resolved through the HF cache (downloading where the network
+/// allows). Errors name the path.
+pub fn resolve_path(p: &Path) -> Result<PathBuf> {
+    if p.exists() {
+        return Ok(p.to_path_buf());
+    }
+    let s = p.to_string_lossy();
+    if sparkling::loader::hub::looks_like_hub_id(&s) {
+        return sparkling::loader::hub::resolve(&s);
+    }
+    Err(Error::file(p, "no such file or directory"))
+}
+
 /// Resolve the target path (default asset when absent), with an actionable error.
 pub fn target_path(args: &ModelArgs) -> Result<PathBuf> {
     if let Some(t) = &args.target {
-        if !t.exists() {
-            if !t.is_absolute() && t.to_string_lossy().matches('/').count() == 1 && !t.to_string_lossy().starts_with('.') {
-                return Err(Error::Input(format!(
-                    "`{}` is not a local path; it looks like a hub id, but this build cannot reach the Hugging Face hub. Download the model elsewhere and pass its local directory or .gguf file.",
-                    t.display()
-                )));
-            }
-            return Err(Error::file(t, "no such file or directory"));
-        }
-        return Ok(t.clone());
+        return resolve_path(t);
     }
     let p = assets::path(assets::DEFAULT_TARGET);
     if !p.exists() {
@@ -149,6 +154,7 @@ pub fn load(args: &ModelArgs, kinds: &[DrafterKind]) -> Result<Loaded> {
     };
     let mut drafters = Vec::new();
     for d in &args.drafter {
+        let d = &resolve_path(d)?;
         let (cp, v) = read_json(d)?;
         let dcfg = DrafterConfig::from_hf_json(&cp, &v)?;
         let dsrc = open_source(d)?;

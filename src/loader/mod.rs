@@ -3,6 +3,7 @@
 
 pub mod gguf;
 pub mod gguf_source;
+pub mod hub;
 pub mod safetensors_source;
 
 use crate::error::{Error, Result};
