@@ -27,13 +27,12 @@ pub mod ddtree;
 pub mod pctree;
 pub mod sparkling;
 pub mod sparkling_lazy;
+pub mod sparkling_table;
 
 pub use ddtree::build_ddtree;
 pub use pctree::build_treespark;
-pub use sparkling::{
-    build_sparkling_precompute, build_sparkling_reference, candidate_table, candidate_union, markov_greedy_chain,
-    CandidateTable, MarkovHead,
-};
+pub use sparkling::{build_sparkling_reference, markov_greedy_chain, MarkovHead};
+pub use sparkling_table::{build_sparkling_precompute, candidate_table, candidate_union, CandidateTable};
 pub use sparkling_lazy::{build_sparkling_lazy, LazyCandidates};
 
 /// Sentinel parent of the root (`parents[0]` of every [`DraftTree`]).

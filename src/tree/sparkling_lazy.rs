@@ -8,7 +8,8 @@
 //! does), so with `c >= vocab` and `max_fanout >= budget` this builder reproduces the reference
 //! tree exactly, scores included (tie-break aside: FIFO here, as in the precompute heap).
 
-use super::sparkling::{candidate_union, MarkovHead};
+use super::sparkling::MarkovHead;
+use super::sparkling_table::candidate_union;
 use super::{log_prob, log_sum_exp, topk_desc, DraftTree, Heap};
 
 /// The candidate union and the gathered per-round inputs of [`build_sparkling_lazy`]: `U[:, cand]`
