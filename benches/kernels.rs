@@ -1,2 +1,131 @@
-//! placeholder
-fn main() {}
+//! Kernel bench (issue 4): matmul GFLOP/s and attention time for SmolLM2-135M decode / verify
+//! shapes, the wgpu backend (lavapipe here, any adapter elsewhere) vs the CPU backend.
+//!
+//! - matmul `x[M,576] · W[N,576]ᵀ`, f32 weights: `1×576·576×1536` (MLP up/gate at decode),
+//!   `1×576·576×49152` (lm_head at decode), `65×576·576×1536` (a 64-node tree verify).
+//!   Throughput is reported as elements/s with one element = one FLOP (2·M·N·K per call), so
+//!   criterion's `Gelem/s` reads as GFLOP/s.
+//! - attention, 9 query heads / 3 KV heads, head_dim 64, over 512 cached keys: 1 causal query
+//!   (decode) and 65 tree queries (verify; random parents).
+//!
+//! wgpu timings are pipelined: `iters` calls are recorded back to back and the clock stops
+//! after one `synchronize()` (the engine also syncs once per round, not per op).
+//! Run: `cargo bench --features wgpu --bench kernels` (on lavapipe: `scripts/install-lavapipe`;
+//! `WGPU_ADAPTER_NAME` or `SPARKLING_BENCH_ADAPTER` picks another adapter). Without an adapter
+//! only the CPU rows run.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use sparkling::core::{AttnMask, AttnShape, Backend, NO_PARENT};
+use sparkling::cpu::CpuBackend;
+use sparkling::wgpu_backend::WgpuBackend;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+const MATMULS: [(usize, usize, usize); 3] = [(1, 576, 1536), (1, 576, 49152), (65, 576, 1536)];
+const SHAPE: AttnShape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+const KEYS: usize = 512;
+
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+fn wgpu_backend() -> Option<WgpuBackend> {
+    let want = std::env::var("SPARKLING_BENCH_ADAPTER").ok();
+    match WgpuBackend::new(want.as_deref()) {
+        Ok(b) => {
+            eprintln!("kernels bench: wgpu on {}", b.name());
+            Some(b)
+        }
+        Err(e) => {
+            eprintln!("kernels bench: no wgpu adapter ({e}); CPU rows only");
+            None
+        }
+    }
+}
+
+fn bench_matmul(c: &mut Criterion) {
+    let cpu = CpuBackend::new();
+    let gpu = wgpu_backend();
+    let mut r = SplitMix64(1);
+    let mut group = c.benchmark_group("matmul");
+    for (m, k, n) in MATMULS {
+        let x = r.vec(m * k);
+        let w = r.vec(n * k);
+        group.throughput(Throughput::Elements((2 * m * n * k) as u64));
+        let id = format!("{m}x{k}x{n}");
+        let (cx, cw) = (cpu.upload(&x, m, k).unwrap(), cpu.upload_weight(w.clone(), n, k).unwrap());
+        group.bench_function(format!("cpu/{id}"), |b| b.iter(|| black_box(cpu.matmul(&cx, &cw, None).unwrap())));
+        if let Some(g) = &gpu {
+            let (gx, gw) = (g.upload(&x, m, k).unwrap(), g.upload_weight(w, n, k).unwrap());
+            group.bench_function(format!("wgpu/{id}"), |b| {
+                b.iter_custom(|iters| {
+                    g.synchronize().unwrap();
+                    let t = Instant::now();
+                    for _ in 0..iters {
+                        black_box(g.matmul(&gx, &gw, None).unwrap());
+                    }
+                    g.synchronize().unwrap();
+                    t.elapsed()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn bench_attention(c: &mut Criterion) {
+    let cpu = CpuBackend::new();
+    let gpu = wgpu_backend();
+    let mut r = SplitMix64(2);
+    let qc = SHAPE.n_heads * SHAPE.head_dim;
+    let kvc = SHAPE.n_kv_heads * SHAPE.head_dim;
+    let k = r.vec(KEYS * kvc);
+    let v = r.vec(KEYS * kvc);
+    // A 65-node tree: node i hangs under a pseudo-random earlier node.
+    let parents: Vec<u32> = (0..65u32).map(|i| if i == 0 { NO_PARENT } else { (i * 7 + 3) % i }).collect();
+    let mut group = c.benchmark_group("attention");
+    for (name, t) in [("decode_1q", 1usize), ("tree_65q", 65)] {
+        let q = r.vec(t * qc);
+        let mask = if t == 1 { AttnMask::Causal } else { AttnMask::Tree { parents: &parents } };
+        let (cq, ck, cv) = (cpu.upload(&q, t, qc).unwrap(), cpu.upload(&k, KEYS, kvc).unwrap(), cpu.upload(&v, KEYS, kvc).unwrap());
+        group.bench_function(format!("cpu/{name}_{KEYS}k"), |b| b.iter(|| black_box(cpu.attention(&cq, &ck, &cv, KEYS, SHAPE, mask).unwrap())));
+        if let Some(g) = &gpu {
+            let (gq, gk, gv) = (g.upload(&q, t, qc).unwrap(), g.upload(&k, KEYS, kvc).unwrap(), g.upload(&v, KEYS, kvc).unwrap());
+            group.bench_function(format!("wgpu/{name}_{KEYS}k"), |b| {
+                b.iter_custom(|iters| {
+                    g.synchronize().unwrap();
+                    let t0 = Instant::now();
+                    for _ in 0..iters {
+                        black_box(g.attention(&gq, &gk, &gv, KEYS, SHAPE, mask).unwrap());
+                    }
+                    g.synchronize().unwrap();
+                    t0.elapsed()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3))
+}
+
+criterion_group! {
+    name = kernels;
+    config = config();
+    targets = bench_matmul, bench_attention
+}
+criterion_main!(kernels);

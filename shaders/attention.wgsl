@@ -12,9 +12,11 @@
 // only on the visible keys themselves: a chain-shaped tree reproduces the causal mask, and a
 // tree node reproduces the 1-row decode of the same path after KV compaction, bit for bit.
 //
-// Per key: score = (q · k) * scale with one sequential fma chain over head_dim; per output dim:
+// Per key: score = (q · k) * scale with one sequential fma chain over head_dim; per chunk: max
+// and sum of the 64 probabilities scanned in ordinal order; per output dim:
 // o = o * alpha + sum_j p_j v_j in ascending ordinal order; finally o * (1 / l).
-// Subgroup variant: would replace the shared-memory max/sum trees with subgroupMax/Add.
+// Subgroup variant: would replace the per-invocation scans of the chunk's scores and
+// probabilities with subgroupMax / subgroupAdd.
 
 struct Params {
     t: u32,         // query rows
@@ -44,7 +46,6 @@ const DPT: u32 = MAX_HD / WG;
 var<workgroup> qs: array<f32, MAX_HD>;
 var<workgroup> ps: array<f32, WG>;
 var<workgroup> slots: array<u32, WG>;
-var<workgroup> red: array<f32, WG>;
 var<workgroup> nvis_shared: u32;
 
 fn slot_of(i: u32, v: u32) -> u32 {
@@ -99,32 +100,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             s = dot * p.scale;
         }
         slots[li] = slot;
-        red[li] = s;
+        ps[li] = s;
         workgroupBarrier();
-        for (var half = WG / 2u; half > 0u; half >>= 1u) {
-            if (li < half) {
-                red[li] = max(red[li], red[li + half]);
-            }
-            workgroupBarrier();
+        // Chunk max and sum: every invocation scans the 64 shared values itself, in ordinal
+        // order (3 barriers per chunk instead of two shared-memory trees; barriers are the
+        // expensive part on CPU adapters, and the scan order is fixed, so all invocations and
+        // all calls agree bit for bit).
+        let n_here = min(WG, n_vis - c0);
+        var cm = NEG_BIG;
+        for (var j = 0u; j < n_here; j++) {
+            cm = max(cm, ps[j]);
         }
-        let m_new = max(m, red[0]);
-        workgroupBarrier();
+        let m_new = max(m, cm);
         let alpha = exp(m - m_new);
         var pv = 0.0;
         if (valid) {
             pv = exp(s - m_new);
         }
-        ps[li] = pv;
-        red[li] = pv;
         workgroupBarrier();
-        for (var half = WG / 2u; half > 0u; half >>= 1u) {
-            if (li < half) {
-                red[li] = red[li] + red[li + half];
-            }
-            workgroupBarrier();
+        ps[li] = pv;
+        workgroupBarrier();
+        var cs = 0.0;
+        for (var j = 0u; j < n_here; j++) {
+            cs = cs + ps[j];
         }
-        l = l * alpha + red[0];
-        let n_here = min(WG, n_vis - c0);
+        l = l * alpha + cs;
         for (var r = 0u; r < DPT; r++) {
             let d = li + r * WG;
             if (d < hd) {

@@ -1,6 +1,8 @@
 // out[i, :] = table[ids[i], :] for the ids that fall in one chunk of table rows
 // (row0 .. row0+rows); the host dispatches once per chunk and has already rejected ids >= N.
-// The host prepends prelude.wgsl and a weight prelude (binding 1, `load_w`).
+// Chunks are stored transposed (Wᵀ[K, stride], see matmul.wgsl): element (id, c) of the chunk
+// is at c * stride + (id - row0). The host prepends prelude.wgsl and a weight prelude (binding 1,
+// `load_w`).
 
 struct Params {
     n_ids: u32,
@@ -8,6 +10,7 @@ struct Params {
     row0: u32,  // first table row of this chunk
     rows: u32,  // table rows in this chunk
     total: u32, // workgroups
+    stride: u32, // row stride of the stored Wᵀ chunk
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -28,6 +31,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let c = e % p.k;
     let id = ids[i];
     if (id >= p.row0 && id < p.row0 + p.rows) {
-        out[e] = load_w((id - p.row0) * p.k + c);
+        out[e] = load_w(c * p.stride + (id - p.row0));
     }
 }

@@ -1,5 +1,7 @@
 // y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]) for one chunk of weight rows n0 .. n0+nc
 // (a weight larger than one storage binding is split into row chunks; one dispatch per chunk).
+// Each chunk is stored transposed, Wᵀ[K, stride] (element (j, k) at k * stride + j, stride =
+// nc rounded up to 4), so consecutive invocations (columns) read consecutive addresses.
 //
 // The host prepends prelude.wgsl, a weight prelude (weights_f32/f16/bf16.wgsl: binding 1 and
 // `load_w`) and the tile constants WX, WY (workgroup size), TM, TN (outputs per thread) and BK
@@ -20,6 +22,7 @@ struct Params {
     tiles_n: u32,  // ceil(nc / BN)
     total: u32,    // number of workgroups (tiles_n * ceil(m / BM))
     has_bias: u32, // 1 when bias is bound with N values
+    stride: u32,   // row stride of the stored Wᵀ chunk (nc rounded up to 4)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -62,18 +65,21 @@ fn main(
             xs[e] = v;
         }
         for (var e = li; e < BN * BK; e += THREADS) {
-            let c = col0 + e / BK;
-            let kk = e % BK;
+            let kk = e / BN;
+            let c = col0 + e % BN;
             var v = 0.0;
             if (c < p.nc && k0 + kk < p.k) {
-                v = load_w(c * p.k + k0 + kk);
+                v = load_w((k0 + kk) * p.stride + c);
             }
-            ws[kk * BN + e / BK] = v;
+            ws[e] = v;
         }
         workgroupBarrier();
         let kend = min(BK, p.k - k0);
         for (var kk = 0u; kk < kend; kk++) {
             for (var tm = 0u; tm < TM; tm++) {
+                if (row0 + lid.y * TM + tm >= p.m) {
+                    break;
+                }
                 let xv = xs[(lid.y * TM + tm) * BK + kk];
                 for (var tn = 0u; tn < TN; tn++) {
                     let idx = tm * TN + tn;

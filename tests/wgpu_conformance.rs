@@ -122,7 +122,7 @@ fn every_method_gives_the_cpu_greedy_tokens_on_wgpu() {
     let cpu = CpuBackend::new();
     let vocab = 48;
     let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
-    let max_new = 40;
+    let max_new = 32;
     let mut compared = 0usize;
     let mut near_ties = 0usize;
     for (ai, arch) in ARCHS.into_iter().enumerate() {
@@ -146,7 +146,9 @@ fn every_method_gives_the_cpu_greedy_tokens_on_wgpu() {
                 for method in Method::ALL.into_iter().skip(1) {
                     let dspark = method.drafter_kind() == Some(DrafterKind::DSpark);
                     let (cd, gd) = if dspark { (&cds, &gds) } else { (&cdf, &gdf) };
-                    for budget in [1usize, 4, 32, 64] {
+                    // Budgets: 1 (a chain) and 32 (bushy trees); the CPU exactness matrix covers
+                    // the rest, and lavapipe pays ~0.1 ms per dispatch.
+                    for budget in [1usize, 32] {
                         let p = params(method, budget, 0.0, 0, max_new, vec![]);
                         let gg = Engine { backend: g, target: &gt, drafter: Some(gd) }.generate(prompt, &p, &mut |_| {}).unwrap().tokens;
                         let what = format!("{arch:?} block {block} {} budget {budget} prompt {prompt:?}", method.name());

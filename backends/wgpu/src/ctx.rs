@@ -1,6 +1,10 @@
 //! The device context shared by every op: device, queue, limits, buffer pool, pipelines, and
-//! the encode → submit helpers. Ops only encode and submit; the read-back helpers here are
-//! the only places that wait for the GPU (`download*`, `argmax`, `sample`).
+//! the encode → submit helpers.
+//!
+//! Ops record into one shared command encoder (the open batch), which is submitted every
+//! [`FLUSH_EVERY`] dispatches and at each read-back, so a decode step costs a handful of
+//! `queue.submit`s, not one per op. The read-back helpers here are the only places that wait
+//! for the GPU (`download*`, `argmax`, `sample`).
 
 use crate::device::Health;
 use crate::pipelines::{Kernel, Pipelines};
@@ -8,7 +12,10 @@ use crate::pool::{Kind, Pool, PooledBuffer};
 use crate::tensor::WgpuTensor;
 use sparkling_core::{Error, Result};
 use std::num::NonZeroU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Submit the open batch once it holds this many dispatches (lets the GPU start early).
+pub(crate) const FLUSH_EVERY: usize = 48;
 
 /// Size of every uniform parameter block (bytes); kernels use at most 16 words.
 const UNIFORM_BYTES: u64 = 64;
@@ -26,6 +33,8 @@ pub(crate) struct Gpu {
     pub(crate) pool: Arc<Pool>,
     pub(crate) pipelines: Pipelines,
     pub(crate) health: Arc<Health>,
+    /// The open batch (commands recorded, not yet submitted).
+    pub(crate) open: Mutex<Option<Batch>>,
 }
 
 /// One storage binding of a dispatch: buffer and the bytes of it the kernel may touch.
@@ -46,11 +55,11 @@ impl<'a> Bind<'a> {
     }
 }
 
-/// A command encoder plus the pooled temporaries its commands use; [`Gpu::submit`] submits it
-/// and then releases the temporaries (safe: later users run after this submission).
+/// A command encoder plus the pooled temporaries its commands use (released after submit).
 pub(crate) struct Batch {
     pub(crate) enc: wgpu::CommandEncoder,
     keep: Vec<PooledBuffer>,
+    dispatches: usize,
 }
 
 impl Batch {
@@ -60,21 +69,61 @@ impl Batch {
     }
 }
 
+/// Exclusive access to the open batch for the duration of one op (ops are recorded one at a
+/// time; the GPU runs them in recording order).
+pub(crate) struct BatchGuard<'a> {
+    slot: MutexGuard<'a, Option<Batch>>,
+}
+
+impl std::ops::Deref for BatchGuard<'_> {
+    type Target = Batch;
+    fn deref(&self) -> &Batch {
+        self.slot.as_ref().expect("a guard always holds a batch")
+    }
+}
+
+impl std::ops::DerefMut for BatchGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Batch {
+        self.slot.as_mut().expect("a guard always holds a batch")
+    }
+}
+
 impl Gpu {
     /// `Err` if the device was lost or an uncaptured wgpu error happened earlier.
     pub(crate) fn check(&self) -> Result<()> {
         self.health.check()
     }
 
-    /// A new batch.
-    pub(crate) fn batch(&self) -> Batch {
-        Batch { enc: self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None }), keep: Vec::new() }
+    /// The open batch (created on first use), locked for one op.
+    pub(crate) fn batch(&self) -> BatchGuard<'_> {
+        let mut slot = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            self.pool.open_batch();
+            let enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("sparkling batch") });
+            *slot = Some(Batch { enc, keep: Vec::new(), dispatches: 0 });
+        }
+        BatchGuard { slot }
     }
 
-    /// Submit a batch (no wait) and release its temporaries.
-    pub(crate) fn submit(&self, b: Batch) {
-        self.queue.submit([b.enc.finish()]);
-        drop(b.keep);
+    /// End an op: submit the batch if it is long enough (no wait), else leave it open.
+    pub(crate) fn submit(&self, mut g: BatchGuard<'_>) {
+        if g.dispatches >= FLUSH_EVERY {
+            Gpu::flush_slot(&self.queue, &self.pool, &mut g.slot);
+        }
+    }
+
+    /// Submit the open batch, if any, and make its temporaries reusable (no wait).
+    pub(crate) fn flush(&self) {
+        let mut slot = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        Gpu::flush_slot(&self.queue, &self.pool, &mut slot);
+    }
+
+    fn flush_slot(queue: &wgpu::Queue, pool: &Pool, slot: &mut Option<Batch>) {
+        if let Some(b) = slot.take() {
+            queue.submit([b.enc.finish()]);
+            drop(b.keep);
+            pool.recycle();
+        }
     }
 
     /// Bytes of a `[rows, cols]` f32 tensor, checked against the binding limit.
@@ -161,6 +210,7 @@ impl Gpu {
             pass.set_bind_group(0, &bg, &[]);
             pass.dispatch_workgroups(gx, gy, 1);
         }
+        batch.dispatches += 1;
         batch.keep(uni);
         Ok(())
     }
@@ -173,9 +223,11 @@ impl Gpu {
             return Ok(Vec::new());
         }
         let staging = self.pool.get(Kind::Staging, bytes)?;
-        let mut b = self.batch();
-        b.enc.copy_buffer_to_buffer(src, offset, staging.buffer(), 0, bytes);
-        self.queue.submit([b.enc.finish()]);
+        {
+            let mut b = self.batch();
+            b.enc.copy_buffer_to_buffer(src, offset, staging.buffer(), 0, bytes);
+            Gpu::flush_slot(&self.queue, &self.pool, &mut b.slot);
+        }
         let slice = staging.buffer().slice(0..bytes);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {

@@ -4,19 +4,28 @@
 //! (`scripts/install-lavapipe`, platform.md §1).
 //!
 //! - Tensors are f32 storage buffers from a size-bucketed pool; weights are f32, or f16 / bf16
-//!   packed two per `u32` and widened in-shader ([`WeightDtype`]). Weights larger than one
-//!   storage binding (`max_storage_buffer_binding_size`) are split by rows across bindings;
-//!   an activation tensor that does not fit one binding is a clear [`Error::Device`].
+//!   packed two per `u32` and widened in-shader ([`WeightDtype`]), stored transposed per chunk
+//!   (`Wᵀ[K, N]`, so neighbouring invocations read neighbouring addresses). Weights larger than
+//!   one storage binding (`max_storage_buffer_binding_size`) are split by rows across
+//!   bindings; an activation tensor that does not fit one binding is a clear [`Error::Device`].
+//! - Matmul has two kernels with bit-identical results ([`MatmulKernel`]): a workgroup-memory
+//!   tiled one for many rows on GPUs and a barrier-free vec4 one for decode rows and for CPU
+//!   adapters (lavapipe emulates barriers).
 //! - Dispatches are folded into 2-D grids so no dimension exceeds
 //!   `max_compute_workgroups_per_dimension` (65,535).
-//! - Ops only encode and submit; `download`, `download_rows`, `argmax` and `sample` are the
-//!   only sync points (no per-op `device.poll(Wait)`).
+//! - Ops only record commands into a shared batch that is submitted every few dozen dispatches;
+//!   `download`, `download_rows`, `argmax` and `sample` are the only sync points (no per-op
+//!   `device.poll(Wait)`).
 //! - Determinism: every reduction has a fixed shape that does not depend on the number of
 //!   rows in the call (matmul: one sequential fma chain over K per output; attention: chunks
 //!   cut by visible-key ordinal), so a tree verify reproduces 1-row decoding bit for bit on one
 //!   adapter, as the Backend contract requires.
 //! - Subgroups are not used (no `enable subgroups;` portability trap); the reduction kernels
 //!   say where a subgroup variant would go.
+//! - Tolerances against the CPU backend are documented and measured in `tests/` (matmul
+//!   `≤ 2e-6·Σ|x·w|`, attention `2e-6 + 2e-5·|y|`, copies/argmax/sampling exact).
+
+#![warn(missing_docs)]
 
 mod attention;
 mod backend;
@@ -50,6 +59,21 @@ pub struct WgpuOptions {
     /// Use at most this many workgroups per dispatch dimension (below the adapter's
     /// `max_compute_workgroups_per_dimension`); for exercising the 2-D grid folding in tests.
     pub max_workgroups_per_dim: Option<u32>,
+    /// Matmul kernel choice.
+    pub matmul_kernel: MatmulKernel,
+}
+
+/// Which matmul kernel to run (a tuning / testing knob; every choice gives bit-identical
+/// results because both kernels compute each output as one sequential fma chain over K).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MatmulKernel {
+    /// Direct kernel for `M ≤ 4` (decode GEMV) and on CPU adapters; tiled kernel otherwise.
+    #[default]
+    Auto,
+    /// Always the barrier-free direct kernel (shaders/matmul_direct.wgsl).
+    Direct,
+    /// Always the workgroup-memory tiled kernel (shaders/matmul.wgsl).
+    Tiled,
 }
 
 /// Host-computed RoPE cos/sin table for one `(head_dim, theta)`: `[n_pos][head_dim]` f32
@@ -63,6 +87,7 @@ struct RopeTable {
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
     weight_dtype: WeightDtype,
+    matmul_kernel: MatmulKernel,
     rope: Mutex<HashMap<(usize, u32), Arc<RopeTable>>>,
     /// 16 zero bytes bound where a kernel's optional input is absent (bias, tree table).
     dummy: wgpu::Buffer,
@@ -110,8 +135,9 @@ impl WgpuBackend {
             max_binding,
             max_groups,
             health,
+            open: std::sync::Mutex::new(None),
         };
-        Ok(WgpuBackend { gpu: Arc::new(gpu), weight_dtype: opts.weight_dtype, rope: Mutex::new(HashMap::new()), dummy })
+        Ok(WgpuBackend { gpu: Arc::new(gpu), weight_dtype: opts.weight_dtype, matmul_kernel: opts.matmul_kernel, rope: Mutex::new(HashMap::new()), dummy })
     }
 
     /// The adapter in use (name, backend, device type, driver).
@@ -142,11 +168,20 @@ impl WgpuBackend {
     /// Wait until every submitted op has finished (for benchmarks; ops never need it).
     /// Errors: the device was lost or reported an error.
     pub fn synchronize(&self) -> Result<()> {
+        self.gpu.flush();
         self.gpu
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
         self.gpu.check()
+    }
+
+    /// Destroy the device now, as a driver reset or GPU removal would (for testing the
+    /// device-lost path): every later op returns [`Error::Device`] saying the device was lost,
+    /// instead of panicking. The backend cannot be used again; open a new one.
+    pub fn destroy_device(&self) {
+        self.gpu.device.destroy();
+        self.gpu.health.record("the device was destroyed (WgpuBackend::destroy_device)".into());
     }
 
     /// The RoPE table for `(head_dim, theta)` covering positions `0..=max_pos`.

@@ -3,7 +3,7 @@
 use crate::ctx::Bind;
 use crate::pipelines::{Kernel, MatmulTile, ELEMS_PER_GROUP};
 use crate::pool;
-use crate::tensor::{encode, rows_per_chunk, WeightChunk, WgpuTensor, WgpuWeight};
+use crate::tensor::{chunk_stride, encode, rows_per_chunk, stored_chunk_bytes, transpose_rows, WeightChunk, WgpuTensor, WgpuWeight};
 use crate::WgpuBackend;
 use sparkling_core::{Error, Result};
 
@@ -13,22 +13,23 @@ fn shape_err(op: &'static str, detail: String) -> Error {
 
 impl WgpuBackend {
     /// Upload a `[n, k]` weight in this backend's [`crate::WeightDtype`], split by rows into
-    /// chunks of at most `max_storage_buffer_binding_size` bytes each.
+    /// chunks of at most `max_storage_buffer_binding_size` bytes each, each chunk stored
+    /// transposed (`[k, rows]`) for coalesced reads by the matmul kernels.
     /// Errors: `data.len() != n*k` ([`Error::Shape`]); one row larger than a binding, or an
     /// allocation failure ([`Error::Device`], naming the sizes and the limit).
     pub(crate) fn op_upload_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<WgpuWeight> {
         let g = &self.gpu;
         g.check()?;
-        if data.len() != n.checked_mul(k).unwrap_or(usize::MAX) {
+        if data.len() != n.saturating_mul(k) {
             return Err(shape_err("upload_weight", format!("{} values for [{n}, {k}]", data.len())));
         }
         let dt = self.weight_dtype;
         let per_chunk = rows_per_chunk(dt, k, g.max_binding);
         if per_chunk == 0 {
             return Err(Error::Device(format!(
-                "upload_weight: one row of a [{n}, {k}] {} weight needs {} bytes, but {} allows at most {} bytes per storage binding",
+                "upload_weight: a [{n}, {k}] {} weight is split by rows, 4 at a time, and 4 rows need {} bytes, but {} allows at most {} bytes per storage binding",
                 dt.name(),
-                dt.chunk_bytes(k as u64),
+                stored_chunk_bytes(dt, k, 4),
                 g.info.name,
                 g.max_binding
             )));
@@ -37,19 +38,19 @@ impl WgpuBackend {
         let mut row0 = 0usize;
         while row0 < n || (n == 0 && chunks.is_empty()) {
             let rows = per_chunk.min(n - row0);
-            let vals = &data[row0 * k..(row0 + rows) * k];
-            let bytes = dt.chunk_bytes(vals.len() as u64);
+            let vals = transpose_rows(&data, k, row0, rows);
+            let bytes = stored_chunk_bytes(dt, k, rows);
             let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
             let buffer = pool::create_buffer(&g.device, usage, bytes.max(4), "weight chunk").map_err(|e| {
                 Error::Device(format!("upload_weight: a [{n}, {k}] {} weight ({} bytes in all) does not fit: {e}", dt.name(), dt.chunk_bytes((n * k) as u64)))
             })?;
             if !vals.is_empty() {
                 match dt {
-                    crate::WeightDtype::F32 => g.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(vals)),
-                    _ => g.queue.write_buffer(&buffer, 0, &encode(dt, vals)),
+                    crate::WeightDtype::F32 => g.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&vals)),
+                    _ => g.queue.write_buffer(&buffer, 0, &encode(dt, &vals)),
                 }
             }
-            chunks.push(WeightChunk { row0, rows, bytes, buffer });
+            chunks.push(WeightChunk { row0, rows, stride: chunk_stride(rows), bytes, buffer });
             row0 += rows;
             if n == 0 {
                 break;
@@ -80,7 +81,7 @@ impl WgpuBackend {
             if !ids.iter().any(|&id| (id as usize) >= c.row0 && (id as usize) < c.row0 + c.rows) {
                 continue;
             }
-            let params = [ids.len() as u32, k as u32, c.row0 as u32, c.rows as u32, groups as u32];
+            let params = [ids.len() as u32, k as u32, c.row0 as u32, c.rows as u32, groups as u32, c.stride as u32];
             g.dispatch(
                 &mut b,
                 Kernel::Embedding(table.dtype),
@@ -95,8 +96,8 @@ impl WgpuBackend {
     }
 
     /// `x[M,K] · W[N,K]ᵀ (+ bias[1,N])` → `[M, N]`; one dispatch per weight chunk, each
-    /// writing its band of output columns. The tile variant is chosen by `M` (both give
-    /// bit-identical results, see matmul.wgsl).
+    /// writing its band of output columns. The kernel variant is chosen by `M` and the adapter
+    /// type ([`crate::MatmulKernel`]); both give bit-identical results (see matmul.wgsl).
     /// Errors: `x.cols != K` or a bias that is not `N` values ([`Error::Shape`]).
     pub(crate) fn op_matmul(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
         let g = &self.gpu;
@@ -128,7 +129,7 @@ impl WgpuBackend {
             g.submit(b);
             return Ok(out);
         }
-        let tile = MatmulTile::for_rows(m);
+        let tile = MatmulTile::pick(self.matmul_kernel, m, g.info.device_type == wgpu::DeviceType::Cpu);
         let (bm, bn) = tile.tile();
         let (bias_buf, bias_bytes, has_bias) = match bias {
             Some(t) => (t.buffer(), t.bytes(), 1u32),
@@ -140,7 +141,7 @@ impl WgpuBackend {
             if total > u32::MAX as u64 {
                 return Err(Error::Device(format!("matmul: {total} workgroups for [{m}, {k}] x [{n}, {k}]ᵀ")));
             }
-            let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, tiles_n as u32, total as u32, has_bias];
+            let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, tiles_n as u32, total as u32, has_bias, c.stride as u32];
             g.dispatch(
                 &mut b,
                 Kernel::Matmul(w.dtype, tile),

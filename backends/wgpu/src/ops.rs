@@ -23,7 +23,7 @@ impl WgpuBackend {
     pub(crate) fn op_upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
-        if data.len() != rows.checked_mul(cols).unwrap_or(usize::MAX) {
+        if data.len() != rows.saturating_mul(cols) {
             return Err(shape_err("upload", format!("{} values for [{rows}, {cols}]", data.len())));
         }
         let t = g.alloc("upload", rows, cols)?;
@@ -60,7 +60,7 @@ impl WgpuBackend {
         let g = &self.gpu;
         g.check()?;
         let wl = w.rows * w.cols;
-        if group == 0 || x.cols % group != 0 || wl != group {
+        if group == 0 || !x.cols.is_multiple_of(group) || wl != group {
             return Err(shape_err("rms_norm", format!("cols {} group {group} weight {wl}", x.cols)));
         }
         let out = g.alloc("rms_norm", x.rows, x.cols)?;
@@ -78,7 +78,7 @@ impl WgpuBackend {
     pub(crate) fn op_rope(&self, x: &mut WgpuTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
         let g = &self.gpu;
         g.check()?;
-        if positions.len() != x.rows || head_dim == 0 || head_dim % 2 != 0 || x.cols % head_dim != 0 {
+        if positions.len() != x.rows || head_dim == 0 || !head_dim.is_multiple_of(2) || !x.cols.is_multiple_of(head_dim) {
             return Err(shape_err(
                 "rope",
                 format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len()),

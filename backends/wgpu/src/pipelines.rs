@@ -16,6 +16,7 @@ const WEIGHTS_F32: &str = include_str!("../../../shaders/weights_f32.wgsl");
 const WEIGHTS_F16: &str = include_str!("../../../shaders/weights_f16.wgsl");
 const WEIGHTS_BF16: &str = include_str!("../../../shaders/weights_bf16.wgsl");
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+const MATMUL_DIRECT: &str = include_str!("../../../shaders/matmul_direct.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 const RMS_NORM: &str = include_str!("../../../shaders/rms_norm.wgsl");
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
@@ -33,37 +34,44 @@ pub(crate) const ELEMS_PER_GROUP: u64 = 256;
 /// Largest head dimension the attention kernel supports (`MAX_HD` in attention.wgsl).
 pub(crate) const MAX_HEAD_DIM: usize = 256;
 
-/// Matmul tile variants. Both run the same per-output fma chain over k = 0..K, so they are
-/// bit-identical and the choice (by row count) never changes a result.
+/// Matmul kernel variants. Both run the same per-output fma chain over k = 0..K, so they are
+/// bit-identical and the choice never changes a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum MatmulTile {
-    /// Few rows (decode, short drafts): 64 threads, a 4 x 64 output tile, K tiles of 32.
-    Small,
-    /// Many rows (prefill, tree verify): 16 x 16 threads, a 32 x 64 output tile, K tiles of 16.
+    /// matmul_direct.wgsl: no workgroup memory; 4 columns (a vec4) x 4 rows per invocation.
+    Direct,
+    /// matmul.wgsl: 16 x 16 threads, a 32 x 64 output tile staged through workgroup memory,
+    /// K tiles of 16.
     Tiled,
 }
 
+/// Rows per invocation of the direct kernel (unrolled in matmul_direct.wgsl).
+const DIRECT_ROWS: u32 = 4;
+
 impl MatmulTile {
-    /// `(WX, WY, TM, TN, BK)` of the variant (see matmul.wgsl).
-    pub(crate) fn dims(self) -> (u32, u32, u32, u32, u32) {
+    /// `(WX, WY, TM, TN, BK)` of the tiled variant (see matmul.wgsl).
+    const TILED: (u32, u32, u32, u32, u32) = (16, 16, 2, 4, 16);
+
+    /// Output tile `(rows, cols)` of one workgroup.
+    pub(crate) fn tile(self) -> (u64, u64) {
         match self {
-            MatmulTile::Small => (64, 1, 4, 1, 32),
-            MatmulTile::Tiled => (16, 16, 2, 4, 16),
+            MatmulTile::Direct => (DIRECT_ROWS as u64, 256),
+            MatmulTile::Tiled => {
+                let (wx, wy, tm, tn, _) = MatmulTile::TILED;
+                ((wy * tm) as u64, (wx * tn) as u64)
+            }
         }
     }
 
-    /// Output tile `(BM rows, BN cols)`.
-    pub(crate) fn tile(self) -> (u64, u64) {
-        let (wx, wy, tm, tn, _) = self.dims();
-        ((wy * tm) as u64, (wx * tn) as u64)
-    }
-
-    /// The variant used for `m` rows.
-    pub(crate) fn for_rows(m: usize) -> MatmulTile {
-        if m <= 4 {
-            MatmulTile::Small
-        } else {
-            MatmulTile::Tiled
+    /// The variant for `m` rows under `choice` on an adapter that is (`cpu_adapter`) or is
+    /// not a CPU implementation: `Auto` picks direct for `m ≤ 4` (GEMV) and everywhere on CPU
+    /// adapters (emulated barriers), tiled otherwise.
+    pub(crate) fn pick(choice: crate::MatmulKernel, m: usize, cpu_adapter: bool) -> MatmulTile {
+        match choice {
+            crate::MatmulKernel::Direct => MatmulTile::Direct,
+            crate::MatmulKernel::Tiled => MatmulTile::Tiled,
+            crate::MatmulKernel::Auto if m <= DIRECT_ROWS as usize || cpu_adapter => MatmulTile::Direct,
+            crate::MatmulKernel::Auto => MatmulTile::Tiled,
         }
     }
 }
@@ -96,13 +104,17 @@ impl Kernel {
     pub(crate) fn source(self) -> String {
         let mut s = String::from(PRELUDE);
         match self {
-            Kernel::Matmul(dt, tile) => {
-                let (wx, wy, tm, tn, bk) = tile.dims();
+            Kernel::Matmul(dt, MatmulTile::Tiled) => {
+                let (wx, wy, tm, tn, bk) = MatmulTile::TILED;
                 s.push_str(Kernel::weights_prelude(dt));
                 s.push_str(&format!(
                     "const WX: u32 = {wx}u;\nconst WY: u32 = {wy}u;\nconst TM: u32 = {tm}u;\nconst TN: u32 = {tn}u;\nconst BK: u32 = {bk}u;\n"
                 ));
                 s.push_str(MATMUL);
+            }
+            Kernel::Matmul(dt, MatmulTile::Direct) => {
+                s.push_str(Kernel::weights_prelude(dt));
+                s.push_str(MATMUL_DIRECT);
             }
             Kernel::Embedding(dt) => {
                 s.push_str(Kernel::weights_prelude(dt));

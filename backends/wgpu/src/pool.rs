@@ -1,10 +1,12 @@
 //! A size-bucketed buffer pool: tensors, readback staging buffers and uniform parameter blocks
 //! are recycled instead of allocated per op.
 //!
-//! Reuse is safe without waiting for the GPU because every op submits its commands before its
-//! temporaries are dropped, and the queue executes submissions (and `write_buffer` uploads) in
-//! order (WebGPU queue-timeline semantics): a buffer handed out again is only written by work
-//! that runs after every earlier use of it.
+//! Reuse without waiting for the GPU: the queue executes submissions (and `write_buffer`
+//! uploads) in order (WebGPU queue-timeline semantics), so a buffer whose last use has been
+//! *submitted* may be handed out again. Ops record into a shared, not-yet-submitted batch
+//! (see `ctx.rs`), and a `write_buffer` lands before *every* command of that batch, so a buffer
+//! released while a batch is open is parked ("retired") and only becomes reusable after that
+//! batch is submitted ([`Pool::recycle`]).
 
 use sparkling_core::{Error, Result};
 use std::collections::HashMap;
@@ -53,6 +55,10 @@ pub(crate) fn bucket(bytes: u64) -> u64 {
 struct State {
     free: HashMap<(Kind, u64), Vec<wgpu::Buffer>>,
     idle_bytes: u64,
+    /// Released while a batch was open: reusable after the next submit.
+    retired: Vec<(Kind, u64, wgpu::Buffer)>,
+    /// A batch is being recorded (set by the context before the first command).
+    batch_open: bool,
 }
 
 /// The pool. Shared (`Arc`) by every [`PooledBuffer`] it hands out.
@@ -64,7 +70,7 @@ pub(crate) struct Pool {
 impl Pool {
     /// An empty pool for `device`.
     pub(crate) fn new(device: wgpu::Device) -> Arc<Pool> {
-        Arc::new(Pool { device, state: Mutex::new(State { free: HashMap::new(), idle_bytes: 0 }) })
+        Arc::new(Pool { device, state: Mutex::new(State { free: HashMap::new(), idle_bytes: 0, retired: Vec::new(), batch_open: false }) })
     }
 
     /// A buffer of at least `bytes` bytes (contents unspecified: a recycled buffer keeps old
@@ -88,14 +94,35 @@ impl Pool {
 
     fn put(&self, kind: Kind, size: u64, buffer: wgpu::Buffer) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.batch_open {
+            st.retired.push((kind, size, buffer));
+            return;
+        }
+        Pool::make_free(&mut st, kind, size, buffer);
+    }
+
+    fn make_free(st: &mut State, kind: Kind, size: u64, buffer: wgpu::Buffer) {
         if st.idle_bytes + size > MAX_IDLE_BYTES {
             // Dropping (not destroying) lets wgpu free it once in-flight work is done.
-            drop(st);
             drop(buffer);
             return;
         }
         st.idle_bytes += size;
         st.free.entry((kind, size)).or_default().push(buffer);
+    }
+
+    /// A batch is about to receive commands: park released buffers from now on.
+    pub(crate) fn open_batch(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).batch_open = true;
+    }
+
+    /// The open batch was submitted: parked buffers become reusable.
+    pub(crate) fn recycle(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.batch_open = false;
+        for (kind, size, buffer) in std::mem::take(&mut st.retired) {
+            Pool::make_free(&mut st, kind, size, buffer);
+        }
     }
 
     /// Bytes currently idle in the pool (for tests and stats).

@@ -70,11 +70,13 @@ impl WeightDtype {
     }
 }
 
-/// One binding-sized piece of a weight: rows `row0 .. row0 + rows` of the `[n, k]` matrix.
+/// One binding-sized piece of a weight: rows `row0 .. row0 + rows` of the `[n, k]` matrix,
+/// stored transposed (`[k, stride]`, see [`transpose_rows`]).
 #[derive(Debug)]
 pub(crate) struct WeightChunk {
     pub(crate) row0: usize,
     pub(crate) rows: usize,
+    pub(crate) stride: usize,
     pub(crate) bytes: u64,
     pub(crate) buffer: wgpu::Buffer,
 }
@@ -111,8 +113,19 @@ impl WgpuWeight {
     }
 }
 
-/// Rows per chunk so that one chunk of `k`-wide rows in `dtype` fits `limit` bytes; 0 when a
-/// single row does not fit.
+/// Stored columns of a chunk of `rows` weight rows: `rows` rounded up to a multiple of 4 (the
+/// direct matmul kernel reads 4 columns as one vec4).
+pub(crate) fn chunk_stride(rows: usize) -> usize {
+    rows.div_ceil(4) * 4
+}
+
+/// Bytes of a stored chunk of `rows` rows of width `k` in `dtype` (padding included).
+pub(crate) fn stored_chunk_bytes(dtype: WeightDtype, k: usize, rows: usize) -> u64 {
+    dtype.chunk_bytes((k * chunk_stride(rows)) as u64)
+}
+
+/// Rows per chunk so that one stored chunk of `k`-wide rows in `dtype` fits `limit` bytes;
+/// 0 when even 4 rows (one vec4 of columns) do not fit.
 pub(crate) fn rows_per_chunk(dtype: WeightDtype, k: usize, limit: u64) -> usize {
     if k == 0 {
         return usize::MAX;
@@ -121,11 +134,33 @@ pub(crate) fn rows_per_chunk(dtype: WeightDtype, k: usize, limit: u64) -> usize 
         WeightDtype::F32 => 4 * k as u64,
         _ => 2 * k as u64,
     };
-    let mut r = limit / per_row;
-    while r > 0 && dtype.chunk_bytes(r * k as u64) > limit {
-        r -= 1;
+    // Whole groups of 4 rows only, so every chunk but the last needs no padding.
+    let mut r = (limit / per_row) / 4 * 4;
+    while r > 0 && stored_chunk_bytes(dtype, k, r as usize) > limit {
+        r -= 4;
     }
     r.min(usize::MAX as u64) as usize
+}
+
+/// Rows `row0 .. row0+rows` of a row-major `[n, k]` matrix, transposed to `[k, stride]` with
+/// `stride = chunk_stride(rows)` (element `(j, c)` at `c * stride + j`, padding columns zero):
+/// the layout every weight chunk is stored in, so that invocations owning consecutive output
+/// columns read consecutive addresses.
+pub(crate) fn transpose_rows(data: &[f32], k: usize, row0: usize, rows: usize) -> Vec<f32> {
+    const B: usize = 32;
+    let stride = chunk_stride(rows);
+    let mut out = vec![0.0f32; stride * k];
+    for j0 in (0..rows).step_by(B) {
+        for c0 in (0..k).step_by(B) {
+            for j in j0..(j0 + B).min(rows) {
+                let src = &data[(row0 + j) * k..(row0 + j + 1) * k];
+                for c in c0..(c0 + B).min(k) {
+                    out[c * stride + j] = src[c];
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Encode `vals` in `dtype` as little-endian bytes ready for a storage buffer.
@@ -156,13 +191,29 @@ mod tests {
     #[test]
     fn chunk_rows_fit_the_limit() {
         for dt in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
-            for k in [1usize, 3, 576, 577] {
+            for k in [1usize, 3, 33, 250] {
                 let r = rows_per_chunk(dt, k, 4096);
-                assert!(dt.chunk_bytes((r * k) as u64) <= 4096, "{dt:?} k {k}");
-                assert!(dt.chunk_bytes(((r + 1) * k) as u64) > 4096, "{dt:?} k {k} not maximal");
+                assert!(r > 0 && r.is_multiple_of(4), "{dt:?} k {k}: {r}");
+                assert!(stored_chunk_bytes(dt, k, r) <= 4096, "{dt:?} k {k}");
+                assert!(stored_chunk_bytes(dt, k, r + 4) > 4096, "{dt:?} k {k} not maximal");
             }
         }
-        assert_eq!(rows_per_chunk(WeightDtype::F32, 2000, 4096), 0);
+        assert_eq!(rows_per_chunk(WeightDtype::F32, 300, 4096), 0);
+    }
+
+    #[test]
+    fn transpose_rows_of_a_chunk() {
+        // [3, 2] = [[0, 1], [2, 3], [4, 5]]; rows 1..3 transposed = [[2, 4, 0, 0], [3, 5, 0, 0]].
+        let d = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(transpose_rows(&d, 2, 1, 2), vec![2.0, 4.0, 0.0, 0.0, 3.0, 5.0, 0.0, 0.0]);
+        let big: Vec<f32> = (0..70 * 33).map(|i| i as f32).collect();
+        let t = transpose_rows(&big, 33, 5, 61);
+        assert_eq!(t.len(), 33 * 64);
+        for j in 0..61 {
+            for c in 0..33 {
+                assert_eq!(t[c * 64 + j], big[(5 + j) * 33 + c]);
+            }
+        }
     }
 
     #[test]

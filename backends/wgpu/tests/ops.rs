@@ -14,7 +14,7 @@ mod common;
 use common::*;
 use sparkling_core::{Backend, Error, SampleParams};
 use sparkling_cpu::{CpuBackend, WeightDtype as CpuDtype};
-use sparkling_wgpu::{WeightDtype, WgpuBackend, WgpuOptions};
+use sparkling_wgpu::{MatmulKernel, WeightDtype, WgpuBackend, WgpuOptions};
 
 /// `Σ_k |x_ik w_jk|` for every output, the scale of the matmul tolerance.
 fn abs_dot(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
@@ -54,11 +54,17 @@ fn check_matmul(g: &WgpuBackend, cpu: &CpuBackend, m: usize, k: usize, n: usize,
         assert!((a - b).abs() <= tol, "matmul {m}x{k}·{n}x{k} {:?}: element {i}: {a} vs {b} (tol {tol:e})", g.weight_dtype());
         worst = worst.max((a - b).abs() / (1e-6 + s));
     }
-    eprintln!("matmul [{m},{k}]·[{n},{k}]ᵀ {:?} bias={bias}: max |Δ|/Σ|x·w| = {worst:e} (tolerance 2e-6)", g.weight_dtype());
+    eprintln!("matmul [{m},{k}]·[{n},{k}]ᵀ {:?} bias={bias} on {}: max |Δ|/Σ|x·w| = {worst:e} (tolerance 2e-6)", g.weight_dtype(), g.name());
+}
+
+/// A backend forcing one matmul kernel, or `None` after a loud skip.
+fn with_kernel(kernel: MatmulKernel) -> Option<WgpuBackend> {
+    common::open(&WgpuOptions { matmul_kernel: kernel, ..Default::default() }, "forced matmul kernel")
 }
 
 #[test]
 fn matmul_matches_cpu_on_awkward_and_model_shapes() {
+    let Some(tiled) = with_kernel(MatmulKernel::Tiled) else { return };
     let g = gpu_or_skip!();
     let cpu = CpuBackend::new();
     for (i, &(m, k, n, bias)) in [
@@ -75,6 +81,9 @@ fn matmul_matches_cpu_on_awkward_and_model_shapes() {
     .enumerate()
     {
         check_matmul(g, &cpu, m, k, n, bias, 100 + i as u64);
+        if m * n * k < 10_000_000 {
+            check_matmul(&tiled, &cpu, m, k, n, bias, 100 + i as u64);
+        }
     }
 }
 
@@ -99,21 +108,28 @@ fn matmul_packed_f16_and_bf16_weights_match_cpu() {
 }
 
 #[test]
-fn matmul_rows_do_not_depend_on_the_batch() {
-    // A 65-row call (tiled kernel) must reproduce each row computed alone (small kernel) bit
-    // for bit: the determinism contract that makes tree verify equal plain decoding.
-    let g = gpu_or_skip!();
+fn matmul_rows_do_not_depend_on_the_batch_or_the_kernel() {
+    // Row i of a 65-row call must equal that row computed alone, bit for bit, whichever kernel
+    // (tiled or direct) each call uses: the determinism contract that makes a tree verify
+    // reproduce plain decoding.
+    let (Some(tiled), Some(direct)) = (with_kernel(MatmulKernel::Tiled), with_kernel(MatmulKernel::Direct)) else { return };
     let mut r = Rng(31);
     let (m, k, n) = (65, 96, 130);
     let x = r.vec(m * k);
-    let w = g.upload_weight(r.vec(n * k), n, k).unwrap();
-    let bias = g.upload(&r.vec(n), 1, n).unwrap();
-    let all = g.download(&g.matmul(&g.upload(&x, m, k).unwrap(), &w, Some(&bias)).unwrap()).unwrap();
+    let wv = r.vec(n * k);
+    let bv = r.vec(n);
+    let run = |be: &WgpuBackend, rows: std::ops::Range<usize>| {
+        let w = be.upload_weight(wv.clone(), n, k).unwrap();
+        let bias = be.upload(&bv, 1, n).unwrap();
+        be.download(&be.matmul(&be.upload(&x[rows.start * k..rows.end * k], rows.len(), k).unwrap(), &w, Some(&bias)).unwrap()).unwrap()
+    };
+    let all = run(&tiled, 0..m);
+    assert_bits("direct vs tiled, 65 rows", &run(&direct, 0..m), &all);
     for i in [0usize, 1, 31, 32, 64] {
-        let one = g.download(&g.matmul(&g.upload(&x[i * k..(i + 1) * k], 1, k).unwrap(), &w, Some(&bias)).unwrap()).unwrap();
-        assert_bits(&format!("row {i}"), &one, &all[i * n..(i + 1) * n]);
-        let five = g.download(&g.matmul(&g.upload(&x[i.min(60) * k..(i.min(60) + 5) * k], 5, k).unwrap(), &w, Some(&bias)).unwrap()).unwrap();
-        assert_bits(&format!("5-row block at {}", i.min(60)), &five, &all[i.min(60) * n..(i.min(60) + 5) * n]);
+        assert_bits(&format!("row {i} alone (direct)"), &run(&direct, i..i + 1), &all[i * n..(i + 1) * n]);
+        assert_bits(&format!("row {i} alone (tiled)"), &run(&tiled, i..i + 1), &all[i * n..(i + 1) * n]);
+        let s = i.min(60);
+        assert_bits(&format!("5-row block at {s} (tiled)"), &run(&tiled, s..s + 5), &all[s * n..(s + 5) * n]);
     }
 }
 
