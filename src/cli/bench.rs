@@ -2,9 +2,10 @@
 //! τ, tokens/s, per-round stage times and per-depth acceptance.
 
 use super::generate::{gen_params, GenerateArgs};
-use super::load::{load, ModelArgs};
+use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use sparkling::core::Backend;
 use sparkling::decode::{Engine, Method, Stats};
 use sparkling::{Error, Result};
 use std::io::Read;
@@ -90,14 +91,22 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Run `bench`.
+/// Run `bench` on the backend named by `--backend`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
     let mut kinds: Vec<_> = methods.iter().filter_map(|m| m.drafter_kind()).collect();
-    kinds.dedup();
     kinds.sort_by_key(|k| format!("{k:?}"));
     kinds.dedup();
-    let m = load(&a.model, &kinds)?;
+    let s = select(&a.model)?;
+    match s.backend {
+        AnyBackend::Cpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a),
+        #[cfg(feature = "wgpu")]
+        AnyBackend::Wgpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a),
+    }
+}
+
+/// `bench` on a loaded model, any backend.
+fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<()> {
     let tok = m.tokenizer.as_ref().ok_or_else(|| Error::Input("bench needs a tokenizer (pass --tokenizer)".into()))?;
     let mut prompts = Vec::new();
     for f in &a.prompts {
@@ -108,7 +117,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut stop = m.target.cfg.eos.clone();
     stop.extend(tok.stop.iter().filter(|s| !m.target.cfg.eos.contains(s)));
     let mut runs: Vec<(Method, usize)> = Vec::new();
-    for &meth in &methods {
+    for &meth in methods {
         if meth == Method::Ar {
             runs.push((meth, 0));
         } else {
@@ -164,7 +173,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         prompts.len(),
         a.max_new_tokens,
         a.temperature,
-        sparkling::core::Backend::name(&m.backend)
+        m.backend.name()
     );
     println!("| method | budget | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");

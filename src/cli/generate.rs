@@ -1,8 +1,8 @@
 //! `sparkling generate`: one prompt, streamed output, a stats summary.
 
-use super::load::{load, ModelArgs};
+use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
-use sparkling::core::SampleParams;
+use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::propose::TreeParams;
 use sparkling::decode::{Engine, GenParams, Method, Stats};
 use sparkling::{Error, Result};
@@ -113,11 +113,20 @@ pub fn print_stats(method: Method, s: &Stats) {
     }
 }
 
-/// Run `generate`.
+/// Run `generate` on the backend named by `--backend`.
 pub fn run(a: GenerateArgs) -> Result<()> {
     let method = Method::parse(&a.method)?;
     let kinds: Vec<_> = method.drafter_kind().into_iter().collect();
-    let m = load(&a.model, &kinds)?;
+    let s = select(&a.model)?;
+    match s.backend {
+        AnyBackend::Cpu(b) => generate(load(b, &s.target, &a.model, &kinds)?, method, &a),
+        #[cfg(feature = "wgpu")]
+        AnyBackend::Wgpu(b) => generate(load(b, &s.target, &a.model, &kinds)?, method, &a),
+    }
+}
+
+/// `generate` on a loaded model, any backend.
+fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Result<()> {
     let prompt: Vec<u32> = match (&a.chat, &a.prompt, &a.prompt_ids) {
         (_, _, Some(ids)) => ids.clone(),
         (Some(c), _, _) | (_, Some(c), _) => {
@@ -146,7 +155,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if a.ignore_eos {
         stop.clear();
     }
-    let params = gen_params(method, a.budget, &a, stop)?;
+    let params = gen_params(method, a.budget, a, stop)?;
     let engine = Engine { backend: &m.backend, target: &m.target, drafter: method.drafter_kind().and_then(|k| m.drafter(k)) };
     let mut all: Vec<u32> = Vec::new();
     let mut printed = 0usize;

@@ -2,7 +2,8 @@
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use sparkling::cpu::{CpuBackend, WeightDtype};
+use sparkling::core::Backend;
+use sparkling::cpu::{self, CpuBackend};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::{open_source, TensorSource};
 use sparkling::model::config::{read_json, DrafterConfig, DrafterKind, TargetConfig};
@@ -30,31 +31,139 @@ pub struct ModelArgs {
     /// GGUF's embedded vocabulary, or tokenizer.json in the target directory.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Compute backend. Only `cpu` is built in this version.
+    /// Compute backend: `cpu`, or `wgpu` (Vulkan / Metal / DX12 / GL through wgpu; needs a
+    /// build with `--features wgpu`).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// wgpu adapter: an index or a case-insensitive name substring, as listed by
+    /// `sparkling adapters` (default: `WGPU_ADAPTER_NAME`, else wgpu's default adapter).
+    #[arg(long)]
+    pub adapter: Option<String>,
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Weight storage on the CPU backend: f32, f16, or auto (f16 for GGUF targets, whose
+    /// Weight storage: f32, f16, bf16 (wgpu only), or auto (f16 for GGUF targets, whose
     /// dequantized values llama.cpp's F16 format also holds; f32 otherwise).
     #[arg(long, default_value = "auto")]
     pub weights: String,
 }
 
-/// Everything a run needs.
-pub struct Loaded {
-    pub backend: CpuBackend,
-    pub target: Target<CpuBackend>,
-    pub tokenizer: Option<TextTokenizer>,
-    pub drafters: Vec<Drafter<CpuBackend>>,
+/// The backend named by `--backend`, opened (`--adapter`, `--weights` applied).
+pub enum AnyBackend {
+    Cpu(CpuBackend),
+    #[cfg(feature = "wgpu")]
+    Wgpu(sparkling::wgpu_backend::WgpuBackend),
 }
 
-impl Loaded {
+/// An opened backend and the resolved target path it was configured for.
+pub struct Selected {
+    pub backend: AnyBackend,
+    pub target: PathBuf,
+}
+
+/// Everything a run needs, on backend `B`.
+pub struct Loaded<B: Backend> {
+    pub backend: B,
+    pub target: Target<B>,
+    pub tokenizer: Option<TextTokenizer>,
+    pub drafters: Vec<Drafter<B>>,
+}
+
+impl<B: Backend> Loaded<B> {
     /// The drafter of `kind`, if loaded.
-    pub fn drafter(&self, kind: DrafterKind) -> Option<&Drafter<CpuBackend>> {
+    pub fn drafter(&self, kind: DrafterKind) -> Option<&Drafter<B>> {
         self.drafters.iter().find(|d| d.cfg.kind == kind)
     }
+}
+
+/// Weight storage asked for by `--weights` (`auto` already resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Weights {
+    F32,
+    F16,
+    Bf16,
+}
+
+fn weights(arg: &str, is_gguf: bool) -> Result<Weights> {
+    match (arg, is_gguf) {
+        ("f32", _) | ("auto", false) => Ok(Weights::F32),
+        ("f16", _) | ("auto", true) => Ok(Weights::F16),
+        ("bf16", _) => Ok(Weights::Bf16),
+        (other, _) => Err(Error::Input(format!("--weights `{other}`: expected f32, f16, bf16 or auto"))),
+    }
+}
+
+/// Open the backend named by `--backend` and resolve the target path (the default asset when
+/// `--target` is absent). Errors: unknown backend, `wgpu` in a build without the feature,
+/// `--adapter` without `--backend wgpu`, bad `--weights`, no matching wgpu adapter.
+pub fn select(args: &ModelArgs) -> Result<Selected> {
+    if let Some(n) = args.threads {
+        rayon_threads(n)?;
+    }
+    let target = target_path(args)?;
+    let w = weights(&args.weights, target.extension().is_some_and(|e| e == "gguf"))?;
+    let backend = match args.backend.as_str() {
+        "cpu" => {
+            if args.adapter.is_some() {
+                return Err(Error::Input("--adapter selects a wgpu adapter: it needs --backend wgpu".into()));
+            }
+            let dtype = match w {
+                Weights::F32 => cpu::WeightDtype::F32,
+                Weights::F16 => cpu::WeightDtype::F16,
+                Weights::Bf16 => return Err(Error::Input("--weights bf16 is only available with --backend wgpu (cpu: f32, f16, auto)".into())),
+            };
+            AnyBackend::Cpu(CpuBackend::with_weight_dtype(dtype))
+        }
+        "wgpu" => open_wgpu(args.adapter.as_deref(), w)?,
+        other => return Err(Error::Input(format!("--backend `{other}`: expected cpu or wgpu"))),
+    };
+    Ok(Selected { backend, target })
+}
+
+#[cfg(feature = "wgpu")]
+fn open_wgpu(adapter: Option<&str>, w: Weights) -> Result<AnyBackend> {
+    use sparkling::wgpu_backend::{WeightDtype, WgpuBackend, WgpuOptions};
+    let weight_dtype = match w {
+        Weights::F32 => WeightDtype::F32,
+        Weights::F16 => WeightDtype::F16,
+        Weights::Bf16 => WeightDtype::Bf16,
+    };
+    let opts = WgpuOptions { adapter: adapter.map(str::to_string), weight_dtype, ..Default::default() };
+    Ok(AnyBackend::Wgpu(WgpuBackend::with_options(&opts)?))
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn open_wgpu(_adapter: Option<&str>, _w: Weights) -> Result<AnyBackend> {
+    Err(no_wgpu("--backend wgpu"))
+}
+
+/// The error for a wgpu request in a build without the `wgpu` feature.
+#[cfg(not(feature = "wgpu"))]
+pub fn no_wgpu(what: &str) -> Error {
+    Error::Input(format!(
+        "{what}: this sparkling binary was built without the wgpu backend; rebuild with `cargo build --release --features wgpu`"
+    ))
+}
+
+/// `sparkling adapters`: print every wgpu adapter, one per line (index: name (backend, type, driver)).
+#[cfg(feature = "wgpu")]
+pub fn list_adapters() -> Result<()> {
+    let list = sparkling::wgpu_backend::list_adapters();
+    if list.is_empty() {
+        return Err(Error::Backend(sparkling::core::Error::Unavailable(
+            "no wgpu adapter found (no Vulkan, Metal, DX12 or GL driver is visible). On Debian/Ubuntu without a GPU, `scripts/install-lavapipe` installs Mesa's CPU Vulkan driver (lavapipe)".into(),
+        )));
+    }
+    for l in list {
+        println!("{l}");
+    }
+    Ok(())
+}
+
+/// `sparkling adapters` in a build without the `wgpu` feature.
+#[cfg(not(feature = "wgpu"))]
+pub fn list_adapters() -> Result<()> {
+    Err(no_wgpu("sparkling adapters"))
 }
 
 fn bar(len: u64, msg: String) -> ProgressBar {
@@ -101,32 +210,20 @@ fn load_target_config(path: &Path, gguf: Option<&GgufSource>) -> Result<TargetCo
     }
 }
 
-/// Load target, tokenizer and the drafters for `kinds`.
-pub fn load(args: &ModelArgs, kinds: &[DrafterKind]) -> Result<Loaded> {
-    if args.backend != "cpu" {
-        return Err(Error::Input(format!("--backend {}: only `cpu` is built in this version", args.backend)));
-    }
-    if let Some(n) = args.threads {
-        rayon_threads(n)?;
-    }
-    let tpath = target_path(args)?;
+/// Load the target at `tpath` (from [`select`]), its tokenizer and the drafters for `kinds`
+/// onto `backend`.
+pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[DrafterKind]) -> Result<Loaded<B>> {
     let is_gguf = tpath.extension().is_some_and(|e| e == "gguf");
-    let dtype = match (args.weights.as_str(), is_gguf) {
-        ("f32", _) | ("auto", false) => WeightDtype::F32,
-        ("f16", _) | ("auto", true) => WeightDtype::F16,
-        (other, _) => return Err(Error::Input(format!("--weights `{other}`: expected f32, f16 or auto"))),
-    };
-    let backend = CpuBackend::with_weight_dtype(dtype);
-    let gguf = if is_gguf { Some(GgufSource::open(&tpath)?) } else { None };
+    let gguf = if is_gguf { Some(GgufSource::open(tpath)?) } else { None };
     let st_src;
     let src: &dyn TensorSource = match &gguf {
         Some(g) => g,
         None => {
-            st_src = open_source(&tpath)?;
+            st_src = open_source(tpath)?;
             st_src.as_ref()
         }
     };
-    let cfg = load_target_config(&tpath, gguf.as_ref())?;
+    let cfg = load_target_config(tpath, gguf.as_ref())?;
     let pb = bar(0, format!("loading {}", tpath.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default()));
     let target = Target::load(&backend, src, cfg, &|i, n| {
         pb.set_length(n as u64);
@@ -139,14 +236,14 @@ pub fn load(args: &ModelArgs, kinds: &[DrafterKind]) -> Result<Loaded> {
         target.cfg.layers,
         target.cfg.hidden,
         target.cfg.vocab,
-        sparkling::core::Backend::name(&backend)
+        backend.name()
     );
     let tokenizer = match (&args.tokenizer, &gguf) {
         (Some(t), _) => Some(TextTokenizer::from_dir(if t.is_dir() { t } else { t.parent().unwrap_or(Path::new(".")) })?),
         (None, Some(g)) => Some(TextTokenizer::from_gguf(&g.file)?),
         (None, None) => {
             if tpath.join("tokenizer.json").exists() {
-                Some(TextTokenizer::from_dir(&tpath)?)
+                Some(TextTokenizer::from_dir(tpath)?)
             } else {
                 None
             }

@@ -26,6 +26,8 @@ enum Command {
     InitDrafter(init::InitDrafterArgs),
     /// Write a random-weight target checkpoint of a given config (HF layout).
     SynthTarget(init::SynthTargetArgs),
+    /// List the wgpu adapters (index: name (backend, type, driver)) for `--adapter`.
+    Adapters,
 }
 
 /// Parse arguments and run the chosen subcommand.
@@ -36,5 +38,6 @@ pub fn run() -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::InitDrafter(a) => init::run_init_drafter(a),
         Command::SynthTarget(a) => init::run_synth_target(a),
+        Command::Adapters => load::list_adapters(),
     }
 }
