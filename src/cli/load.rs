@@ -97,9 +97,6 @@ fn weights(arg: &str, is_gguf: bool) -> Result<Weights> {
 /// `--target` is absent). Errors: unknown backend, `wgpu` in a build without the feature,
 /// `--adapter` without `--backend wgpu`, bad `--weights`, no matching wgpu adapter.
 pub fn select(args: &ModelArgs) -> Result<Selected> {
-    if let Some(n) = args.threads {
-        rayon_threads(n)?;
-    }
     let target = target_path(args)?;
     let w = weights(&args.weights, target.extension().is_some_and(|e| e == "gguf"))?;
     let backend = match args.backend.as_str() {
@@ -288,7 +285,8 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
     Ok(Loaded { backend, target, tokenizer, drafters })
 }
 
-fn rayon_threads(n: usize) -> Result<()> {
+/// Size rayon's global pool (before first use).
+pub fn rayon_threads(n: usize) -> Result<()> {
     if n == 0 {
         return Err(Error::Input("--threads must be ≥ 1".into()));
     }

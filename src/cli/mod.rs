@@ -33,11 +33,22 @@ enum Command {
 /// Parse arguments and run the chosen subcommand.
 pub fn run() -> Result<()> {
     let cli = Cli::parse();
-    match cli.cmd {
+    let threads = match &cli.cmd {
+        Command::Generate(a) => a.model.threads,
+        Command::Bench(a) => a.model.threads,
+        _ => None,
+    };
+    if let Some(n) = threads {
+        load::rayon_threads(n)?;
+    }
+    // Run the whole command on a worker of rayon's pool: the CPU backend's parallel ops then
+    // fork from a worker instead of handing each op to the pool from an outside thread and
+    // blocking on a latch (hundreds of cross-thread wake-ups per decoded token).
+    rayon::scope(move |_| match cli.cmd {
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
         Command::InitDrafter(a) => init::run_init_drafter(a),
         Command::SynthTarget(a) => init::run_synth_target(a),
         Command::Adapters => load::list_adapters(),
-    }
+    })
 }

@@ -68,6 +68,9 @@ impl Packed {
     }
 }
 
+/// Below this many multiply-adds a matmul runs on the calling thread.
+const PAR_MIN_MACS: usize = 1 << 18;
+
 /// Panels per parallel task (64 output columns).
 const TASK_PANELS: usize = 4;
 
@@ -78,17 +81,17 @@ pub fn matmul(x: &[f32], m: usize, w: &Packed, bias: Option<&[f32]>) -> Vec<f32>
     let np = n.div_ceil(NR);
     let groups = np.div_ceil(TASK_PANELS);
     // Each task computes [m, TASK_PANELS*NR] for its panel group, then rows are assembled.
-    let parts: Vec<Vec<f32>> = (0..groups)
-        .into_par_iter()
-        .map(|g| {
+    let work = |g: usize| {
             let p0 = g * TASK_PANELS;
             let pn = TASK_PANELS.min(np - p0);
             let width = pn * NR;
             let mut buf = vec![0.0f32; m * width];
             compute_group(x, m, k, w, p0, pn, &mut buf, width);
             buf
-        })
-        .collect();
+    };
+    // Small products are not worth a parallel dispatch.
+    let parts: Vec<Vec<f32>> =
+        if m * n * k >= PAR_MIN_MACS { (0..groups).into_par_iter().map(work).collect() } else { (0..groups).map(work).collect() };
     let mut y = vec![0.0f32; m * n];
     for (g, buf) in parts.iter().enumerate() {
         let c0 = g * TASK_PANELS * NR;
