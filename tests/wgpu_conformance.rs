@@ -237,3 +237,39 @@ fn forward_pair<B: Backend>(
     let ver = t.forward(b, &mut cache, tree_ids, tree_pos, AttnMask::Tree { parents }, LogitRows::All, &[]).unwrap();
     (b.download(&pre.logits).unwrap(), b.download(&ver.logits).unwrap(), b.download(pre.taps.as_ref().unwrap()).unwrap())
 }
+
+/// SmolLM2-135M-Instruct (real weights, f16 on both backends): `ar` and `sparkling` greedy
+/// tokens on wgpu equal the CPU backend's on a chat prompt. Uses the trained DSpark drafter in
+/// `models/` when it is there, else an untrained one. Skips without the asset or an adapter.
+#[test]
+fn smollm2_greedy_tokens_match_cpu() {
+    let Some(b) = gpu(WeightDtype::F16, "smollm2_greedy_tokens_match_cpu") else { return };
+    let Some(path) = common::asset("smollm2-135m-instruct-q4_1.gguf") else {
+        eprintln!("SKIPPED smollm2_greedy_tokens_match_cpu: SmolLM2 asset missing (scripts/fetch-assets smollm2)");
+        return;
+    };
+    let src = sparkling::loader::gguf_source::GgufSource::open(&path).expect("gguf");
+    let cfg = TargetConfig::from_gguf(&src.file).expect("config");
+    let tok = sparkling::tokenizer::TextTokenizer::from_gguf(&src.file).expect("tokenizer");
+    let cpu = CpuBackend::with_weight_dtype(CpuDtype::F16);
+    let t_cpu = Target::load(&cpu, &src, cfg.clone(), &|_, _| {}).expect("cpu target");
+    let t_gpu = Target::load(&b, &src, cfg.clone(), &|_, _| {}).expect("wgpu target");
+    let trained = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-dspark-b16");
+    let dir = tmpdir("smol-dspark");
+    let ddir = if trained.join("config.json").exists() {
+        trained
+    } else {
+        write_drafter(dir.path(), &cfg, DrafterKind::DSpark, 16, 3);
+        dir.path().to_path_buf()
+    };
+    let d_cpu = load_drafter(&cpu, &ddir, &cfg);
+    let d_gpu = load_drafter(&b, &ddir, &cfg);
+    let prompt = tok.encode_chat("What is the capital of France?", None).unwrap();
+    for method in [Method::Ar, Method::Sparkling] {
+        let p = params(method, 8, 0.0, 0, 12, tok.stop.clone());
+        let a = Engine { backend: &cpu, target: &t_cpu, drafter: Some(&d_cpu) }.generate(&prompt, &p, &mut |_| {}).unwrap();
+        let g = Engine { backend: &b, target: &t_gpu, drafter: Some(&d_gpu) }.generate(&prompt, &p, &mut |_| {}).unwrap();
+        assert_eq!(g.tokens, a.tokens, "{} on SmolLM2: wgpu vs cpu", method.name());
+        assert!(!a.tokens.is_empty());
+    }
+}
