@@ -259,6 +259,10 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         if drafters.iter().any(|d| d.cfg.kind == kind) {
             continue;
         }
+        if let Some(d) = bundled_drafter(&backend, &target.cfg, kind) {
+            drafters.push(d);
+            continue;
+        }
         let stem = tpath.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "target".into());
         let dir = assets::dir().join("drafters").join(format!("{stem}-{}-random", format!("{kind:?}").to_lowercase()));
         if !dir.join("config.json").exists() {
@@ -283,6 +287,29 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         drafters.push(Drafter::load(&backend, dsrc.as_ref(), dcfg, &target.cfg)?);
     }
     Ok(Loaded { backend, target, tokenizer, drafters })
+}
+
+/// The repository's trained drafters (`models/*`, issue 3): the first checkpoint of `kind` that
+/// loads against this target (same hidden size, vocabulary and tappable layers) becomes the
+/// default drafter. Checkpoints that do not fit are skipped silently — they belong to other
+/// targets.
+fn bundled_drafter<B: Backend>(backend: &B, target: &TargetConfig, kind: DrafterKind) -> Option<Drafter<B>> {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&models).ok()?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    dirs.sort();
+    for dir in dirs {
+        let Ok((cp, v)) = read_json(&dir) else { continue };
+        let Ok(dcfg) = DrafterConfig::from_hf_json(&cp, &v) else { continue };
+        if dcfg.kind != kind {
+            continue;
+        }
+        let Ok(src) = open_source(&dir) else { continue };
+        if let Ok(d) = Drafter::load(backend, src.as_ref(), dcfg, target) {
+            eprintln!("drafter: {} (trained, bundled default for this target)", dir.display());
+            return Some(d);
+        }
+    }
+    None
 }
 
 /// Size rayon's global pool (before first use).
