@@ -1,0 +1,268 @@
+//! The on-disk training cache written by `gen-data` and read by `train`.
+//!
+//! One directory per (target, tap layers, top-k): `meta.json` ([`CacheMeta`]) plus one file per
+//! answered prompt, `seq-NNNNN.bin` (NNNNN = the prompt's line index in its source file).
+//! Sequence file layout, little-endian:
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | magic | `b"SPKD"` | file type |
+//! | version | u32 | [`VERSION`] |
+//! | id, prompt_len, n_tokens, width, topk | 5 × u32 | `width = n_taps * H` |
+//! | tokens | `n_tokens` × u32 | prompt (chat template) + the target's greedy answer |
+//! | taps | `n_tokens × width` × f16 | raw residual outputs of the tap layers, listed order (reference §1.4) |
+//! | top ids | `(n_tokens - prompt_len) × topk` × u32 | row `i`: the target's top-k ids for the token at position `prompt_len + i` (logits of position `prompt_len + i - 1`) |
+//! | top logp | same × f32 | their log-probabilities under the full softmax (so a row sums to ≤ 1 in probability) |
+//!
+//! Files are written to a temporary name and renamed, so a killed run leaves no half file.
+
+use crate::error::{io, Error, Result};
+use half::f16;
+use std::path::{Path, PathBuf};
+
+/// File-format version of `seq-*.bin`.
+pub const VERSION: u32 = 1;
+const MAGIC: &[u8; 4] = b"SPKD";
+
+/// What a cache directory holds (`meta.json`); `gen-data` refuses to extend a cache whose
+/// meta differs from its own settings.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CacheMeta {
+    /// Target file the data came from (informational).
+    pub target: String,
+    /// Target decoder layers.
+    pub target_layers: usize,
+    /// Target hidden size H.
+    pub hidden: usize,
+    /// Target vocabulary size V.
+    pub vocab: usize,
+    /// Tapped target layers, in concatenation order.
+    pub tap_layers: Vec<usize>,
+    /// Top-k logits kept per position.
+    pub topk: usize,
+    /// Prompt source file (informational).
+    pub source: String,
+    /// Maximum new tokens per answer.
+    pub max_new_tokens: usize,
+}
+
+impl CacheMeta {
+    /// Read `dir/meta.json`; `Ok(None)` when absent.
+    pub fn read(dir: &Path) -> Result<Option<CacheMeta>> {
+        let p = dir.join("meta.json");
+        if !p.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+        serde_json::from_str(&text).map(Some).map_err(|e| Error::file(&p, format!("invalid cache meta: {e}")))
+    }
+
+    /// Write `dir/meta.json` (creating `dir`).
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let p = dir.join("meta.json");
+        let text = serde_json::to_string_pretty(self).map_err(|e| Error::file(&p, e))?;
+        std::fs::write(&p, text).map_err(|e| io(&p, e))
+    }
+
+    /// Width of one tap row, `n_taps * H`.
+    pub fn width(&self) -> usize {
+        self.tap_layers.len() * self.hidden
+    }
+}
+
+/// One cached sequence (see the module doc for the meaning of each field).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sequence {
+    /// Prompt index in the source file.
+    pub id: u32,
+    /// Prompt tokens at the start of `tokens`.
+    pub prompt_len: usize,
+    /// Prompt + answer token ids.
+    pub tokens: Vec<u32>,
+    /// Tap row width `n_taps * H`.
+    pub width: usize,
+    /// Tapped hidden states `[tokens.len(), width]`, f16.
+    pub taps: Vec<f16>,
+    /// Top-k kept per answer position.
+    pub topk: usize,
+    /// `[tokens.len() - prompt_len, topk]` ids.
+    pub top_ids: Vec<u32>,
+    /// `[tokens.len() - prompt_len, topk]` log-probabilities.
+    pub top_logp: Vec<f32>,
+}
+
+impl Sequence {
+    /// Number of tokens (prompt + answer).
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the sequence has no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The target's top-k (ids, log-probs) for the token at absolute position `pos`
+    /// (`prompt_len ≤ pos < len`), else `None`.
+    pub fn topk_at(&self, pos: usize) -> Option<(&[u32], &[f32])> {
+        if pos < self.prompt_len || pos >= self.len() {
+            return None;
+        }
+        let r = pos - self.prompt_len;
+        Some((&self.top_ids[r * self.topk..(r + 1) * self.topk], &self.top_logp[r * self.topk..(r + 1) * self.topk]))
+    }
+
+    /// Tap rows `lo..hi` widened to f32 (`[(hi-lo), width]`).
+    pub fn taps_f32(&self, lo: usize, hi: usize) -> Vec<f32> {
+        self.taps[lo * self.width..hi * self.width].iter().map(|v| v.to_f32()).collect()
+    }
+
+    /// Check internal consistency; the error names `path`.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let n = self.len();
+        let bad = |m: String| Err(Error::file(path, m));
+        if self.prompt_len == 0 || self.prompt_len > n {
+            return bad(format!("prompt length {} for {n} tokens", self.prompt_len));
+        }
+        if self.taps.len() != n * self.width {
+            return bad(format!("{} tap values for {n} × {}", self.taps.len(), self.width));
+        }
+        let rows = n - self.prompt_len;
+        if self.top_ids.len() != rows * self.topk || self.top_logp.len() != rows * self.topk {
+            return bad(format!("top-k arrays do not hold {rows} × {}", self.topk));
+        }
+        Ok(())
+    }
+
+    /// Serialize (format in the module doc).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(28 + self.tokens.len() * 4 + self.taps.len() * 2 + self.top_ids.len() * 8);
+        b.extend_from_slice(MAGIC);
+        for v in [VERSION, self.id, self.prompt_len as u32, self.tokens.len() as u32, self.width as u32, self.topk as u32] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        self.tokens.iter().for_each(|t| b.extend_from_slice(&t.to_le_bytes()));
+        self.taps.iter().for_each(|t| b.extend_from_slice(&t.to_le_bytes()));
+        self.top_ids.iter().for_each(|t| b.extend_from_slice(&t.to_le_bytes()));
+        self.top_logp.iter().for_each(|t| b.extend_from_slice(&t.to_le_bytes()));
+        b
+    }
+
+    /// Parse bytes written by [`Sequence::to_bytes`]; errors name `path`.
+    pub fn from_bytes(path: &Path, b: &[u8]) -> Result<Self> {
+        let short = || Error::file(path, "truncated training-cache file");
+        if b.len() < 28 || &b[..4] != MAGIC {
+            return Err(Error::file(path, "not a sparkling training-cache file (bad magic)"));
+        }
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        if u(4) != VERSION {
+            return Err(Error::file(path, format!("cache format version {} (this build reads {VERSION})", u(4))));
+        }
+        let (id, prompt_len, n, width, topk) = (u(8), u(12) as usize, u(16) as usize, u(20) as usize, u(24) as usize);
+        let rows = n.checked_sub(prompt_len).ok_or_else(|| Error::file(path, format!("prompt length {prompt_len} > {n} tokens")))?;
+        let need = 28usize
+            .checked_add(n * 4)
+            .and_then(|x| x.checked_add(n.checked_mul(width)?.checked_mul(2)?))
+            .and_then(|x| x.checked_add(rows.checked_mul(topk)?.checked_mul(8)?))
+            .ok_or_else(short)?;
+        if b.len() != need {
+            return Err(Error::file(path, format!("size {} bytes, header implies {need}", b.len())));
+        }
+        let mut off = 28;
+        let mut take = |len: usize| {
+            let s = &b[off..off + len];
+            off += len;
+            s
+        };
+        let tokens = take(n * 4).chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let taps = take(n * width * 2).chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect();
+        let top_ids = take(rows * topk * 4).chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let top_logp = take(rows * topk * 4).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let s = Sequence { id, prompt_len, tokens, width, taps, topk, top_ids, top_logp };
+        s.validate(path)?;
+        Ok(s)
+    }
+
+    /// Write atomically to `dir/seq-NNNNN.bin`.
+    pub fn write(&self, dir: &Path) -> Result<PathBuf> {
+        let p = seq_path(dir, self.id);
+        let tmp = p.with_extension("tmp");
+        std::fs::write(&tmp, self.to_bytes()).map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, &p).map_err(|e| io(&p, e))?;
+        Ok(p)
+    }
+
+    /// Read one sequence file.
+    pub fn read(path: &Path) -> Result<Self> {
+        let b = std::fs::read(path).map_err(|e| io(path, e))?;
+        Sequence::from_bytes(path, &b)
+    }
+}
+
+/// Path of the file holding prompt `id`.
+pub fn seq_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("seq-{id:05}.bin"))
+}
+
+/// Read every `seq-*.bin` of `dir` (sorted by id) and check each against `meta`.
+pub fn load_all(dir: &Path, meta: &CacheMeta) -> Result<Vec<Sequence>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| io(dir, e))?;
+    let mut paths: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("seq-") && n.ends_with(".bin")))
+        .collect();
+    paths.sort();
+    let mut out = Vec::with_capacity(paths.len());
+    for p in paths {
+        let s = Sequence::read(&p)?;
+        if s.width != meta.width() || s.topk != meta.topk {
+            return Err(Error::file(&p, format!("width {} / top-k {} differ from meta.json ({} / {})", s.width, s.topk, meta.width(), meta.topk)));
+        }
+        if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= meta.vocab) {
+            return Err(Error::file(&p, format!("token id {t} outside the vocabulary of {}", meta.vocab)));
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Sequence {
+        Sequence {
+            id: 7,
+            prompt_len: 2,
+            tokens: vec![1, 2, 3, 4],
+            width: 3,
+            taps: (0..12).map(|i| f16::from_f32(i as f32 * 0.5)).collect(),
+            topk: 2,
+            top_ids: vec![3, 9, 4, 8],
+            top_logp: vec![-0.1, -2.0, -0.2, -3.0],
+        }
+    }
+
+    #[test]
+    fn round_trip_and_lookup() {
+        let s = sample();
+        let p = Path::new("x.bin");
+        let back = Sequence::from_bytes(p, &s.to_bytes()).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.topk_at(3).unwrap().0, &[4, 8]);
+        assert!(back.topk_at(1).is_none());
+        assert_eq!(back.taps_f32(1, 2), vec![1.5, 2.0, 2.5]);
+    }
+
+    #[test]
+    fn corrupt_files_are_errors_naming_the_file() {
+        let s = sample();
+        let mut b = s.to_bytes();
+        b.truncate(b.len() - 1);
+        let e = Sequence::from_bytes(Path::new("dir/seq-00007.bin"), &b).unwrap_err().to_string();
+        assert!(e.contains("seq-00007.bin"), "{e}");
+        let e = Sequence::from_bytes(Path::new("f.bin"), b"nope").unwrap_err().to_string();
+        assert!(e.contains("magic"), "{e}");
+    }
+}

@@ -1,0 +1,79 @@
+//! `export`: a trained run → the HF-layout drafter checkpoint the engine loads unchanged
+//! (`config.json` in the spelling `DrafterConfig::to_hf_json` produces + `model.safetensors`
+//! in bf16; no `embed_tokens` / `lm_head`: they are the target's, borrowed at load), then
+//! **verified** by loading it with `sparkling::model::drafter::Drafter::load`.
+
+use crate::error::{io, Error, Result};
+use crate::model::{tensor_shapes, Params};
+use candle_core::DType;
+use safetensors::tensor::{Dtype, TensorView};
+use sparkling::cpu::CpuBackend;
+use sparkling::loader::open_source;
+use sparkling::model::config::{read_json, DrafterConfig, TargetConfig};
+use sparkling::model::drafter::Drafter;
+use std::path::Path;
+
+/// Storage precision of an exported checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportDtype {
+    /// bfloat16 (the default: what published drafters use, half the size).
+    Bf16,
+    /// 32-bit float (exact copy of the trained values; used by tests).
+    F32,
+}
+
+/// Write `params` of a drafter `cfg` (for a target of `num_target_layers` layers and context
+/// width `n_feat`) into `dir` as `config.json` + `model.safetensors`. Extra JSON `meta` is
+/// stored as `training.json` when given. Errors name the file.
+pub fn write_hf(dir: &Path, cfg: &DrafterConfig, num_target_layers: usize, n_feat: usize, params: &Params, dtype: ExportDtype, meta: Option<&serde_json::Value>) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let cp = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&cfg.to_hf_json(num_target_layers)).map_err(|e| Error::file(&cp, e))?;
+    std::fs::write(&cp, text).map_err(|e| io(&cp, e))?;
+    let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, shape) in tensor_shapes(cfg, n_feat) {
+        let t = params.get(&name)?.to_dtype(DType::F32)?.flatten_all()?;
+        let v: Vec<f32> = t.to_vec1()?;
+        let bytes: Vec<u8> = match dtype {
+            ExportDtype::Bf16 => v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
+            ExportDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        bufs.push((name, shape, bytes));
+    }
+    let st = dir.join("model.safetensors");
+    let dt = match dtype {
+        ExportDtype::Bf16 => Dtype::BF16,
+        ExportDtype::F32 => Dtype::F32,
+    };
+    let views = bufs
+        .iter()
+        .map(|(n, s, b)| TensorView::new(dt, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| Error::file(&st, format!("tensor `{n}`: {e}"))))
+        .collect::<Result<Vec<_>>>()?;
+    let mut md = std::collections::HashMap::new();
+    md.insert("format".to_string(), "pt".to_string());
+    safetensors::serialize_to_file(views, Some(md), &st).map_err(|e| Error::file(&st, format!("cannot write safetensors: {e}")))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&st, std::fs::Permissions::from_mode(0o644));
+    }
+    if let Some(m) = meta {
+        let mp = dir.join("training.json");
+        std::fs::write(&mp, serde_json::to_string_pretty(m).map_err(|e| Error::file(&mp, e))?).map_err(|e| io(&mp, e))?;
+    }
+    Ok(())
+}
+
+/// Load an exported checkpoint with the engine's own loader (config parser + `Drafter::load`
+/// on the CPU backend) against `target`; returns the parsed config. This is the check that the
+/// engine accepts the files unchanged.
+pub fn verify_with_engine(dir: &Path, target: &TargetConfig) -> Result<DrafterConfig> {
+    let (cp, v) = read_json(dir)?;
+    let cfg = DrafterConfig::from_hf_json(&cp, &v)?;
+    let src = open_source(dir)?;
+    let d = Drafter::load(&CpuBackend::new(), src.as_ref(), cfg.clone(), target)?;
+    if d.cfg != cfg {
+        return Err(Error::file(dir, "loaded config differs from the written one"));
+    }
+    Ok(cfg)
+}

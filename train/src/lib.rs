@@ -1,0 +1,30 @@
+//! `sparkling-train`: trains SparklingTree's block-diffusion drafters (z-lab DFlash, reference
+//! §2; DeepSpec DSpark with its Markov and confidence heads, §3) for a target the engine runs,
+//! on data the target itself generated.
+//!
+//! Pipeline (see the crate README for commands):
+//! 1. [`gen`] — the target answers training prompts greedily through the engine
+//!    ([`sparkling::decode::Engine`]); per sequence the token ids, the tapped hidden states of
+//!    the drafter's tap layers (f16) and the target's top-k logits are cached on disk
+//!    ([`cache`]).
+//! 2. [`train`] — a candle implementation of the drafter forward ([`model`]; the same math as
+//!    `sparkling::model::drafter::Drafter::draft`) trained with the DFlash / DeepSpec objective
+//!    ([`head`]: CE to the target's greedy token + distribution matching to its top-k, position
+//!    weights `exp(-(k-1)/γ)`, Markov head trained jointly, confidence head), AdamW ([`optim`]),
+//!    resumable checkpoints.
+//! 3. [`export`] — the HF-layout checkpoint (`config.json` + bf16 `model.safetensors`) the
+//!    engine loads unchanged, verified by loading it with `Drafter::load`.
+
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod error;
+pub mod export;
+pub mod gen;
+pub mod head;
+pub mod model;
+pub mod optim;
+pub mod rng;
+pub mod train;
+
+pub use error::{Error, Result};

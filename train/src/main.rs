@@ -1,0 +1,302 @@
+//! `sparkling-train`: gen-data → train → export for SparklingTree drafters (see the crate docs
+//! in `lib.rs` and `train/README.md`). Every failure is an error message naming the file or
+//! argument at fault, with exit status 1.
+
+use clap::{Parser, Subcommand};
+use sparkling::model::config::default_target_layer_ids;
+use sparkling_train::error::{Error, Result};
+use sparkling_train::export::{verify_with_engine, write_hf, ExportDtype};
+use sparkling_train::gen::{self, GenOptions};
+use sparkling_train::train::{self, fold_ctx_scale, latest_checkpoint, load_checkpoint, load_checkpoint_scale, read_run_config, run_context, RunConfig, TrainControl};
+use std::path::{Path, PathBuf};
+
+/// Command line.
+#[derive(Parser)]
+#[command(name = "sparkling-train", version, about = "Train DFlash / DSpark drafters for SparklingTree (candle, CPU)")]
+struct Cli {
+    /// CPU threads for the target (gen-data) and candle (train); default: all cores.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Subcommands.
+#[derive(Subcommand)]
+enum Cmd {
+    /// Answer training prompts with the target (greedy, chat template) and cache token ids,
+    /// tapped hidden states (f16) and top-k logits. Resumable: cached prompts are skipped.
+    GenData {
+        /// Target: `.gguf` file or HF directory (default: SmolLM2-135M-Instruct in $SPARKLING_ASSETS).
+        #[arg(long)]
+        target: Option<PathBuf>,
+        /// Prompt file, JSON lines with a `question` / `prompt` / `instruction` / `text` field
+        /// (training prompts only; evaluation sets are refused).
+        #[arg(long)]
+        prompts: PathBuf,
+        /// Cache directory (default: $SPARKLING_ASSETS/train-cache/<target>-taps<N>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// First prompt index.
+        #[arg(long, default_value_t = 0)]
+        start: usize,
+        /// Number of prompts.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Maximum answer tokens.
+        #[arg(long, default_value_t = 320)]
+        max_new_tokens: usize,
+        /// Top-k target logits kept per position.
+        #[arg(long, default_value_t = 32)]
+        topk: usize,
+        /// Number of tap layers (evenly spaced from layer 1 to N-3, z-lab's rule).
+        #[arg(long, default_value_t = 3)]
+        taps: usize,
+        /// Stop after this many minutes (rerun to continue).
+        #[arg(long)]
+        max_minutes: Option<f64>,
+    },
+    /// Train a drafter on a cache (resumable with --resume).
+    Train {
+        /// `dspark` (shifted slots, Markov + confidence heads) or `dflash` (in-place slots).
+        #[arg(long)]
+        kind: String,
+        /// Cache directory written by gen-data.
+        #[arg(long)]
+        cache: PathBuf,
+        /// Target the cache came from (its embedding / lm_head are borrowed, frozen).
+        #[arg(long)]
+        target: Option<PathBuf>,
+        /// Run directory (checkpoints, logs).
+        #[arg(long)]
+        out: PathBuf,
+        /// Draft transformer layers.
+        #[arg(long, default_value_t = 2)]
+        layers: usize,
+        /// Block size Bk (DSpark drafts Bk tokens per round, DFlash Bk-1).
+        #[arg(long, default_value_t = 16)]
+        block_size: usize,
+        /// Markov head rank (DSpark).
+        #[arg(long, default_value_t = 32)]
+        markov_rank: usize,
+        /// Skip the DSpark confidence head.
+        #[arg(long)]
+        no_confidence: bool,
+        /// Optimizer steps (length of the cosine schedule; may grow on --resume).
+        #[arg(long, default_value_t = 600)]
+        steps: usize,
+        /// Peak learning rate (DFlash recipe: 6e-4).
+        #[arg(long, default_value_t = 6e-4)]
+        lr: f64,
+        /// Linear warm-up steps.
+        #[arg(long, default_value_t = 30)]
+        warmup: usize,
+        /// Final learning rate as a fraction of the peak (cosine decay).
+        #[arg(long, default_value_t = 0.1)]
+        min_lr_ratio: f64,
+        /// Cached sequences per step.
+        #[arg(long, default_value_t = 2)]
+        seqs_per_step: usize,
+        /// Anchors per sequence per step.
+        #[arg(long, default_value_t = 16)]
+        anchors: usize,
+        /// Position-weight decay γ: w_k = exp(-(k-1)/γ).
+        #[arg(long, default_value_t = 7.0)]
+        gamma: f64,
+        /// Loss weight: CE to the target's greedy token.
+        #[arg(long, default_value_t = 0.1)]
+        ce: f64,
+        /// Loss weight: KL(target top-k ‖ draft).
+        #[arg(long, default_value_t = 0.9)]
+        kl: f64,
+        /// Loss weight: L1 distribution matching (DeepSpec's choice; 0 by default, see README).
+        #[arg(long, default_value_t = 0.0)]
+        l1: f64,
+        /// Loss weight: confidence-head BCE (DSpark).
+        #[arg(long, default_value_t = 1.0)]
+        conf: f64,
+        /// AdamW decoupled weight decay (matrices only, never the Markov tables).
+        #[arg(long, default_value_t = 0.0)]
+        weight_decay: f64,
+        /// Global gradient-norm clip (0 = off).
+        #[arg(long, default_value_t = 1.0)]
+        clip: f64,
+        /// Seed of the initialisation, sequence order and anchors.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Held-out sequences for validation (highest prompt ids).
+        #[arg(long, default_value_t = 8)]
+        holdout: usize,
+        /// Write a training checkpoint every N steps (the two newest are kept).
+        #[arg(long, default_value_t = 50)]
+        ckpt_every: usize,
+        /// Evaluate on the holdout every N steps (0 = only at the end).
+        #[arg(long, default_value_t = 0)]
+        eval_every: usize,
+        /// Warm start: copy target layers F..F+layers into the draft layers (F = first tap + 1
+        /// makes the context rows exactly the normalised input of target layer F).
+        #[arg(long)]
+        init_from_target: Option<usize>,
+        /// Continue from the newest checkpoint in --out.
+        #[arg(long)]
+        resume: bool,
+        /// Stop with a checkpoint after this many minutes.
+        #[arg(long)]
+        max_minutes: Option<f64>,
+    },
+    /// Write the HF-layout checkpoint of a run (bf16) and verify it loads with the engine.
+    Export {
+        /// Run directory.
+        #[arg(long)]
+        run: PathBuf,
+        /// Output directory (config.json + model.safetensors).
+        #[arg(long)]
+        out: PathBuf,
+        /// Checkpoint step (default: the newest).
+        #[arg(long)]
+        step: Option<usize>,
+        /// Write f32 instead of bf16.
+        #[arg(long)]
+        f32: bool,
+    },
+}
+
+fn default_target() -> PathBuf {
+    sparkling::assets::path(sparkling::assets::DEFAULT_TARGET)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    if let Some(n) = cli.threads {
+        if n == 0 {
+            return Err(Error::arg("threads", "must be ≥ 1"));
+        }
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    }
+    match cli.cmd {
+        Cmd::GenData { target, prompts, out, start, limit, max_new_tokens, topk, taps, max_minutes } => {
+            let target = target.unwrap_or_else(default_target);
+            if taps == 0 {
+                return Err(Error::arg("taps", "must be ≥ 1"));
+            }
+            let (_, tcfg) = gen::load_lm_head(&target)?;
+            let tap_layers = default_target_layer_ids(tcfg.layers, taps);
+            let out = out.unwrap_or_else(|| {
+                let stem = target.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "target".into());
+                let taps: Vec<String> = tap_layers.iter().map(|t| t.to_string()).collect();
+                sparkling::assets::dir().join("train-cache").join(format!("{stem}-taps{}", taps.join("-")))
+            });
+            let o = GenOptions { target, prompts, out: out.clone(), start, limit, max_new_tokens, topk, tap_layers, max_minutes };
+            let s = gen::run(&o)?;
+            eprintln!(
+                "gen-data: {} written, {} already cached, {} new answer tokens in {:.1}s ({:.1} tok/s), top-1 mismatches {} → {}",
+                s.written,
+                s.skipped,
+                s.new_tokens,
+                s.seconds,
+                s.new_tokens as f64 / s.seconds.max(1e-9),
+                s.top1_mismatch,
+                out.display()
+            );
+            Ok(())
+        }
+        Cmd::Train {
+            kind,
+            cache,
+            target,
+            out,
+            layers,
+            block_size,
+            markov_rank,
+            no_confidence,
+            steps,
+            lr,
+            warmup,
+            min_lr_ratio,
+            seqs_per_step,
+            anchors,
+            gamma,
+            ce,
+            kl,
+            l1,
+            conf,
+            weight_decay,
+            clip,
+            seed,
+            holdout,
+            ckpt_every,
+            eval_every,
+            init_from_target,
+            resume,
+            max_minutes,
+        } => {
+            let target = target.unwrap_or_else(default_target);
+            let dspark = kind == "dspark";
+            let rc = RunConfig {
+                kind,
+                target: target.display().to_string(),
+                cache: cache.display().to_string(),
+                layers,
+                block_size,
+                markov_rank: if dspark { markov_rank } else { 0 },
+                confidence: dspark && !no_confidence,
+                steps,
+                lr,
+                warmup,
+                min_lr_ratio,
+                seqs_per_step,
+                anchors,
+                gamma,
+                w_ce: ce,
+                w_kl: kl,
+                w_l1: l1,
+                w_conf: conf,
+                weight_decay,
+                clip,
+                seed,
+                holdout,
+                init_from_target,
+            };
+            let ctl = TrainControl { out, resume, ckpt_every, eval_every, max_minutes };
+            train::run(&rc, &ctl)?;
+            Ok(())
+        }
+        Cmd::Export { run, out, step, f32 } => export(&run, &out, step, f32),
+    }
+}
+
+fn export(run: &Path, out: &Path, step: Option<usize>, f32: bool) -> Result<()> {
+    let rc = read_run_config(run)?;
+    let (meta, _head, tcfg, dcfg) = run_context(&rc)?;
+    let step = match step {
+        Some(s) => s,
+        None => latest_checkpoint(run)?.ok_or_else(|| Error::file(run, "no checkpoint (ckpt-*.json) in this run directory"))?,
+    };
+    let params = load_checkpoint(run, step, &dcfg, meta.width(), None)?;
+    if let Some(scale) = load_checkpoint_scale(run, step)? {
+        fold_ctx_scale(&params, &scale)?;
+    }
+    let summary = std::fs::read_to_string(run.join("summary.json")).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+    let info = serde_json::json!({"run": rc, "step": step, "summary": summary, "cache_target": meta.target, "cache_source": meta.source});
+    let dtype = if f32 { ExportDtype::F32 } else { ExportDtype::Bf16 };
+    write_hf(out, &dcfg, tcfg.layers, meta.width(), &params, dtype, Some(&info))?;
+    let cfg = verify_with_engine(out, &tcfg)?;
+    let size = std::fs::metadata(out.join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "exported step {step} → {} ({:?}, {} layers, Markov rank {}, {:.1} MB); verified: the engine's Drafter::load accepts it",
+        out.display(),
+        cfg.kind,
+        cfg.layers,
+        cfg.markov_rank,
+        size as f64 / 1e6
+    );
+    Ok(())
+}

@@ -1,0 +1,724 @@
+//! `train`: the training loop (DFlash / DeepSpec recipe, reference §3.6–3.8 and §6.3).
+//!
+//! Each step takes `seqs_per_step` cached sequences (a seeded permutation per epoch) and
+//! `anchors` distinct anchor positions `S` in each one's answer (`prompt_len ≤ S ≤ n-2`). For an
+//! anchor the drafter sees the taps of **every** token before `S` (the whole context, as the
+//! engine's draft cache does) and the block `[token_S, mask × (Bk-1)]`. Labels are the target's
+//! greedy tokens: DSpark slot `j` → position `S+1+j` (shifted, depths 1..Bk), DFlash slot `j ≥ 1`
+//! → position `S+j` (in place, depths 1..Bk-1); slots past the end of the sequence are dropped.
+//! Each row's loss is weighted by `w_k = exp(-(k-1)/γ)` (depth `k`), and the step loss is
+//! `Σ w_k (α_ce·ce + α_kl·kl + α_l1·l1) / Σ w_k` ([`crate::head`]) plus, for DSpark,
+//! `α_conf · BCE(sigmoid(w·[h_k ; W1[t_{k-1}]] + b), 1 − ½ l1)` (inputs detached: the head is
+//! auxiliary and does not steer the backbone). The Markov bias `W2·W1[t_{k-1}]` is added to
+//! slot `k`'s logits with teacher forcing (`t_{k-1}` = the previous label, the anchor for
+//! `k = 1`), so the backbone and the head are trained jointly.
+//!
+//! Determinism: sequence order and anchors are pure functions of `(seed, step)`
+//! ([`crate::rng`]), parameters are initialised from the seed, and candle's CPU kernels are
+//! deterministic for a fixed thread count; `--resume` restores parameters and AdamW moments.
+
+use crate::cache::{load_all, CacheMeta, Sequence};
+use crate::error::{io, Error, Result};
+use crate::gen::load_lm_head;
+use crate::head::{vocab_head, HeadTargets, N_COLS};
+use crate::model::{feature_scale, BlockInput, CandleDrafter, Params};
+use crate::optim::{lr_at, AdamW, AdamWConfig};
+use crate::rng::Rng;
+use candle_core::{Device, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use sparkling::model::config::{DrafterConfig, DrafterKind, TargetConfig};
+use sparkling::model::synth::{drafter_config, DrafterInit};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Everything that defines a training run; stored as `run.json` in the run directory.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunConfig {
+    /// `dspark` or `dflash`.
+    pub kind: String,
+    /// Target checkpoint (for the frozen embedding / lm_head and its geometry).
+    pub target: String,
+    /// Training-cache directory.
+    pub cache: String,
+    /// Draft layers.
+    pub layers: usize,
+    /// Block size Bk.
+    pub block_size: usize,
+    /// Markov rank r (DSpark; 0 = none).
+    pub markov_rank: usize,
+    /// Train a confidence head (DSpark).
+    pub confidence: bool,
+    /// Optimizer steps (the cosine schedule's length).
+    pub steps: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Warm-up steps.
+    pub warmup: usize,
+    /// Final learning rate as a fraction of the peak.
+    pub min_lr_ratio: f64,
+    /// Sequences per step.
+    pub seqs_per_step: usize,
+    /// Anchors per sequence.
+    pub anchors: usize,
+    /// Position-weight decay γ (`w_k = exp(-(k-1)/γ)`).
+    pub gamma: f64,
+    /// Weight of the CE-to-greedy-token loss.
+    pub w_ce: f64,
+    /// Weight of the KL(target top-k ‖ draft) loss.
+    pub w_kl: f64,
+    /// Weight of the L1 distribution-matching loss.
+    pub w_l1: f64,
+    /// Weight of the confidence-head BCE.
+    pub w_conf: f64,
+    /// AdamW weight decay.
+    pub weight_decay: f64,
+    /// Gradient-norm clip.
+    pub clip: f64,
+    /// Seed.
+    pub seed: u64,
+    /// Sequences (highest ids) held out for validation.
+    pub holdout: usize,
+    /// Warm start: copy target layers `init_from_target..+layers` into the draft layers (see
+    /// [`warm_start`]); `None` = random initialisation.
+    #[serde(default)]
+    pub init_from_target: Option<usize>,
+}
+
+impl RunConfig {
+    /// The drafter kind.
+    pub fn drafter_kind(&self) -> Result<DrafterKind> {
+        match self.kind.as_str() {
+            "dspark" => Ok(DrafterKind::DSpark),
+            "dflash" => Ok(DrafterKind::DFlash),
+            k => Err(Error::arg("kind", format!("`{k}` (expected dspark or dflash)"))),
+        }
+    }
+
+    /// Check the numeric options; errors name the argument.
+    pub fn validate(&self) -> Result<()> {
+        self.drafter_kind()?;
+        let pos = |name: &str, v: usize| if v == 0 { Err(Error::arg(name, "must be ≥ 1")) } else { Ok(()) };
+        pos("layers", self.layers)?;
+        pos("steps", self.steps)?;
+        pos("seqs-per-step", self.seqs_per_step)?;
+        pos("anchors", self.anchors)?;
+        if self.block_size < 2 {
+            return Err(Error::arg("block-size", "must be ≥ 2"));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(Error::arg("lr", "must be a positive number"));
+        }
+        if !(self.gamma > 0.0) {
+            return Err(Error::arg("gamma", "must be positive"));
+        }
+        if self.w_ce < 0.0 || self.w_kl < 0.0 || self.w_l1 < 0.0 || self.w_conf < 0.0 || self.w_ce + self.w_kl + self.w_l1 <= 0.0 {
+            return Err(Error::arg("ce/kl/l1", "loss weights must be ≥ 0 and not all zero"));
+        }
+        Ok(())
+    }
+}
+
+/// The drafter config of a run for a target whose cache taps `tap_layers`.
+pub fn drafter_cfg(rc: &RunConfig, target: &TargetConfig, tap_layers: &[usize]) -> Result<DrafterConfig> {
+    let kind = rc.drafter_kind()?;
+    let init = DrafterInit {
+        kind,
+        layers: rc.layers,
+        block_size: rc.block_size,
+        markov_rank: rc.markov_rank,
+        taps: tap_layers.len(),
+        mask_token_id: None,
+        confidence_head: rc.confidence,
+    };
+    let mut c = drafter_config(target, &init);
+    c.target_layer_ids = tap_layers.to_vec();
+    Ok(c)
+}
+
+/// Warm start from the target (`--init-from-target F`): draft layer `l` takes target layer
+/// `F+l`'s attention and MLP weights and norms (q/k norms, absent in Llama targets, start at 1);
+/// `fc` maps the first tapped layer's raw output through unchanged (on the preconditioned
+/// features: `diag(1/s)`, plus `N(0, 0.02²)` elsewhere) and `hidden_norm` takes target layer
+/// `F`'s input norm, so the context rows enter as the normalised residual stream a target layer
+/// would see (exactly so when `F = tap_layers[0] + 1`). The draft layers thus start with the
+/// target's own attention heads (previous-token and copy heads matter for drafting) instead of
+/// learning attention from scratch in a few hundred CPU steps. Errors name the missing tensor or
+/// a layer outside the target.
+///
+/// The draft layers have per-head q/k RMSNorms that the Llama target lacks; with weights 1 they
+/// would cap attention logits at `√hd` and flatten the copied heads to near-uniform attention
+/// over hundreds of context rows. Each layer's `q_norm` / `k_norm` weight is therefore set to
+/// the mean per-head RMS of the target's own queries / keys on `sample_rows` (raw first-tap rows
+/// `[n, H]`, normalised with that layer's input norm), which restores the target's logit scale.
+pub fn warm_start(params: &Params, target: &Path, tcfg: &TargetConfig, dcfg: &DrafterConfig, first: usize, scale: &[f32], sample_rows: &Tensor) -> Result<()> {
+    if first + dcfg.layers > tcfg.layers {
+        return Err(Error::arg("init-from-target", format!("layers {first}..{} exceed the target's {}", first + dcfg.layers, tcfg.layers)));
+    }
+    if dcfg.hidden != tcfg.hidden || dcfg.n_heads != tcfg.n_heads || dcfg.n_kv_heads != tcfg.n_kv_heads || dcfg.intermediate != tcfg.intermediate {
+        return Err(Error::arg("init-from-target", "draft and target layer geometry differ"));
+    }
+    let set = |name: &str, data: Vec<f32>| -> Result<()> {
+        let v = params.vars.get(name).ok_or_else(|| Error(format!("parameter `{name}` missing")))?;
+        v.set(&Tensor::from_vec(data, v.shape(), &Device::Cpu)?)?;
+        Ok(())
+    };
+    for l in 0..dcfg.layers {
+        let t = first + l;
+        for part in [
+            "input_layernorm.weight",
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ] {
+            set(&format!("layers.{l}.{part}"), crate::gen::load_target_tensor(target, &format!("model.layers.{t}.{part}"))?)?;
+        }
+        let y = crate::model::rms_norm(sample_rows, params.get(&format!("layers.{l}.input_layernorm.weight"))?, dcfg.rms_eps)?;
+        for (w, norm) in [("q_proj", "q_norm"), ("k_proj", "k_norm")] {
+            let p = y.matmul(&params.get(&format!("layers.{l}.self_attn.{w}.weight"))?.t()?)?;
+            let rms = p.sqr()?.mean_all()?.sqrt()?.to_scalar::<f32>()?;
+            set(&format!("layers.{l}.self_attn.{norm}.weight"), vec![rms; dcfg.head_dim])?;
+            eprintln!("warm start: layer {l} {norm} = {rms:.2}");
+        }
+    }
+    set("hidden_norm.weight", crate::gen::load_target_tensor(target, &format!("model.layers.{first}.input_layernorm.weight"))?)?;
+    let (h, nf) = (dcfg.hidden, scale.len());
+    let fc = params.get("fc.weight")?;
+    let mut w: Vec<f32> = fc.flatten_all()?.to_vec1()?;
+    for r in 0..h {
+        for c in 0..h.min(nf) {
+            w[r * nf + c] = if r == c { 1.0 / scale[c] } else { 0.0 };
+        }
+    }
+    set("fc.weight", w)?;
+    Ok(())
+}
+
+/// Load the frozen target lm_head/embedding as a candle tensor `[V, H]` plus the target config.
+pub fn target_head(target: &Path) -> Result<(Tensor, TargetConfig)> {
+    let (data, cfg) = load_lm_head(target)?;
+    Ok((Tensor::from_vec(data, (cfg.vocab, cfg.hidden), &Device::Cpu)?, cfg))
+}
+
+/// Rows of one step: where each loss row comes from.
+struct Rows {
+    /// Selected backbone rows `[R, H]`.
+    h: Tensor,
+    /// Per row: anchor index (within the step), depth k (1-based).
+    meta: Vec<(usize, usize)>,
+    /// Previous tokens (Markov conditioning).
+    prev: Vec<u32>,
+    /// Head targets.
+    tg: HeadTargets,
+    /// Position weights.
+    w: Vec<f32>,
+}
+
+/// Forward the backbone over `(sequence, anchors)` pairs and gather the loss rows.
+fn gather_rows(m: &CandleDrafter, items: &[(&Sequence, Vec<usize>)], topk: usize, gamma: f64) -> Result<Rows> {
+    let bk = m.cfg.block_size;
+    let mut hs = Vec::new();
+    let mut meta = Vec::new();
+    let mut prev = Vec::new();
+    let mut tg = HeadTargets { labels: Vec::new(), k: topk, top_ids: Vec::new(), top_logp: Vec::new() };
+    let mut w = Vec::new();
+    let mut anchor_base = 0;
+    for (seq, anchors) in items {
+        let lc = *anchors.iter().max().ok_or_else(|| Error("no anchors".into()))?;
+        let ctx = Tensor::from_vec(seq.taps_f32(0, lc), (lc, seq.width), &Device::Cpu)?;
+        let anchor_ids: Vec<u32> = anchors.iter().map(|&s| seq.tokens[s]).collect();
+        let out = m.backbone(&BlockInput { ctx, anchors: anchors.clone(), anchor_ids })?;
+        let mut sel = Vec::new();
+        for (a, &s) in anchors.iter().enumerate() {
+            for j in m.draft_slots() {
+                let (q, depth) = match m.cfg.kind {
+                    DrafterKind::DSpark => (s + 1 + j, j + 1),
+                    DrafterKind::DFlash => (s + j, j),
+                };
+                let Some((ids, lp)) = seq.topk_at(q) else { continue };
+                sel.push((a * bk + j) as u32);
+                meta.push((anchor_base + a, depth));
+                prev.push(seq.tokens[q - 1]);
+                tg.labels.push(seq.tokens[q]);
+                tg.top_ids.extend_from_slice(&ids[..topk]);
+                tg.top_logp.extend_from_slice(&lp[..topk]);
+                w.push((-((depth - 1) as f64) / gamma).exp() as f32);
+            }
+        }
+        anchor_base += anchors.len();
+        hs.push(out.index_select(&Tensor::from_vec(sel.clone(), sel.len(), &Device::Cpu)?, 0)?);
+    }
+    let h = Tensor::cat(&hs, 0)?;
+    Ok(Rows { h, meta, prev, tg, w })
+}
+
+/// Metrics of one step or one evaluation.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Metrics {
+    /// Weighted total loss.
+    pub loss: f64,
+    /// Weighted mean CE to the greedy token.
+    pub ce: f64,
+    /// Weighted mean KL to the target's top-k.
+    pub kl: f64,
+    /// Weighted mean L1 estimate.
+    pub l1: f64,
+    /// Weighted mean confidence BCE (DSpark).
+    pub conf: f64,
+    /// Top-1 agreement with the greedy token per depth (teacher forcing), depth 1 first.
+    pub acc: Vec<f64>,
+    /// Mean accepted length of the greedy chain (leading agreements + the bonus token): what
+    /// the engine's `dflash` / `dspark` chain methods commit per round on this data.
+    pub tau_chain: f64,
+    /// Loss rows.
+    pub rows: usize,
+}
+
+/// Compute the loss (a scalar tensor) and metrics for a set of rows.
+fn loss_and_metrics(m: &CandleDrafter, rows: Rows, rc: &RunConfig, n_anchors: usize) -> Result<(Tensor, Metrics)> {
+    let r = rows.w.len();
+    let bias = m.markov_bias(&rows.prev)?;
+    let out = vocab_head(&rows.h, &m.lm_head, bias.as_ref().map(|b| &b.0), rows.tg)?;
+    let wsum: f64 = rows.w.iter().map(|&x| x as f64).sum::<f64>().max(1e-12);
+    let coef: Vec<f32> = rows
+        .w
+        .iter()
+        .flat_map(|&w| {
+            let s = w as f64 / wsum;
+            [(s * rc.w_ce) as f32, (s * rc.w_kl) as f32, (s * rc.w_l1) as f32, 0.0]
+        })
+        .collect();
+    let coef_t = Tensor::from_vec(coef, (r, N_COLS), &Device::Cpu)?;
+    let mut loss = out.mul(&coef_t)?.sum_all()?;
+    let host: Vec<f32> = out.flatten_all()?.to_vec1()?;
+    let mut mt = Metrics { rows: r, ..Metrics::default() };
+    for (i, &w) in rows.w.iter().enumerate() {
+        let s = w as f64 / wsum;
+        mt.ce += s * host[i * N_COLS] as f64;
+        mt.kl += s * host[i * N_COLS + 1] as f64;
+        mt.l1 += s * host[i * N_COLS + 2] as f64;
+    }
+    if m.cfg.kind == DrafterKind::DSpark && m.cfg.confidence_head {
+        let wc = m.params.get("confidence_head.proj.weight")?;
+        let bc = m.params.get("confidence_head.proj.bias")?;
+        let feat = match &bias {
+            Some((_, e)) => Tensor::cat(&[rows.h.detach(), e.detach()], 1)?,
+            None => rows.h.detach(),
+        };
+        let x = feat.matmul(&wc.t()?)?.broadcast_add(bc)?.squeeze(1)?;
+        let target: Vec<f32> = (0..r).map(|i| (1.0 - 0.5 * host[i * N_COLS + 2]).clamp(0.0, 1.0)).collect();
+        let target = Tensor::from_vec(target, r, &Device::Cpu)?;
+        let softplus = (x.relu()? + ((x.abs()?.neg()?.exp()? + 1.0)?.log()?))?;
+        let bce = (softplus - (&x * &target)?)?;
+        let wt = Tensor::from_vec(rows.w.iter().map(|&w| (w as f64 / wsum) as f32).collect::<Vec<_>>(), r, &Device::Cpu)?;
+        let conf = (bce * wt)?.sum_all()?;
+        mt.conf = conf.to_scalar::<f32>()? as f64;
+        loss = (loss + (conf * rc.w_conf)?)?;
+    }
+    mt.loss = loss.to_scalar::<f32>()? as f64;
+    // Per-depth agreement and the greedy chain's accepted length.
+    let depth = m.cfg.draft_depth();
+    let mut hit = vec![0f64; depth];
+    let mut cnt = vec![0f64; depth];
+    let mut lead = vec![0usize; n_anchors];
+    let mut alive = vec![true; n_anchors];
+    let mut order: Vec<usize> = (0..r).collect();
+    order.sort_by_key(|&i| rows.meta[i]);
+    for i in order {
+        let (a, k) = rows.meta[i];
+        let h = host[i * N_COLS + 3] > 0.5;
+        cnt[k - 1] += 1.0;
+        if h {
+            hit[k - 1] += 1.0;
+        }
+        if alive[a] {
+            if h {
+                lead[a] += 1;
+            } else {
+                alive[a] = false;
+            }
+        }
+    }
+    mt.acc = hit.iter().zip(&cnt).map(|(h, c)| if *c > 0.0 { h / c } else { 0.0 }).collect();
+    mt.tau_chain = 1.0 + lead.iter().sum::<usize>() as f64 / n_anchors.max(1) as f64;
+    Ok((loss, mt))
+}
+
+/// The training data split: (train, holdout).
+pub fn split(mut seqs: Vec<Sequence>, holdout: usize) -> (Vec<Sequence>, Vec<Sequence>) {
+    seqs.retain(|s| s.len() >= s.prompt_len + 2);
+    let h = holdout.min(seqs.len() / 2);
+    let hold = seqs.split_off(seqs.len() - h);
+    (seqs, hold)
+}
+
+/// The sequences and anchors of step `step`.
+fn step_items<'a>(train: &'a [Sequence], rc: &RunConfig, step: usize, perms: &mut BTreeMap<usize, Vec<usize>>) -> Vec<(&'a Sequence, Vec<usize>)> {
+    let n = train.len();
+    (0..rc.seqs_per_step)
+        .map(|i| {
+            let g = step * rc.seqs_per_step + i;
+            let epoch = g / n;
+            let perm = perms.entry(epoch).or_insert_with(|| {
+                let mut p: Vec<usize> = (0..n).collect();
+                Rng::new(rc.seed, 1_000_000 + epoch as u64).shuffle(&mut p);
+                p
+            });
+            let seq = &train[perm[g % n]];
+            let anchors = Rng::new(rc.seed, (1u64 << 40) + g as u64).sample_distinct(seq.prompt_len, seq.len() - 1, rc.anchors);
+            (seq, anchors)
+        })
+        .collect()
+}
+
+/// Evaluate on held-out sequences: up to `per_seq` evenly spaced anchors each (no update).
+pub fn evaluate(m: &CandleDrafter, hold: &[Sequence], rc: &RunConfig, topk: usize, per_seq: usize) -> Result<Metrics> {
+    let mut tot = Metrics::default();
+    let mut anchors_total = 0usize;
+    let mut tau_sum = 0.0;
+    let mut acc_num = vec![0f64; m.cfg.draft_depth()];
+    let mut acc_den = vec![0f64; m.cfg.draft_depth()];
+    for seq in hold {
+        let span = seq.len() - 1 - seq.prompt_len;
+        let k = per_seq.min(span).max(1);
+        let anchors: Vec<usize> = (0..k).map(|i| seq.prompt_len + i * span / k).collect();
+        let na = anchors.len();
+        let rows = gather_rows(m, &[(seq, anchors)], topk, rc.gamma)?;
+        let depths: Vec<usize> = rows.meta.iter().map(|x| x.1).collect();
+        let (_, mt) = loss_and_metrics(m, rows, rc, na)?;
+        let w = mt.rows as f64;
+        tot.loss += mt.loss * w;
+        tot.ce += mt.ce * w;
+        tot.kl += mt.kl * w;
+        tot.l1 += mt.l1 * w;
+        tot.conf += mt.conf * w;
+        tot.rows += mt.rows;
+        tau_sum += mt.tau_chain * na as f64;
+        anchors_total += na;
+        for (d, a) in mt.acc.iter().enumerate() {
+            let c = depths.iter().filter(|&&x| x == d + 1).count() as f64;
+            acc_num[d] += a * c;
+            acc_den[d] += c;
+        }
+    }
+    let w = tot.rows.max(1) as f64;
+    tot.loss /= w;
+    tot.ce /= w;
+    tot.kl /= w;
+    tot.l1 /= w;
+    tot.conf /= w;
+    tot.tau_chain = tau_sum / anchors_total.max(1) as f64;
+    tot.acc = acc_num.iter().zip(&acc_den).map(|(n, d)| if *d > 0.0 { n / d } else { 0.0 }).collect();
+    Ok(tot)
+}
+
+/// Options of one `train` invocation that are not part of the run's identity.
+#[derive(Debug, Clone)]
+pub struct TrainControl {
+    /// Run directory (checkpoints, `run.json`, `log.jsonl`).
+    pub out: PathBuf,
+    /// Continue from the newest checkpoint in `out`.
+    pub resume: bool,
+    /// Checkpoint every this many steps.
+    pub ckpt_every: usize,
+    /// Evaluate on the holdout every this many steps (0 = only at the end).
+    pub eval_every: usize,
+    /// Stop (with a checkpoint) after this many minutes.
+    pub max_minutes: Option<f64>,
+}
+
+/// Training-state file names for `step`.
+fn ckpt_paths(out: &Path, step: usize) -> (PathBuf, PathBuf) {
+    (out.join(format!("ckpt-{step:06}.safetensors")), out.join(format!("ckpt-{step:06}.json")))
+}
+
+/// The newest checkpoint step in `out`, if any.
+pub fn latest_checkpoint(out: &Path) -> Result<Option<usize>> {
+    if !out.exists() {
+        return Ok(None);
+    }
+    let mut best = None;
+    for e in std::fs::read_dir(out).map_err(|e| io(out, e))?.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Some(s) = name.strip_prefix("ckpt-").and_then(|x| x.strip_suffix(".json")) {
+            if let Ok(n) = s.parse::<usize>() {
+                best = best.max(Some(n));
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Checkpoint name of the context-feature preconditioner (see `CandleDrafter::ctx_scale`).
+pub const CTX_SCALE: &str = "precond.ctx_scale";
+
+/// Load a run's parameters (and optimizer moments when `opt` is given) from checkpoint `step`.
+/// `fc.weight` is returned as trained (on preconditioned features); use
+/// [`load_checkpoint_scale`] for the preconditioner.
+pub fn load_checkpoint(out: &Path, step: usize, cfg: &DrafterConfig, n_feat: usize, opt: Option<&mut AdamW>) -> Result<Params> {
+    let (st, js) = ckpt_paths(out, step);
+    let all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
+    let mut params = BTreeMap::new();
+    let mut m = BTreeMap::new();
+    let mut v = BTreeMap::new();
+    for (k, t) in all {
+        if let Some(n) = k.strip_prefix("adam.m.") {
+            m.insert(n.to_string(), t);
+        } else if let Some(n) = k.strip_prefix("adam.v.") {
+            v.insert(n.to_string(), t);
+        } else if k != CTX_SCALE {
+            params.insert(k, t);
+        }
+    }
+    let p = Params::from_tensors(cfg, n_feat, params, &st.display().to_string())?;
+    if let Some(o) = opt {
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&js).map_err(|e| io(&js, e))?).map_err(|e| Error::file(&js, e))?;
+        o.t = state.get("adam_t").and_then(|x| x.as_u64()).ok_or_else(|| Error::file(&js, "missing `adam_t`"))?;
+        for n in p.vars.keys() {
+            let (Some(a), Some(b)) = (m.remove(n), v.remove(n)) else {
+                return Err(Error::file(&st, format!("optimizer moments for `{n}` missing")));
+            };
+            o.m.insert(n.clone(), a);
+            o.v.insert(n.clone(), b);
+        }
+    }
+    Ok(p)
+}
+
+/// The context-feature preconditioner stored in checkpoint `step`, if any.
+pub fn load_checkpoint_scale(out: &Path, step: usize) -> Result<Option<Tensor>> {
+    let (st, _) = ckpt_paths(out, step);
+    let mut all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
+    Ok(all.remove(CTX_SCALE))
+}
+
+/// `fc.weight ⊙ s` (columns scaled): the raw-tap `fc` equivalent to `fc` on preconditioned taps.
+pub fn fold_ctx_scale(params: &Params, scale: &Tensor) -> Result<()> {
+    let fc = params.vars.get("fc.weight").ok_or_else(|| Error("parameter `fc.weight` missing".into()))?;
+    let folded = fc.as_tensor().broadcast_mul(&scale.unsqueeze(0)?)?;
+    fc.set(&folded)?;
+    Ok(())
+}
+
+fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, scale: Option<&Tensor>, state: serde_json::Value) -> Result<()> {
+    let (st, js) = ckpt_paths(out, step);
+    let mut all: std::collections::HashMap<String, Tensor> = std::collections::HashMap::new();
+    if let Some(s) = scale {
+        all.insert(CTX_SCALE.to_string(), s.clone());
+    }
+    for (n, v) in &p.vars {
+        all.insert(n.clone(), v.as_tensor().clone());
+        all.insert(format!("adam.m.{n}"), opt.m[n].clone());
+        all.insert(format!("adam.v.{n}"), opt.v[n].clone());
+    }
+    let tmp = st.with_extension("tmp");
+    candle_core::safetensors::save(&all, &tmp).map_err(|e| Error::file(&tmp, e))?;
+    std::fs::rename(&tmp, &st).map_err(|e| io(&st, e))?;
+    std::fs::write(&js, serde_json::to_string_pretty(&state).map_err(|e| Error::file(&js, e))?).map_err(|e| io(&js, e))?;
+    // Keep the two newest checkpoints.
+    if let Ok(rd) = std::fs::read_dir(out) {
+        let mut steps: Vec<usize> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().strip_prefix("ckpt-").and_then(|x| x.strip_suffix(".json")).and_then(|x| x.parse().ok()))
+            .collect();
+        steps.sort_unstable();
+        for s in steps.iter().rev().skip(2) {
+            let (a, b) = ckpt_paths(out, *s);
+            let _ = std::fs::remove_file(a);
+            let _ = std::fs::remove_file(b);
+        }
+    }
+    Ok(())
+}
+
+/// Read `run.json` of a run directory.
+pub fn read_run_config(out: &Path) -> Result<RunConfig> {
+    let p = out.join("run.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid run config: {e}")))
+}
+
+/// Everything needed to rebuild a run's drafter: cache meta, target config, drafter config.
+pub fn run_context(rc: &RunConfig) -> Result<(CacheMeta, Tensor, TargetConfig, DrafterConfig)> {
+    let cache = PathBuf::from(&rc.cache);
+    let meta = CacheMeta::read(&cache)?.ok_or_else(|| Error::file(&cache, "no meta.json: not a training cache (run gen-data first)"))?;
+    let (head, tcfg) = target_head(Path::new(&rc.target))?;
+    if tcfg.hidden != meta.hidden || tcfg.vocab != meta.vocab {
+        return Err(Error::file(&cache, format!("cache is for H {} / V {} but the target has H {} / V {}", meta.hidden, meta.vocab, tcfg.hidden, tcfg.vocab)));
+    }
+    let dcfg = drafter_cfg(rc, &tcfg, &meta.tap_layers)?;
+    Ok((meta, head, tcfg, dcfg))
+}
+
+/// Run (or resume) training. Returns the final holdout metrics.
+pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
+    rc.validate()?;
+    if ctl.ckpt_every == 0 {
+        return Err(Error::arg("ckpt-every", "must be ≥ 1"));
+    }
+    std::fs::create_dir_all(&ctl.out).map_err(|e| io(&ctl.out, e))?;
+    let run_json = ctl.out.join("run.json");
+    if run_json.exists() {
+        let old = read_run_config(&ctl.out)?;
+        // `--steps` may change on resume (the cosine schedule then follows the new length).
+        let same = RunConfig { steps: rc.steps, ..old.clone() } == *rc;
+        if !same || (!ctl.resume && old.steps != rc.steps) {
+            if ctl.resume {
+                return Err(Error::file(&run_json, "the run's options differ from this invocation's; resume with the same options"));
+            }
+            return Err(Error::file(&run_json, "a different run lives here; pass another --out (or --resume with the same options)"));
+        }
+    }
+    let (meta, head, tcfg, dcfg) = run_context(rc)?;
+    let n_feat = meta.width();
+    let t_load = Instant::now();
+    let seqs = load_all(Path::new(&rc.cache), &meta)?;
+    let (train, hold) = split(seqs, rc.holdout);
+    if train.is_empty() {
+        return Err(Error::file(Path::new(&rc.cache), "no usable sequences (run gen-data first)"));
+    }
+    let topk = meta.topk;
+    eprintln!(
+        "data: {} train / {} holdout sequences, {} train tokens ({:.1}s to load)",
+        train.len(),
+        hold.len(),
+        train.iter().map(|s| s.len()).sum::<usize>(),
+        t_load.elapsed().as_secs_f64()
+    );
+    std::fs::write(&run_json, serde_json::to_string_pretty(rc).map_err(|e| Error::file(&run_json, e))?).map_err(|e| io(&run_json, e))?;
+    let ocfg = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: rc.weight_decay, clip: rc.clip };
+    let start = if ctl.resume { latest_checkpoint(&ctl.out)?.unwrap_or(0) } else { 0 };
+    if !ctl.resume && latest_checkpoint(&ctl.out)?.is_some() {
+        return Err(Error::file(&ctl.out, "holds checkpoints already; pass --resume to continue or another --out"));
+    }
+    // Final norm at 0.1: with 1s (or the target's own final-norm weights) random hidden states
+    // through SmolLM2's borrowed lm_head give logits so large that the first CE is 75–120 nats;
+    // at 0.1 it starts near ln V.
+    let final_norm = vec![0.1f32; dcfg.hidden];
+    {
+        let row_norm = |i: u32| -> Result<f32> {
+            Ok(head.get(i as usize)?.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()?)
+        };
+        let mean: f32 = (0..64u32).map(|i| row_norm(i * 700).unwrap_or(0.0)).sum::<f32>() / 64.0;
+        eprintln!("embedding: |E[mask={}]| = {:.4}, mean |E[v]| = {mean:.4}", dcfg.mask_token_id, row_norm(dcfg.mask_token_id)?);
+    }
+    let (params, mut opt, mut elapsed0) = if start > 0 {
+        let init = Params::init(&dcfg, n_feat, rc.seed, Some(&final_norm))?;
+        let mut opt = AdamW::new(ocfg, &init)?;
+        let p = load_checkpoint(&ctl.out, start, &dcfg, n_feat, Some(&mut opt))?;
+        let (_, js) = ckpt_paths(&ctl.out, start);
+        let st: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&js).map_err(|e| io(&js, e))?).map_err(|e| Error::file(&js, e))?;
+        eprintln!("resuming from step {start}");
+        (p, opt, st.get("elapsed_s").and_then(|x| x.as_f64()).unwrap_or(0.0))
+    } else {
+        let p = Params::init(&dcfg, n_feat, rc.seed, Some(&final_norm))?;
+        let opt = AdamW::new(ocfg, &p)?;
+        (p, opt, 0.0)
+    };
+    eprintln!("drafter: {:?}, {} layers, block {}, Markov rank {}, {} trainable parameters", dcfg.kind, dcfg.layers, dcfg.block_size, dcfg.markov_rank, params.count());
+    let scale = feature_scale(train.iter().flat_map(|q| q.taps.iter().map(|v| v.to_f32())), n_feat);
+    if let (Some(first), 0) = (rc.init_from_target, start) {
+        let h = tcfg.hidden;
+        let mut rows = Vec::new();
+        for q in train.iter().take(4) {
+            for i in 0..q.len().min(128) {
+                rows.extend(q.taps[i * q.width..i * q.width + h].iter().map(|v| v.to_f32()));
+            }
+        }
+        let sample = Tensor::from_vec(rows.clone(), (rows.len() / h, h), &Device::Cpu)?;
+        warm_start(&params, Path::new(&rc.target), &tcfg, &dcfg, first, &scale, &sample)?;
+        eprintln!("warm start: draft layers ← target layers {first}..{}", first + dcfg.layers);
+    }
+    let scale_t = Tensor::from_vec(scale, n_feat, &Device::Cpu)?;
+    let model = CandleDrafter { cfg: dcfg, params, embed: head.clone(), lm_head: head, ctx_scale: Some(scale_t) };
+    let log_path = ctl.out.join("log.jsonl");
+    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).map_err(|e| io(&log_path, e))?;
+    let pb = ProgressBar::new(rc.steps as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:25}] {pos}/{len} {elapsed_precise} eta {eta} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(rc.kind.clone());
+    pb.set_position(start as u64);
+    let t0 = Instant::now();
+    let mut perms = BTreeMap::new();
+    let mut ema: Option<Metrics> = None;
+    let mut step = start;
+    let mut last_saved = start;
+    while step < rc.steps {
+        if let Some(mm) = ctl.max_minutes {
+            if t0.elapsed().as_secs_f64() > mm * 60.0 {
+                pb.println(format!("time budget of {mm} min reached at step {step}"));
+                break;
+            }
+        }
+        let ts = Instant::now();
+        let items = step_items(&train, rc, step, &mut perms);
+        let n_anchors: usize = items.iter().map(|x| x.1.len()).sum();
+        let rows = gather_rows(&model, &items, topk, rc.gamma)?;
+        let (loss, mt) = loss_and_metrics(&model, rows, rc, n_anchors)?;
+        let grads = loss.backward()?;
+        let lr = lr_at(step, rc.steps, rc.warmup, rc.lr, rc.min_lr_ratio);
+        let gnorm = opt.step(&model.params, &grads, lr)?;
+        drop(grads);
+        step += 1;
+        let dt = ts.elapsed().as_secs_f64();
+        let e = ema.get_or_insert_with(|| mt.clone());
+        let a = 0.95;
+        e.loss = a * e.loss + (1.0 - a) * mt.loss;
+        e.ce = a * e.ce + (1.0 - a) * mt.ce;
+        e.kl = a * e.kl + (1.0 - a) * mt.kl;
+        e.l1 = a * e.l1 + (1.0 - a) * mt.l1;
+        e.conf = a * e.conf + (1.0 - a) * mt.conf;
+        e.tau_chain = a * e.tau_chain + (1.0 - a) * mt.tau_chain;
+        for (x, y) in e.acc.iter_mut().zip(&mt.acc) {
+            *x = a * *x + (1.0 - a) * y;
+        }
+        pb.set_message(format!(
+            "loss {:.3} ce {:.3} kl {:.3} l1 {:.3} acc1 {:.2} τchain {:.2} | {:.0} tok/s",
+            e.loss,
+            e.ce,
+            e.kl,
+            e.l1,
+            e.acc.first().copied().unwrap_or(0.0),
+            e.tau_chain,
+            mt.rows as f64 / dt
+        ));
+        pb.set_position(step as u64);
+        if pb.is_hidden() && (step % 25 == 0 || step == 1) {
+            eprintln!("{} step {step}/{}: {}", rc.kind, rc.steps, pb.message());
+        }
+        let rec = serde_json::json!({"step": step, "lr": lr, "gnorm": gnorm, "sec": dt, "loss": mt.loss, "ce": mt.ce, "kl": mt.kl, "l1": mt.l1, "conf": mt.conf, "acc": mt.acc, "tau_chain": mt.tau_chain, "rows": mt.rows});
+        writeln!(log, "{rec}").map_err(|e| io(&log_path, e))?;
+        if ctl.eval_every > 0 && step % ctl.eval_every == 0 && !hold.is_empty() {
+            let ev = evaluate(&model, &hold, rc, topk, 32)?;
+            pb.println(format!("step {step}: holdout ce {:.3} kl {:.3} acc1 {:.3} τchain {:.3}", ev.ce, ev.kl, ev.acc.first().copied().unwrap_or(0.0), ev.tau_chain));
+            writeln!(log, "{}", serde_json::json!({"step": step, "eval": ev})).map_err(|e| io(&log_path, e))?;
+        }
+        if step % ctl.ckpt_every == 0 || step == rc.steps {
+            let state = serde_json::json!({"step": step, "adam_t": opt.t, "elapsed_s": elapsed0 + t0.elapsed().as_secs_f64(), "ema": e});
+            save_checkpoint(&ctl.out, step, &model.params, &opt, model.ctx_scale.as_ref(), state)?;
+            last_saved = step;
+        }
+    }
+    pb.finish();
+    elapsed0 += t0.elapsed().as_secs_f64();
+    if last_saved != step {
+        let state = serde_json::json!({"step": step, "adam_t": opt.t, "elapsed_s": elapsed0, "ema": ema});
+        save_checkpoint(&ctl.out, step, &model.params, &opt, model.ctx_scale.as_ref(), state)?;
+    }
+    let ev = if hold.is_empty() { Metrics::default() } else { evaluate(&model, &hold, rc, topk, 32)? };
+    let summary = serde_json::json!({"step": step, "train_seconds": elapsed0, "train_ema": ema, "holdout": ev, "train_sequences": train.len(), "holdout_sequences": hold.len()});
+    let sp = ctl.out.join("summary.json");
+    std::fs::write(&sp, serde_json::to_string_pretty(&summary).map_err(|e| Error::file(&sp, e))?).map_err(|e| io(&sp, e))?;
+    eprintln!("holdout: ce {:.3} kl {:.3} l1 {:.3} acc {:?} τchain {:.3}", ev.ce, ev.kl, ev.l1, ev.acc.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>(), ev.tau_chain);
+    Ok(ev)
+}
