@@ -104,12 +104,26 @@ fn qwen25_coder_greedy_tokens_equal_llamacpp_when_cached() {
 fn smollm2_every_method_emits_ar_tokens_on_real_prompts() {
     let Some(path) = asset_or_skip("smollm2-135m-instruct-q4_1.gguf", true) else { return };
     let m = load(&path);
+    // Untrained drafters sized for SmolLM2 (as `init-drafter` writes them) and the trained ones
+    // committed under models/ (issue 3).
     let d1 = common::tmpdir("dflash");
     let d2 = common::tmpdir("dspark");
-    // Untrained drafters sized for SmolLM2 (as `init-drafter` writes them).
-    let dflash = common::random_drafter(d1.path(), &m.target.cfg, DrafterKind::DFlash, 16, 0, 1);
-    let dspark = common::random_drafter(d2.path(), &m.target.cfg, DrafterKind::DSpark, 16, 32, 2);
-    for text in ["What is the capital of France?", "Write a Python function that reverses a string."] {
+    let random = (
+        common::random_drafter(d1.path(), &m.target.cfg, DrafterKind::DFlash, 16, 0, 1),
+        common::random_drafter(d2.path(), &m.target.cfg, DrafterKind::DSpark, 16, 32, 2),
+    );
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let trained = (
+        common::load_drafter(&m.b, &models.join("smollm2-135m-dflash-b16"), &m.target.cfg),
+        common::load_drafter(&m.b, &models.join("smollm2-135m-dspark-b16"), &m.target.cfg),
+    );
+    let mut tau_trained = 0.0;
+    for (label, (dflash, dspark), text) in [
+        ("random", &random, "What is the capital of France?"),
+        ("random", &random, "Write a Python function that reverses a string."),
+        ("trained", &trained, "What is the capital of France?"),
+        ("trained", &trained, "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether?"),
+    ] {
         let prompt = m.tok.encode_chat(text, None).unwrap();
         let ar = Engine { backend: &m.b, target: &m.target, drafter: None };
         let want = ar.generate(&prompt, &common::params(Method::Ar, 1, 0.0, 0, 20, m.tok.stop.clone()), &mut |_| {}).unwrap();
@@ -118,8 +132,13 @@ fn smollm2_every_method_emits_ar_tokens_on_real_prompts() {
         for method in Method::ALL.into_iter().skip(1) {
             let d = if method.drafter_kind() == Some(DrafterKind::DFlash) { &dflash } else { &dspark };
             let e = Engine { backend: &m.b, target: &m.target, drafter: Some(d) };
-            let g = e.generate(&prompt, &common::params(method, 6, 0.0, 0, 20, m.tok.stop.clone()), &mut |_| {}).unwrap();
-            assert_eq!(g.tokens, want.tokens, "{} on {text:?}", method.name());
+            let budget = if label == "trained" { 16 } else { 6 };
+            let g = e.generate(&prompt, &common::params(method, budget, 0.0, 0, 20, m.tok.stop.clone()), &mut |_| {}).unwrap();
+            assert_eq!(g.tokens, want.tokens, "{} with {label} drafters on {text:?}", method.name());
+            if label == "trained" && method == Method::Sparkling {
+                tau_trained += g.stats.tau();
+            }
         }
     }
+    eprintln!("sparkling τ with the trained DSpark drafter (budget 16, 2 prompts): mean {:.2}", tau_trained / 2.0);
 }

@@ -43,6 +43,14 @@ pub fn random_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, bloc
     Drafter::load(&CpuBackend::new(), src.as_ref(), cfg, target).expect("load drafter")
 }
 
+/// Load a drafter checkpoint directory against `target` on `b`.
+pub fn load_drafter<B: sparkling::core::Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Drafter<B> {
+    let (cp, v) = read_json(dir).expect("drafter config");
+    let cfg = DrafterConfig::from_hf_json(&cp, &v).expect("parse drafter config");
+    let src = open_source(dir).expect("open drafter");
+    Drafter::load(b, src.as_ref(), cfg, target).expect("load drafter")
+}
+
 /// Generation parameters for tests.
 pub fn params(method: Method, budget: usize, temperature: f32, seed: u64, max_new: usize, stop: Vec<u32>) -> GenParams {
     GenParams {
