@@ -10,11 +10,30 @@ pub enum Error {
     /// A backend op failed (shape mismatch, device failure).
     Backend(sparkling_core::Error),
     /// A file could not be read or parsed: `path` and what went wrong.
-    File { path: PathBuf, msg: String },
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        msg: String,
+    },
     /// A config key is missing or has the wrong type/value.
-    Config { path: PathBuf, key: String, msg: String },
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// What was expected.
+        msg: String,
+    },
     /// A tensor is missing, has the wrong shape or an unsupported dtype.
-    Tensor { path: PathBuf, name: String, msg: String },
+    Tensor {
+        /// The checkpoint file or directory.
+        path: PathBuf,
+        /// The tensor name.
+        name: String,
+        /// What was expected.
+        msg: String,
+    },
     /// The user's input (prompt, CLI argument) is not acceptable.
     Input(String),
     /// Tokenizer failure.

@@ -10,23 +10,31 @@ use sparkling_core::Backend;
 pub struct DecoderLayer<B: Backend> {
     /// `input_layernorm.weight` `[1, H]`.
     pub attn_norm: B::Tensor,
-    /// `q_proj` `[nh*hd, H]`, `k_proj`/`v_proj` `[nkv*hd, H]`, `o_proj` `[H, nh*hd]`.
+    /// `q_proj` `[nh*hd, H]`.
     pub wq: B::Weight,
+    /// `k_proj` `[nkv*hd, H]`.
     pub wk: B::Weight,
+    /// `v_proj` `[nkv*hd, H]`.
     pub wv: B::Weight,
+    /// `o_proj` `[H, nh*hd]`.
     pub wo: B::Weight,
-    /// Optional biases `[1, nh*hd]` / `[1, nkv*hd]` (Qwen2).
+    /// Optional `q_proj` bias `[1, nh*hd]` (Qwen2).
     pub bq: Option<B::Tensor>,
+    /// Optional `k_proj` bias `[1, nkv*hd]` (Qwen2).
     pub bk: Option<B::Tensor>,
+    /// Optional `v_proj` bias `[1, nkv*hd]` (Qwen2).
     pub bv: Option<B::Tensor>,
-    /// Optional per-head norms `[1, hd]` (Qwen3).
+    /// Optional per-head query norm `[1, hd]` (Qwen3, applied before RoPE).
     pub q_norm: Option<B::Tensor>,
+    /// Optional per-head key norm `[1, hd]` (Qwen3, applied before RoPE).
     pub k_norm: Option<B::Tensor>,
     /// `post_attention_layernorm.weight` `[1, H]`.
     pub mlp_norm: B::Tensor,
-    /// `gate_proj`/`up_proj` `[I, H]`, `down_proj` `[H, I]`.
+    /// `gate_proj` `[I, H]`.
     pub w_gate: B::Weight,
+    /// `up_proj` `[I, H]`.
     pub w_up: B::Weight,
+    /// `down_proj` `[H, I]`.
     pub w_down: B::Weight,
 }
 
