@@ -47,6 +47,9 @@ pub struct BenchArgs {
     /// TreeSpark k.
     #[arg(long, default_value_t = 4)]
     pub treespark_k: usize,
+    /// Candidate selection: auto (host on cpu, device otherwise), host or device.
+    #[arg(long, default_value = "auto")]
+    pub tree_prep: String,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -137,6 +140,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         candidates: a.candidates,
         max_fanout: a.max_fanout,
         treespark_k: a.treespark_k,
+        tree_prep: a.tree_prep.clone(),
         temperature: a.temperature,
         top_k: 0,
         top_p: 1.0,
@@ -150,7 +154,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     let mut results = Vec::new();
     for &(meth, budget) in &runs {
         pb.set_message(format!("{} b{budget}", meth.name()));
-        let params = gen_params(meth, Some(budget.max(1)), &gen_args, stop.clone())?;
+        let params = gen_params(meth, Some(budget.max(1)), &gen_args, stop.clone(), m.backend.host_memory())?;
         let engine = Engine { backend: &m.backend, target: &m.target, drafter: meth.drafter_kind().and_then(|k| m.drafter(k)) };
         let mut total = Stats::default();
         let mut mismatches = 0usize;

@@ -3,7 +3,7 @@
 use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
 use sparkling::core::{Backend, SampleParams};
-use sparkling::decode::propose::TreeParams;
+use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{Engine, GenParams, Method, Stats};
 use sparkling::{Error, Result};
 use std::io::Write;
@@ -41,6 +41,11 @@ pub struct GenerateArgs {
     /// TreeSpark children per parent (k).
     #[arg(long, default_value_t = 4)]
     pub treespark_k: usize,
+    /// Where draft candidates are selected: `host` (download the draft logits), `device`
+    /// (top-k and the Markov candidate table on the backend, download only the table), or
+    /// `auto` (host on the cpu backend, device otherwise).
+    #[arg(long, default_value = "auto")]
+    pub tree_prep: String,
     /// Sampling temperature (0 = greedy; every method then emits the target's greedy tokens).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -68,7 +73,13 @@ pub struct GenerateArgs {
 }
 
 /// Build generation parameters from CLI values (shared with `bench`).
-pub fn gen_params(method: Method, budget: Option<usize>, a: &GenerateArgs, stop: Vec<u32>) -> Result<GenParams> {
+/// `host_memory`: the backend's [`Backend::host_memory`], which resolves `--tree-prep auto`.
+pub fn gen_params(method: Method, budget: Option<usize>, a: &GenerateArgs, stop: Vec<u32>, host_memory: bool) -> Result<GenParams> {
+    let prep = match a.tree_prep.as_str() {
+        "auto" if host_memory => TreePrep::Host,
+        "auto" => TreePrep::Device,
+        other => TreePrep::parse(other).ok_or_else(|| Error::Input(format!("--tree-prep `{other}`: expected auto, host or device")))?,
+    };
     if a.temperature < 0.0 || !a.temperature.is_finite() {
         return Err(Error::Input(format!("--temperature {} must be ≥ 0", a.temperature)));
     }
@@ -85,6 +96,7 @@ pub fn gen_params(method: Method, budget: Option<usize>, a: &GenerateArgs, stop:
             candidates: a.candidates,
             max_fanout: a.max_fanout,
             treespark_k: a.treespark_k,
+            prep,
         },
         sampling: SampleParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p },
         seed: a.seed,
@@ -155,7 +167,7 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     if a.ignore_eos {
         stop.clear();
     }
-    let params = gen_params(method, a.budget, a, stop)?;
+    let params = gen_params(method, a.budget, a, stop, m.backend.host_memory())?;
     let engine = Engine { backend: &m.backend, target: &m.target, drafter: method.drafter_kind().and_then(|k| m.drafter(k)) };
     let mut all: Vec<u32> = Vec::new();
     let mut printed = 0usize;

@@ -12,7 +12,7 @@ use crate::model::config::DrafterKind;
 use crate::model::drafter::Drafter;
 use crate::model::target::{LogitRows, Target};
 use crate::tree::DraftTree;
-use propose::{propose, TreeParams};
+use propose::{propose, propose_device, TreeParams, TreePrep};
 use sparkling_core::{AttnMask, Backend, SampleParams};
 pub use stats::Stats;
 use std::time::Instant;
@@ -202,10 +202,19 @@ impl<'a, B: Backend> Engine<'a, B> {
             let (tree, prep, heap) = match (drafter, dcache.as_mut(), ctx.as_ref()) {
                 (Some(d), Some(dc), Some(c)) => {
                     let logits = d.draft(b, self.target, dc, c, root, root_pos)?;
-                    let host = b.download(&logits)?;
-                    stats.draft_ms += ms(t);
                     let depth = d.cfg.draft_depth();
-                    propose(p.method, &host, depth, d.cfg.vocab, d.markov.as_ref(), root, p.tree)
+                    match p.tree.prep {
+                        TreePrep::Host => {
+                            let host = b.download(&logits)?;
+                            stats.draft_ms += ms(t);
+                            propose(p.method, &host, depth, d.cfg.vocab, d.markov.as_ref(), root, p.tree)
+                        }
+                        TreePrep::Device => {
+                            let mdev = if p.method == Method::Sparkling { d.markov_device(b)? } else { None };
+                            stats.draft_ms += ms(t);
+                            propose_device(b, p.method, &logits, depth, d.cfg.vocab, d.markov.as_ref(), mdev, root, p.tree)?
+                        }
+                    }
                 }
                 _ => (DraftTree::root(root), 0.0, 0.0),
             };

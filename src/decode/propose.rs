@@ -2,8 +2,35 @@
 //! same decode loop with a different proposer (design §1); `ar` proposes the root alone.
 
 use super::Method;
-use crate::tree::{self, DraftTree, MarkovHead};
+use crate::error::Result;
+use crate::tree::{self, CandidateTable, DepthTopK, DraftTree, MarkovHead};
+use sparkling_core::Backend;
 use std::time::Instant;
+
+/// Where the draft logits are turned into the inputs of the tree heap (design §1, §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreePrep {
+    /// Download the whole `[depth, V]` draft logits and select on the host (the CPU backend's
+    /// path: SparklingTree uses the lazy-row builder, cheapest on a CPU).
+    Host,
+    /// Select on the device and download only what the heap reads: `ddtree` per-depth
+    /// [`Backend::topk`]; `sparkling` top-C per depth → candidate union (host) →
+    /// [`Backend::markov_table`] → precompute heap (reference §5.2 c); `dflash` device argmax.
+    /// `dspark` and `treespark` still read the full logits (sequential Markov chain / TreeSpark
+    /// policy run on the host). The GPU backends' default.
+    Device,
+}
+
+impl TreePrep {
+    /// Parse `host` / `device`.
+    pub fn parse(s: &str) -> Option<TreePrep> {
+        match s {
+            "host" => Some(TreePrep::Host),
+            "device" => Some(TreePrep::Device),
+            _ => None,
+        }
+    }
+}
 
 /// Tree-shape knobs shared by the methods.
 #[derive(Debug, Clone, Copy)]
@@ -16,6 +43,8 @@ pub struct TreeParams {
     pub max_fanout: usize,
     /// Children per parent in the TreeSpark policy (k).
     pub treespark_k: usize,
+    /// Host or device candidate selection.
+    pub prep: TreePrep,
 }
 
 /// Build the draft tree of `method` from host draft logits `[depth, V]` (row `d` is the
@@ -66,6 +95,71 @@ pub fn propose(
             (tr, 0.0, ms(t1))
         }
     }
+}
+
+/// Build the draft tree of `method` from the device draft logits `[depth, V]` with device-side
+/// selection ([`TreePrep::Device`]). Same trees as [`propose`] up to near-ties of f32 rounding
+/// (sparkling: identical to the §5.2 c table, which the host lazy builder reproduces).
+/// Returns the tree and the (prep, heap) times in ms; prep includes the device calls and their
+/// downloads. Errors: backend failures.
+#[allow(clippy::too_many_arguments)]
+pub fn propose_device<B: Backend>(
+    b: &B,
+    method: Method,
+    logits: &B::Tensor,
+    depth: usize,
+    vocab: usize,
+    markov: Option<&MarkovHead>,
+    markov_dev: Option<(&B::Tensor, &B::Tensor)>,
+    anchor: u32,
+    p: TreeParams,
+) -> Result<(DraftTree, f64, f64)> {
+    let t0 = Instant::now();
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+    Ok(match method {
+        Method::Ar => (DraftTree::root(anchor), 0.0, 0.0),
+        Method::DFlash => {
+            let n = depth.min(p.budget);
+            let ids = b.argmax(logits)?;
+            (DraftTree::chain(anchor, &ids[..n.min(ids.len())]), ms(t0), 0.0)
+        }
+        Method::DDTree => {
+            let top = b.topk(logits, p.budget.min(vocab).max(1))?;
+            let logp = top.vals.iter().enumerate().map(|(i, &v)| v - top.lse[i / top.k.max(1)]).collect();
+            let top = DepthTopK { k: top.k, ids: top.ids, logp };
+            let prep = ms(t0);
+            let t1 = Instant::now();
+            let tr = tree::build_ddtree(&top, anchor, p.budget);
+            (tr, prep, ms(t1))
+        }
+        Method::Sparkling => {
+            let k = p.max_fanout.min(p.budget);
+            if depth == 0 || k == 0 {
+                return Ok((DraftTree::root(anchor), 0.0, 0.0));
+            }
+            let mut cand: Vec<u32> = if p.candidates >= vocab {
+                (0..vocab as u32).collect()
+            } else {
+                let mut c = b.topk(logits, p.candidates.max(1))?.ids;
+                c.push(anchor);
+                c
+            };
+            cand.sort_unstable();
+            cand.dedup();
+            let t = b.markov_table(logits, markov_dev, &cand, k.min(cand.len()))?;
+            let table = CandidateTable { cand, ld: depth, k: t.k, vals: t.vals, slots: t.slots };
+            let prep = ms(t0);
+            let t1 = Instant::now();
+            let tr = tree::build_sparkling_precompute(&table, anchor, p.budget);
+            (tr, prep, ms(t1))
+        }
+        Method::DSpark | Method::TreeSpark => {
+            let host = b.download(logits)?;
+            let dl = ms(t0);
+            let (tr, prep, heap) = propose(method, &host, depth, vocab, markov, anchor, p);
+            (tr, dl + prep, heap)
+        }
+    })
 }
 
 fn argmax(row: &[f32]) -> u32 {

@@ -40,6 +40,9 @@ pub struct Drafter<B: Backend> {
     pub markov: Option<MarkovHead>,
     /// Confidence head, when present.
     pub confidence: Option<ConfidenceHead>,
+    /// Device copies of the Markov head's `(W1, W2)` (`[V, r]` each), uploaded on first use by
+    /// the device tree-prep path ([`Drafter::markov_device`]).
+    markov_dev: std::sync::OnceLock<(B::Tensor, B::Tensor)>,
 }
 
 impl<B: Backend> Drafter<B> {
@@ -115,7 +118,20 @@ impl<B: Backend> Drafter<B> {
         } else {
             None
         };
-        Ok(Drafter { cfg, fc, hidden_norm, layers, norm, embed, lm_head, markov, confidence })
+        Ok(Drafter { cfg, fc, hidden_norm, layers, norm, embed, lm_head, markov, confidence, markov_dev: std::sync::OnceLock::new() })
+    }
+
+    /// The Markov head's `(W1, W2)` as device tensors `[V, r]` for [`Backend::markov_table`]
+    /// (uploaded once, on first call; `None` without a Markov head). Errors: upload failure.
+    pub fn markov_device(&self, b: &B) -> Result<Option<(&B::Tensor, &B::Tensor)>> {
+        let Some(m) = &self.markov else { return Ok(None) };
+        if self.markov_dev.get().is_none() {
+            let w1 = b.upload(&m.w1, m.vocab, m.rank)?;
+            let w2 = b.upload(&m.w2, m.vocab, m.rank)?;
+            // A concurrent first call may have won the race; either copy is identical.
+            let _ = self.markov_dev.set((w1, w2));
+        }
+        Ok(self.markov_dev.get().map(|(a, c)| (a, c)))
     }
 
     /// A draft KV cache of `capacity` rows.

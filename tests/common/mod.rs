@@ -4,7 +4,7 @@
 
 use sparkling::core::SampleParams;
 use sparkling::cpu::CpuBackend;
-use sparkling::decode::propose::TreeParams;
+use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{GenParams, Method};
 use sparkling::loader::open_source;
 use sparkling::model::config::{read_json, Arch, DrafterConfig, DrafterKind, TargetConfig};
@@ -55,7 +55,7 @@ pub fn load_drafter<B: sparkling::core::Backend>(b: &B, dir: &Path, target: &Tar
 pub fn params(method: Method, budget: usize, temperature: f32, seed: u64, max_new: usize, stop: Vec<u32>) -> GenParams {
     GenParams {
         method,
-        tree: TreeParams { budget, candidates: 16, max_fanout: 64, treespark_k: 4 },
+        tree: TreeParams { budget, candidates: 16, max_fanout: 64, treespark_k: 4, prep: TreePrep::Host },
         sampling: SampleParams { temperature, top_k: 0, top_p: 1.0 },
         seed,
         max_new_tokens: max_new,

@@ -84,6 +84,43 @@ pub struct SampleParams {
     pub top_p: f32,
 }
 
+/// Per-row top-k of a logits tensor with the row's log-sum-exp ([`Backend::topk`]).
+///
+/// For `rows` input rows and `k` kept entries (`k = min(requested, cols)`): `ids` and `vals`
+/// are `[rows, k]` row-major, sorted by value descending, ties broken by the lower id; `vals`
+/// are the raw logits (so `vals - lse` are log-probabilities over the full row); `lse[i]` is
+/// `ln Σ_j exp(logits[i, j])` over the whole row (max-shifted; f32 on the device is within
+/// ~1e-6 relative of the CPU's f64 sum).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopK {
+    /// Entries per row.
+    pub k: usize,
+    /// Token ids, `[rows, k]`.
+    pub ids: Vec<u32>,
+    /// Logit values, `[rows, k]`, descending per row.
+    pub vals: Vec<f32>,
+    /// Log-sum-exp of each full row, `[rows]`.
+    pub lse: Vec<f32>,
+}
+
+/// The SparklingTree candidate-union transition table (reference §5.2 c), as computed by
+/// [`Backend::markov_table`]: `n` candidates, `ld` depth rows, `k` children per row.
+///
+/// Entry `(d, p, j)` at flat index `(d * n + p) * k + j` is the `j`-th best child of parent
+/// slot `p` at depth row `d`: `slots[..]` the child's slot in the candidate list and `vals[..]`
+/// its log-probability `T[d,p,c] - ln Σ_c' exp T[d,p,c']` with
+/// `T[d,p,c] = U[d, cand[c]] + B(cand[p])[cand[c]]` (normalised over the candidate union).
+/// Descending per row; ties: lower slot first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MarkovTable {
+    /// Children per (depth, parent) row.
+    pub k: usize,
+    /// Log-probabilities, `[ld, n, k]`.
+    pub vals: Vec<f32>,
+    /// Child slots into the candidate list, `[ld, n, k]`.
+    pub slots: Vec<u32>,
+}
+
 /// A compute backend: buffers plus the coarse ops of design §3.
 ///
 /// Implementations must be deterministic: the same inputs give bit-identical outputs, and an
@@ -97,6 +134,13 @@ pub trait Backend: Send + Sync {
 
     /// Human-readable backend and device name (e.g. `cpu (2 threads)`).
     fn name(&self) -> String;
+
+    /// Whether tensors live in host memory, so a download costs no transfer. The decode loop
+    /// then selects draft candidates on the host (`TreePrep::Host`); device backends keep the
+    /// default `false` and select on the device. Default: `false`.
+    fn host_memory(&self) -> bool {
+        false
+    }
 
     /// Upload `data` (length `rows*cols`) as a `[rows, cols]` tensor.
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
@@ -161,4 +205,28 @@ pub trait Backend: Send + Sync {
     /// `softmax(logits/T)` restricted by top-k/top-p (inverse-CDF over tokens in id order after
     /// filtering). At `T < 1e-5` returns the argmax.
     fn sample(&self, logits: &Self::Tensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>>;
+
+    /// Row-wise top-`k` + log-sum-exp of `logits [rows, V]` (design §3; DDTree §5.1 step 2,
+    /// the SparklingTree candidate union §5.2 b). Only `rows·(2k+1)` numbers come back to the
+    /// host. `k` is clamped to `V`. Errors: `k == 0` ([`Error::Invalid`]).
+    fn topk(&self, logits: &Self::Tensor, k: usize) -> Result<TopK>;
+
+    /// The Markov candidate table (reference §5.2 c, design §3) on the device.
+    ///
+    /// - `base`: drafter logits `U [ld, V]`;
+    /// - `markov`: `Some((W1, W2))`, each `[V, r]` (`markov_w1.weight`, `markov_w2.weight`),
+    ///   bias `B(p)[c] = Σ_j W1[p, j]·W2[c, j]` (DSpark §3.6, accumulated in f32 over
+    ///   `j = 0..r`); `None` = zero bias;
+    /// - `cand`: candidate token ids (`n ≥ 1`, each `< V`, ascending, distinct);
+    /// - `k`: children kept per row, clamped to `n`.
+    ///
+    /// Returns the `[ld, n, k]` table described at [`MarkovTable`]. Errors: a candidate id
+    /// `≥ V`, empty `cand`, `k == 0`, or W1/W2 shapes that are not `[V, r]`.
+    fn markov_table(
+        &self,
+        base: &Self::Tensor,
+        markov: Option<(&Self::Tensor, &Self::Tensor)>,
+        cand: &[u32],
+        k: usize,
+    ) -> Result<MarkovTable>;
 }

@@ -6,10 +6,11 @@
 
 pub mod gemm;
 mod kernels;
+pub mod select;
 
 use kernels::dot;
 use rayon::prelude::*;
-use sparkling_core::{AttnMask, AttnShape, Backend, Error, Result, SampleParams, NO_PARENT};
+use sparkling_core::{AttnMask, AttnShape, Backend, Error, MarkovTable, Result, SampleParams, TopK, NO_PARENT};
 
 /// An `f32 [rows, cols]` row-major host tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,6 +87,10 @@ impl Backend for CpuBackend {
             WeightDtype::F16 => "f16",
         };
         format!("cpu ({} threads, {}, {w} weights)", rayon::current_num_threads(), kernels::simd_name())
+    }
+
+    fn host_memory(&self) -> bool {
+        true
     }
 
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<CpuTensor> {
@@ -376,6 +381,51 @@ impl Backend for CpuBackend {
         }
         Ok(logits.data.chunks(logits.cols.max(1)).zip(uniforms).map(|(row, &u)| kernels::sample_row(row, params, u)).collect())
     }
+
+    fn topk(&self, logits: &CpuTensor, k: usize) -> Result<TopK> {
+        if k == 0 {
+            return Err(Error::Invalid("topk: k must be at least 1".into()));
+        }
+        let k = k.min(logits.cols);
+        let mut out = TopK { k, ids: Vec::with_capacity(logits.rows * k), vals: Vec::with_capacity(logits.rows * k), lse: Vec::with_capacity(logits.rows) };
+        if k == 0 {
+            return Ok(out);
+        }
+        let rows: Vec<(Vec<u32>, f64)> = logits.data.par_chunks(logits.cols).map(|row| (select::topk_indices(row, k), select::log_sum_exp(row))).collect();
+        for ((ids, lse), row) in rows.into_iter().zip(logits.data.chunks(logits.cols)) {
+            out.vals.extend(ids.iter().map(|&i| row[i as usize]));
+            out.ids.extend(ids);
+            out.lse.push(lse as f32);
+        }
+        Ok(out)
+    }
+
+    fn markov_table(&self, base: &CpuTensor, markov: Option<(&CpuTensor, &CpuTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
+        let vocab = base.cols;
+        check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), cand, k)?;
+        let m = markov.map(|(w1, w2)| (w1.data.as_slice(), w2.data.as_slice(), w1.cols));
+        Ok(select::markov_table(&base.data, base.rows, vocab, m, cand, k.min(cand.len())))
+    }
+}
+
+/// Argument checks of [`Backend::markov_table`] shared by the backends: candidates non-empty,
+/// ascending, distinct and `< vocab`; `k ≥ 1`; W1 and W2 both `[vocab, r]` with `r ≥ 1`.
+pub fn check_markov_table_args(vocab: usize, markov: Option<((usize, usize), (usize, usize))>, cand: &[u32], k: usize) -> Result<()> {
+    if cand.is_empty() || k == 0 {
+        return Err(Error::Invalid(format!("markov_table: need at least one candidate and k ≥ 1 (got {} candidates, k = {k})", cand.len())));
+    }
+    if let Some(w) = cand.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(Error::Invalid(format!("markov_table: candidates must be ascending and distinct (found {} before {})", w[0], w[1])));
+    }
+    if let Some(&bad) = cand.iter().find(|&&c| c as usize >= vocab) {
+        return Err(Error::Invalid(format!("markov_table: candidate id {bad} is outside the vocabulary of {vocab}")));
+    }
+    if let Some((a, b)) = markov {
+        if a.0 != vocab || b != a || a.1 == 0 {
+            return Err(Error::Shape { op: "markov_table", detail: format!("W1 {a:?} and W2 {b:?} must both be [vocab = {vocab}, r ≥ 1]") });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

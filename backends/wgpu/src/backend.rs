@@ -5,7 +5,7 @@ use crate::ctx::Bind;
 use crate::pipelines::Kernel;
 use crate::tensor::{WgpuTensor, WgpuWeight};
 use crate::WgpuBackend;
-use sparkling_core::{AttnMask, AttnShape, Backend, Error, Result, SampleParams};
+use sparkling_core::{AttnMask, AttnShape, Backend, Error, MarkovTable, Result, SampleParams, TopK};
 
 impl WgpuBackend {
     /// Row-wise argmax on the device (shaders/argmax.wgsl), then a read-back of one `u32` per
@@ -146,5 +146,21 @@ impl Backend for WgpuBackend {
 
     fn sample(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
         self.op_sample(logits, params, uniforms)
+    }
+
+    // TEMPORARY host fallback, replaced by device kernels (issue 4).
+    fn topk(&self, logits: &WgpuTensor, k: usize) -> Result<TopK> {
+        let host = sparkling_cpu::CpuTensor { rows: logits.rows, cols: logits.cols, data: self.gpu.read_f32(logits, 0, logits.rows * logits.cols)? };
+        sparkling_cpu::CpuBackend::new().topk(&host, k)
+    }
+
+    fn markov_table(&self, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
+        let dl = |t: &WgpuTensor| -> Result<sparkling_cpu::CpuTensor> { Ok(sparkling_cpu::CpuTensor { rows: t.rows, cols: t.cols, data: self.gpu.read_f32(t, 0, t.rows * t.cols)? }) };
+        let b = dl(base)?;
+        let m = match markov {
+            Some((w1, w2)) => Some((dl(w1)?, dl(w2)?)),
+            None => None,
+        };
+        sparkling_cpu::CpuBackend::new().markov_table(&b, m.as_ref().map(|(a, c)| (a, c)), cand, k)
     }
 }
