@@ -1,4 +1,4 @@
-//! `sparkling` command-line interface: `generate`, `bench`, `init-drafter`, `synth-target`.
+//! `sparkling` command-line interface: `generate`, `bench`, `init-drafter`, `synth`, `synth-target`.
 
 mod cli;
 

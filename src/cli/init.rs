@@ -1,10 +1,11 @@
-//! `sparkling init-drafter` and `sparkling synth-target`: random-weight checkpoints.
+//! `sparkling init-drafter`, `sparkling synth` and `sparkling synth-target`: random-weight
+//! checkpoints.
 
 use super::load::{target_path, ModelArgs};
 use clap::Args;
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{read_json, Arch, DrafterKind, TargetConfig};
-use sparkling::model::synth::{write_random_drafter, write_random_target, DrafterInit, StoreDtype};
+use sparkling::model::synth::{preset_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype, PRESETS};
 use sparkling::{Error, Result};
 use std::path::PathBuf;
 
@@ -123,5 +124,75 @@ pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
     let dtype = if a.bf16 { StoreDtype::Bf16 } else { StoreDtype::F32 };
     write_random_target(&a.out, &cfg, a.seed, dtype)?;
     eprintln!("wrote random {} target ({} layers, hidden {}, vocab {}) to {}", cfg.arch.name(), cfg.layers, cfg.hidden, cfg.vocab, a.out.display());
+    Ok(())
+}
+
+/// Arguments of `synth`.
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// A real geometry: qwen3-4b, qwen3-8b or smollm2-135m …
+    #[arg(long, conflicts_with = "config")]
+    pub preset: Option<String>,
+    /// … or the geometry of this config.json (or HF directory).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Output directory: writes `target/`, `dspark-b{B}/` and `dflash-b{B}/` inside it.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Drafter block size B.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// DSpark Markov head rank r (the released DSpark checkpoints use 256).
+    #[arg(long, default_value_t = 256)]
+    pub markov_rank: usize,
+    /// Draft layers (5 in the z-lab / DeepSpec Qwen3 drafters).
+    #[arg(long, default_value_t = 5)]
+    pub drafter_layers: usize,
+    /// Tapped target layers (5 → [1, 9, 17, 25, 33] for a 36-layer target).
+    #[arg(long, default_value_t = 5)]
+    pub taps: usize,
+    /// Write only the target (no drafters).
+    #[arg(long)]
+    pub no_drafters: bool,
+    /// Store f32 instead of bf16 (bf16 is what published checkpoints use).
+    #[arg(long)]
+    pub f32: bool,
+    /// RNG seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Run `synth`: a random-weight target of a real geometry plus a DSpark and a DFlash drafter
+/// sized for it, all in the HF layout the loaders read (issue 5: time the real shapes
+/// anywhere). Errors: neither or an unknown preset, unreadable config, unwritable directory.
+pub fn run_synth(a: SynthArgs) -> Result<()> {
+    let cfg = match (&a.preset, &a.config) {
+        (Some(p), _) => preset_target_config(p).ok_or_else(|| Error::Input(format!("--preset `{p}`: expected one of {}", PRESETS.join(", "))))?,
+        (None, Some(c)) => {
+            let (cp, v) = read_json(c)?;
+            TargetConfig::from_hf_json(&cp, &v)?
+        }
+        (None, None) => return Err(Error::Input(format!("synth needs --preset ({}) or --config <config.json>", PRESETS.join(", ")))),
+    };
+    if a.block_size < 2 || a.drafter_layers == 0 || a.taps == 0 {
+        return Err(Error::Input("--block-size must be ≥ 2, --drafter-layers and --taps ≥ 1".into()));
+    }
+    let dtype = if a.f32 { StoreDtype::F32 } else { StoreDtype::Bf16 };
+    let params = |p: usize| -> f64 { p as f64 / 1e9 };
+    let n = cfg.vocab * cfg.hidden * if cfg.tie_embeddings { 1 } else { 2 }
+        + cfg.layers * (cfg.hidden * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.n_heads * cfg.head_dim * cfg.hidden + 3 * cfg.hidden * cfg.intermediate);
+    eprintln!("writing a random {} target ({:.2} B parameters) to {} …", cfg.arch.name(), params(n), a.out.join("target").display());
+    let t0 = std::time::Instant::now();
+    write_random_target(&a.out.join("target"), &cfg, a.seed, dtype)?;
+    eprintln!("  done in {:.1} s", t0.elapsed().as_secs_f64());
+    if a.no_drafters {
+        return Ok(());
+    }
+    for (kind, name, rank) in [(DrafterKind::DSpark, "dspark", a.markov_rank), (DrafterKind::DFlash, "dflash", 0)] {
+        let init = DrafterInit { kind, layers: a.drafter_layers, block_size: a.block_size, markov_rank: rank, taps: a.taps, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
+        let dir = a.out.join(format!("{name}-b{}", a.block_size));
+        let d = write_random_drafter(&dir, &cfg, &init, a.seed + 1, dtype)?;
+        eprintln!("wrote a random {name} drafter ({} layers, block {}, taps {:?}, Markov rank {}) to {}", d.layers, d.block_size, d.target_layer_ids, d.markov_rank, dir.display());
+    }
     Ok(())
 }

@@ -26,6 +26,9 @@ enum Command {
     InitDrafter(init::InitDrafterArgs),
     /// Write a random-weight target checkpoint of a given config (HF layout).
     SynthTarget(init::SynthTargetArgs),
+    /// Write a random-weight target of a real geometry (e.g. Qwen3-4B) plus DSpark and DFlash
+    /// drafters sized for it, to time the real shapes without the real weights.
+    Synth(init::SynthArgs),
     /// List the wgpu adapters (index: name (backend, type, driver)) for `--adapter`.
     Adapters,
 }
@@ -49,6 +52,7 @@ pub fn run() -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::InitDrafter(a) => init::run_init_drafter(a),
         Command::SynthTarget(a) => init::run_synth_target(a),
+        Command::Synth(a) => init::run_synth(a),
         Command::Adapters => load::list_adapters(),
     })
 }

@@ -138,6 +138,56 @@ pub fn tiny_target_config(arch: Arch, vocab: usize) -> TargetConfig {
     }
 }
 
+/// Real model geometries that `sparkling synth --preset` writes with random weights, so the
+/// paper's shapes can be timed where the real weights cannot be downloaded (issue 5).
+pub const PRESETS: [&str; 3] = ["qwen3-4b", "qwen3-8b", "smollm2-135m"];
+
+/// The target config of a preset in [`PRESETS`] (reference §1 tables: Qwen3-4B/8B config.json;
+/// SmolLM2-135M-Instruct), or `None` for an unknown name.
+pub fn preset_target_config(name: &str) -> Option<TargetConfig> {
+    let qwen3 = |hidden, layers, intermediate, tie| TargetConfig {
+        arch: Arch::Qwen3,
+        vocab: 151_936,
+        hidden,
+        layers,
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        intermediate,
+        rms_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        tie_embeddings: tie,
+        qkv_bias: false,
+        qk_norm: true,
+        max_positions: 40_960,
+        bos: None,
+        eos: vec![151_645, 151_643],
+    };
+    Some(match name {
+        "qwen3-4b" => qwen3(2560, 36, 9728, true),
+        "qwen3-8b" => qwen3(4096, 36, 12288, false),
+        "smollm2-135m" => TargetConfig {
+            arch: Arch::Llama,
+            vocab: 49_152,
+            hidden: 576,
+            layers: 30,
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+            intermediate: 1536,
+            rms_eps: 1e-5,
+            rope_theta: 100_000.0,
+            tie_embeddings: true,
+            qkv_bias: false,
+            qk_norm: false,
+            max_positions: 8192,
+            bos: Some(1),
+            eos: vec![2],
+        },
+        _ => return None,
+    })
+}
+
 /// Options of `init-drafter`.
 #[derive(Debug, Clone)]
 pub struct DrafterInit {
