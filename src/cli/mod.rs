@@ -4,6 +4,7 @@ mod bench;
 mod generate;
 mod init;
 mod load;
+mod plot;
 
 use clap::{Parser, Subcommand};
 use sparkling::Result;
@@ -29,6 +30,9 @@ enum Command {
     /// Write a random-weight target of a real geometry (e.g. Qwen3-4B) plus DSpark and DFlash
     /// drafters sized for it, to time the real shapes without the real weights.
     Synth(init::SynthArgs),
+    /// Draw SVG charts (acceptance by depth, τ per method, budget vs τ vs tokens/s) from
+    /// `bench --json` results.
+    Plot(plot::PlotArgs),
     /// List the wgpu adapters (index: name (backend, type, driver)) for `--adapter`.
     Adapters,
 }
@@ -53,6 +57,7 @@ pub fn run() -> Result<()> {
         Command::InitDrafter(a) => init::run_init_drafter(a),
         Command::SynthTarget(a) => init::run_synth_target(a),
         Command::Synth(a) => init::run_synth(a),
+        Command::Plot(a) => plot::run(a),
         Command::Adapters => load::list_adapters(),
     })
 }
