@@ -18,3 +18,5 @@ pub use sparkling_core as core;
 pub use sparkling_cpu as cpu;
 #[cfg(feature = "wgpu")]
 pub use sparkling_wgpu as wgpu_backend;
+#[cfg(feature = "cuda")]
+pub use sparkling_cuda as cuda_backend;

@@ -105,6 +105,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         AnyBackend::Cpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a),
         #[cfg(feature = "wgpu")]
         AnyBackend::Wgpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a),
+        #[cfg(feature = "cuda")]
+        AnyBackend::Cuda(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a),
     }
 }
 

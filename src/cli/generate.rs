@@ -134,6 +134,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         AnyBackend::Cpu(b) => generate(load(b, &s.target, &a.model, &kinds)?, method, &a),
         #[cfg(feature = "wgpu")]
         AnyBackend::Wgpu(b) => generate(load(b, &s.target, &a.model, &kinds)?, method, &a),
+        #[cfg(feature = "cuda")]
+        AnyBackend::Cuda(b) => generate(load(b, &s.target, &a.model, &kinds)?, method, &a),
     }
 }
 

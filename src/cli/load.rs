@@ -31,8 +31,10 @@ pub struct ModelArgs {
     /// GGUF's embedded vocabulary, or tokenizer.json in the target directory.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Compute backend: `cpu`, or `wgpu` (Vulkan / Metal / DX12 / GL through wgpu; needs a
-    /// build with `--features wgpu`).
+    /// Compute backend: `cpu`, `wgpu` (Vulkan / Metal / DX12 / GL through wgpu; needs a
+    /// build with `--features wgpu`) or `cuda` (NVIDIA GPUs; needs `--features cuda`, the
+    /// driver, libnvrtc and libcublas; `--adapter N` picks device N; weights bf16 by default,
+    /// `--weights f32` for f32).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// wgpu adapter: an index or a case-insensitive name substring, as listed by
@@ -53,6 +55,8 @@ pub enum AnyBackend {
     Cpu(CpuBackend),
     #[cfg(feature = "wgpu")]
     Wgpu(sparkling::wgpu_backend::WgpuBackend),
+    #[cfg(feature = "cuda")]
+    Cuda(sparkling::cuda_backend::CudaBackend),
 }
 
 /// An opened backend and the resolved target path it was configured for.
@@ -112,7 +116,8 @@ pub fn select(args: &ModelArgs) -> Result<Selected> {
             AnyBackend::Cpu(CpuBackend::with_weight_dtype(dtype))
         }
         "wgpu" => open_wgpu(args.adapter.as_deref(), w)?,
-        other => return Err(Error::Input(format!("--backend `{other}`: expected cpu or wgpu"))),
+        "cuda" => open_cuda(args.adapter.as_deref(), &args.weights)?,
+        other => return Err(Error::Input(format!("--backend `{other}`: expected cpu, wgpu or cuda"))),
     };
     Ok(Selected { backend, target })
 }
@@ -132,6 +137,29 @@ fn open_wgpu(adapter: Option<&str>, w: Weights) -> Result<AnyBackend> {
 #[cfg(not(feature = "wgpu"))]
 fn open_wgpu(_adapter: Option<&str>, _w: Weights) -> Result<AnyBackend> {
     Err(no_wgpu("--backend wgpu"))
+}
+
+/// The CUDA backend on device `--adapter` (default 0) with `--weights` auto/bf16 (bf16) or f32.
+#[cfg(feature = "cuda")]
+fn open_cuda(adapter: Option<&str>, weights: &str) -> Result<AnyBackend> {
+    use sparkling::cuda_backend::{CudaBackend, CudaOptions, WeightDtype};
+    let device = match adapter {
+        None => 0,
+        Some(a) => a.parse().map_err(|_| Error::Input(format!("--adapter `{a}`: with --backend cuda this is a CUDA device index (0, 1, …)")))?,
+    };
+    let weight_dtype = match weights {
+        "auto" | "bf16" => WeightDtype::Bf16,
+        "f32" => WeightDtype::F32,
+        other => return Err(Error::Input(format!("--weights `{other}` with --backend cuda: expected bf16 (the default), f32 or auto"))),
+    };
+    Ok(AnyBackend::Cuda(CudaBackend::with_options(&CudaOptions { device, weight_dtype, ..Default::default() })?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_adapter: Option<&str>, _weights: &str) -> Result<AnyBackend> {
+    Err(Error::Input(
+        "--backend cuda: this sparkling binary was built without the CUDA backend; rebuild with `cargo build --release --features cuda`".into(),
+    ))
 }
 
 /// The error for a wgpu request in a build without the `wgpu` feature.

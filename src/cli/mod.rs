@@ -5,6 +5,7 @@ mod generate;
 mod init;
 mod load;
 mod plot;
+mod profile;
 
 use clap::{Parser, Subcommand};
 use sparkling::Result;
@@ -33,6 +34,8 @@ enum Command {
     /// Draw SVG charts (acceptance by depth, τ per method, budget vs τ vs tokens/s) from
     /// `bench --json` results.
     Plot(plot::PlotArgs),
+    /// Time the parts of one round (AR step, verify, draft, candidate table, heap, compaction).
+    Profile(profile::ProfileArgs),
     /// List the wgpu adapters (index: name (backend, type, driver)) for `--adapter`.
     Adapters,
 }
@@ -58,6 +61,7 @@ pub fn run() -> Result<()> {
         Command::SynthTarget(a) => init::run_synth_target(a),
         Command::Synth(a) => init::run_synth(a),
         Command::Plot(a) => plot::run(a),
+        Command::Profile(a) => profile::run(a),
         Command::Adapters => load::list_adapters(),
     })
 }

@@ -2,6 +2,8 @@
 //! and loaded back through the real loaders.
 #![allow(dead_code)]
 
+pub mod conformance;
+
 use sparkling::core::SampleParams;
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::propose::{TreeParams, TreePrep};

@@ -1,0 +1,341 @@
+//! `sparkling profile`: time the parts of one SparklingTree round on the chosen backend, each
+//! between device syncs, over N repetitions (median and min, ms): the AR step (1 row after a
+//! prefill of P tokens), the verify forward of 1+B real tree nodes, the acceptance argmax, the
+//! drafter forward, the candidate table (device top-k over the draft logits + Markov table +
+//! their read-back), the host heap (`tree::build_sparkling_precompute`) and the KV compaction.
+//! Prints a table; `--json PATH` writes the numbers.
+//!
+//! A sync is the read-back of a 1-value tensor: a device→host copy returns only after every
+//! op enqueued before it has finished, on every backend.
+
+use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
+use clap::Args;
+use sparkling::core::{AttnMask, Backend};
+use sparkling::model::config::DrafterKind;
+use sparkling::model::target::LogitRows;
+use sparkling::tree::{build_sparkling_precompute, CandidateTable, DraftTree};
+use sparkling::{Error, Result};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `profile`.
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens prefilled before timing (P); the AR step and the verify run at position P.
+    #[arg(long, default_value_t = 512)]
+    pub prefill: usize,
+    /// Tree budget B: the verify forward has 1+B rows (a real tree from the drafter).
+    #[arg(long, default_value_t = 64)]
+    pub budget: usize,
+    /// Candidates C per depth in the SparklingTree union table.
+    #[arg(long, default_value_t = 128)]
+    pub candidates: usize,
+    /// Maximum children per parent in the table (k = min(max_fanout, budget, n)).
+    #[arg(long, default_value_t = 64)]
+    pub max_fanout: usize,
+    /// Context rows the drafter consumes per round (accepted tokens of the previous round).
+    #[arg(long, default_value_t = 4)]
+    pub ctx_rows: usize,
+    /// Timed repetitions per part.
+    #[arg(long, default_value_t = 20)]
+    pub reps: usize,
+    /// Untimed warm-up repetitions per part.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// After timing, generate this many greedy tokens with `ar` and with `sparkling` (budget B,
+    /// candidates C) from the first 64 prompt tokens and report whether they are equal (the
+    /// engine invariant on the real shapes), τ and tokens/s. 0 = skip.
+    #[arg(long, default_value_t = 0)]
+    pub check_tokens: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Run `profile` on the backend named by `--backend`.
+pub fn run(a: ProfileArgs) -> Result<()> {
+    if a.reps == 0 || a.prefill == 0 || a.budget == 0 || a.candidates == 0 || a.max_fanout == 0 || a.ctx_rows == 0 {
+        return Err(Error::Input("--reps, --prefill, --budget, --candidates, --max-fanout and --ctx-rows must be ≥ 1".into()));
+    }
+    if a.ctx_rows > a.prefill {
+        return Err(Error::Input(format!("--ctx-rows {} cannot exceed --prefill {}", a.ctx_rows, a.prefill)));
+    }
+    let s = select(&a.model)?;
+    let kinds = [DrafterKind::DSpark];
+    match s.backend {
+        AnyBackend::Cpu(b) => profile(load(b, &s.target, &a.model, &kinds)?, &a),
+        #[cfg(feature = "wgpu")]
+        AnyBackend::Wgpu(b) => profile(load(b, &s.target, &a.model, &kinds)?, &a),
+        #[cfg(feature = "cuda")]
+        AnyBackend::Cuda(b) => profile(load(b, &s.target, &a.model, &kinds)?, &a),
+    }
+}
+
+/// Median and min of `f`'s wall time in ms over `reps` runs after `warmup` runs. `f` returns
+/// the ms to count (so a part can exclude its own set-up).
+fn time_ms(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<f64>) -> Result<(f64, f64)> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        v.push(f()?);
+    }
+    v.sort_by(f64::total_cmp);
+    let med = if v.len() % 2 == 1 { v[v.len() / 2] } else { 0.5 * (v[v.len() / 2 - 1] + v[v.len() / 2]) };
+    Ok((med, v[0]))
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Parameters read from memory by one target decode step: every layer matrix plus the lm_head
+/// (the embedding contributes one row).
+fn decode_weight_params(c: &sparkling::model::config::TargetConfig) -> u64 {
+    let (h, q, kv, i) = (c.hidden as u64, (c.n_heads * c.head_dim) as u64, (c.n_kv_heads * c.head_dim) as u64, c.intermediate as u64);
+    let per_layer = h * q + 2 * h * kv + q * h + 3 * h * i;
+    c.layers as u64 * per_layer + c.vocab as u64 * h
+}
+
+/// Bytes per stored weight for `--weights` on `backend`.
+fn weight_bytes(backend: &str, weights: &str, gguf: bool) -> u64 {
+    match (backend, weights) {
+        (_, "f32") => 4,
+        (_, "f16") | (_, "bf16") => 2,
+        ("cuda", _) => 2,
+        (_, _) if gguf => 2,
+        _ => 4,
+    }
+}
+
+fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
+    let b = &m.backend;
+    let t = &m.target;
+    let d = m.drafter(DrafterKind::DSpark).ok_or_else(|| Error::Input("profile needs a DSpark drafter (--drafter DIR)".into()))?;
+    let tc = &t.cfg;
+    let p = a.prefill;
+    let bk = d.cfg.block_size;
+    let depth = d.cfg.draft_depth();
+    if p + a.budget + bk + 4 > tc.max_positions {
+        return Err(Error::Input(format!("--prefill {p} + --budget {} exceeds the target context of {}", a.budget, tc.max_positions)));
+    }
+    let taps = d.cfg.target_layer_ids.clone();
+    let tiny = b.upload(&[0.0], 1, 1)?;
+    let sync = || -> Result<()> {
+        b.download(&tiny)?;
+        Ok(())
+    };
+    let vocab = tc.vocab as u64;
+    let prompt: Vec<u32> = (0..p as u64).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    let positions: Vec<u32> = (0..p as u32).collect();
+    let mut cache = t.new_cache(b, p + a.budget.max(bk) + 8)?;
+    let t0 = Instant::now();
+    let pre = t.forward(b, &mut cache, &prompt, &positions, AttnMask::Causal, LogitRows::Last, &taps)?;
+    let root = b.argmax(&pre.logits)?[0];
+    let prefill_ms = ms_since(t0);
+    let ctx_all = pre.taps.ok_or_else(|| Error::Input("the drafter taps no target layer".into()))?;
+    eprintln!("prefilled {p} tokens in {prefill_ms:.1} ms on {}", b.name());
+
+    let mut rows: Vec<(&str, String, (f64, f64))> = Vec::new();
+    let (w, r) = (a.warmup, a.reps);
+
+    // Empty sync (the floor every other number includes once).
+    rows.push(("sync", "1-value read-back".into(), time_ms(w, r, || {
+        let t0 = Instant::now();
+        sync()?;
+        Ok(ms_since(t0))
+    })?));
+
+    // AR step: 1 row at position P, argmax (a read-back), cache cropped back.
+    rows.push(("ar_step", format!("1 row at position {p}, + argmax"), time_ms(w, r, || {
+        let t0 = Instant::now();
+        let o = t.forward(b, &mut cache, &[root], &[p as u32], AttnMask::Causal, LogitRows::Last, &[])?;
+        b.argmax(&o.logits)?;
+        let ms = ms_since(t0);
+        cache.crop(p);
+        Ok(ms)
+    })?));
+
+    // Drafter forward over the last ctx_rows context rows.
+    let lc = a.ctx_rows;
+    let ctx_rows: Vec<usize> = (p - lc..p).collect();
+    let ctx = b.gather_rows(&ctx_all, &ctx_rows)?;
+    let mut dcache = d.new_cache(b, p + bk + 8)?;
+    // First call consumes the whole prompt's context (the steady state sees only a few rows).
+    let first_ctx = b.gather_rows(&ctx_all, &(0..p - lc).collect::<Vec<_>>())?;
+    if p > lc {
+        d.draft(b, t, &mut dcache, &first_ctx, root, p - lc)?;
+    }
+    let mut logits = None;
+    rows.push(("draft", format!("drafter forward, {lc} context rows + block {bk}"), time_ms(w, r, || {
+        dcache.crop(p - lc);
+        let t0 = Instant::now();
+        let l = d.draft(b, t, &mut dcache, &ctx, root, p)?;
+        sync()?;
+        let ms = ms_since(t0);
+        logits = Some(l);
+        Ok(ms)
+    })?));
+    let logits = logits.expect("at least one repetition");
+
+    // Candidate table: device top-C per depth, host union (+ anchor), device Markov table, both
+    // read back.
+    let markov = d.markov_device(b)?;
+    let mut table = CandidateTable::default();
+    rows.push(("candidate_table", format!("topk C={} over [{depth}, {}] + markov_table + read-back", a.candidates, tc.vocab), time_ms(w, r, || {
+        let t0 = Instant::now();
+        let top = b.topk(&logits, a.candidates)?;
+        let mut cand: Vec<u32> = top.ids.clone();
+        cand.push(root);
+        cand.sort_unstable();
+        cand.dedup();
+        let k = a.max_fanout.min(a.budget).min(cand.len());
+        let mt = b.markov_table(&logits, markov, &cand, k)?;
+        let ms = ms_since(t0);
+        table = CandidateTable { cand, ld: depth, k: mt.k, vals: mt.vals, slots: mt.slots };
+        Ok(ms)
+    })?));
+
+    // Host heap over the table.
+    let mut tree = DraftTree::root(root);
+    rows.push(("heap", format!("build_sparkling_precompute, budget {}, {} candidates", a.budget, table.n()), time_ms(w, r, || {
+        let t0 = Instant::now();
+        tree = build_sparkling_precompute(&table, root, a.budget);
+        Ok(ms_since(t0))
+    })?));
+    let n_nodes = tree.len();
+
+    // Verify forward of the real tree (taps as the engine requests them), cache cropped back.
+    let tpos: Vec<u32> = tree.depths.iter().map(|&dp| p as u32 + dp).collect();
+    let mut last_verify = None;
+    rows.push(("verify", format!("{n_nodes} tree rows (1+{}), tree attention, taps", n_nodes - 1), time_ms(w, r, || {
+        let t0 = Instant::now();
+        let o = t.forward(b, &mut cache, &tree.tokens, &tpos, AttnMask::Tree { parents: &tree.parents }, LogitRows::All, &taps)?;
+        sync()?;
+        let ms = ms_since(t0);
+        cache.crop(p);
+        last_verify = Some(o);
+        Ok(ms)
+    })?));
+    let ver = last_verify.expect("at least one repetition");
+    rows.push(("accept", format!("argmax of {n_nodes} rows + read-back"), time_ms(w, r, || {
+        let t0 = Instant::now();
+        b.argmax(&ver.logits)?;
+        Ok(ms_since(t0))
+    })?));
+
+    // KV compaction to a real root-to-leaf path (+ the taps gather of the accepted rows).
+    let mut keep = vec![0usize];
+    let mut cur = 0usize;
+    let cm = tree.child_map();
+    while let Some(&c) = cm.children(cur).first() {
+        keep.push(c as usize);
+        cur = c as usize;
+        if keep.len() >= 8 {
+            break;
+        }
+    }
+    let ver_taps = ver.taps.as_ref().ok_or_else(|| Error::Input("verify produced no taps".into()))?;
+    rows.push(("compaction", format!("KV compaction of {} layers to a {}-row path + taps gather", tc.layers, keep.len()), time_ms(w, r, || {
+        // Re-create the verify rows' cache state (untimed), then compact.
+        cache.crop(p);
+        cache.len = p + n_nodes;
+        sync()?;
+        let t0 = Instant::now();
+        cache.compact(b, p, &keep)?;
+        let g = b.gather_rows(ver_taps, &keep)?;
+        sync()?;
+        let ms = ms_since(t0);
+        drop(g);
+        cache.crop(p);
+        Ok(ms)
+    })?));
+
+    // Greedy exactness on these shapes (optional).
+    let check = if a.check_tokens > 0 {
+        use sparkling::decode::{Engine, GenParams, Method};
+        let short = &prompt[..prompt.len().min(64)];
+        let gp = |method: Method| GenParams {
+            method,
+            tree: sparkling::decode::propose::TreeParams {
+                budget: a.budget,
+                candidates: a.candidates,
+                max_fanout: a.max_fanout,
+                treespark_k: 4,
+                // As `generate --tree-prep auto`: device selection unless tensors live on the host.
+                prep: if b.host_memory() { sparkling::decode::propose::TreePrep::Host } else { sparkling::decode::propose::TreePrep::Device },
+            },
+            sampling: sparkling::core::SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
+            seed: 0,
+            max_new_tokens: a.check_tokens,
+            stop: vec![],
+        };
+        let ar = Engine { backend: b, target: t, drafter: None }.generate(short, &gp(Method::Ar), &mut |_| {})?;
+        let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(short, &gp(Method::Sparkling), &mut |_| {})?;
+        let equal = ar.tokens == sp.tokens;
+        println!(
+            "check: {} greedy tokens, sparkling {} ar (τ = {:.2}; ar {:.1} tok/s, sparkling {:.1} tok/s)",
+            a.check_tokens,
+            if equal { "EQUAL to" } else { "DIFFER from" },
+            sp.stats.tau(),
+            ar.stats.tokens_per_s(),
+            sp.stats.tokens_per_s()
+        );
+        Some(serde_json::json!({"tokens": a.check_tokens, "equal": equal, "tau": sp.stats.tau(), "ar_tokens_per_s": ar.stats.tokens_per_s(), "sparkling_tokens_per_s": sp.stats.tokens_per_s()}))
+    } else {
+        None
+    };
+
+    // Report.
+    let get = |name: &str| rows.iter().find(|r| r.0 == name).map(|r| r.2 .0).unwrap_or(f64::NAN);
+    let outside = get("accept") + get("candidate_table") + get("heap") + get("compaction");
+    let params = decode_weight_params(tc);
+    let is_gguf = m_target_is_gguf(&a.model);
+    let wb = weight_bytes(&a.model.backend, &a.model.weights, is_gguf);
+    let gb = (params * wb) as f64 / 1e9;
+    println!("backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}", b.name(), tc.layers, tc.hidden, tc.vocab, d.cfg.markov_rank);
+    println!("prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", a.budget, a.candidates, r);
+    println!("| part | what | median ms | min ms |");
+    println!("|---|---|---|---|");
+    for (name, what, (med, min)) in &rows {
+        println!("| {name} | {what} | {med:.3} | {min:.3} |");
+    }
+    println!("| outside forwards | accept + candidate_table + heap + compaction | {outside:.3} | |");
+    println!(
+        "verify / ar_step = {:.2}; decode weight bytes ≈ {gb:.2} GB ({params} params × {wb} B): AR step at {:.0} GB/s effective",
+        get("verify") / get("ar_step"),
+        gb / (get("ar_step") / 1e3)
+    );
+    if let Some(path) = &a.json {
+        let parts: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|(n, what, (med, min))| (n.to_string(), serde_json::json!({"what": what, "median_ms": med, "min_ms": min})))
+            .collect();
+        let v = serde_json::json!({
+            "backend": b.name(),
+            "target": {"layers": tc.layers, "hidden": tc.hidden, "vocab": tc.vocab, "heads": tc.n_heads, "kv_heads": tc.n_kv_heads, "head_dim": tc.head_dim, "intermediate": tc.intermediate},
+            "drafter": {"block_size": bk, "markov_rank": d.cfg.markov_rank, "layers": d.cfg.layers},
+            "prefill": p, "budget": a.budget, "candidates": a.candidates, "max_fanout": a.max_fanout, "ctx_rows": lc,
+            "reps": r, "warmup": w, "prefill_ms": prefill_ms, "tree_nodes": n_nodes, "table_candidates": table.n(), "table_k": table.k,
+            "parts": parts,
+            "outside_forwards_ms": outside,
+            "verify_over_ar_step": get("verify") / get("ar_step"),
+            "decode_weight_bytes": params * wb,
+            "ar_step_effective_gb_per_s": gb / (get("ar_step") / 1e3),
+            "check": check,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(|e| Error::file(path, e.to_string()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if check.as_ref().is_some_and(|c| c["equal"] == false) {
+        return Err(Error::Input("profile --check-tokens: sparkling's greedy tokens differ from ar's (the engine invariant is broken on this backend)".into()));
+    }
+    Ok(())
+}
+
+fn m_target_is_gguf(m: &ModelArgs) -> bool {
+    m.target.as_ref().is_some_and(|t| t.extension().is_some_and(|e| e == "gguf"))
+}

@@ -1,0 +1,520 @@
+//! Backend-generic conformance checks against the CPU reference backend (design §5): every op on
+//! awkward sizes, and every method's greedy tokens on the random models of the exactness
+//! matrix. A device backend's test file opens its backend (or skips) and calls these.
+//!
+//! Tolerances (printed with the measured error by every check):
+//! - matmul: `|Δ| ≤ 1e-6 + 2e-6 · Σ_k |x_ik · w_jk|` — both sides accumulate in f32 in
+//!   different orders; the rounding error of either is bounded by a multiple of `Σ|x·w|`
+//!   (Higham, dot products). `round` gives the reference the operands as the device sees them
+//!   (bf16 weights and activations on a bf16 backend; products of bf16 values are exact in f32).
+//! - rms_norm `1e-6 + 1e-5·|want|`; rope `1e-5` absolute; silu_mul `1e-6 + 1e-5·|want|`;
+//!   attention `2e-6 + 2e-5·|want|`; topk lse and markov values `1e-5` absolute.
+//! - embedding, add_assign, concat, gather, write_rows, compact_rows, argmax, topk ids,
+//!   markov slots, sample: exact.
+//! - Row independence (the engine invariant): bit-exact, within the device backend itself.
+#![allow(dead_code)]
+
+use super::{params, tmpdir, ARCHS};
+use sparkling::core::{AttnMask, AttnShape, Backend, Error, SampleParams, NO_PARENT};
+use sparkling::cpu::CpuBackend;
+use sparkling::decode::{Engine, Method};
+use sparkling::loader::open_source;
+use sparkling::model::config::{read_json, DrafterConfig, DrafterKind, TargetConfig};
+use sparkling::model::drafter::Drafter;
+use sparkling::model::synth::{tiny_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype};
+use sparkling::model::target::{LogitRows, Target};
+use std::path::Path;
+
+/// SplitMix64 stream of uniforms in [-1, 1).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform()).collect()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// Assert `|got - want| <= abs + rel * |want|` elementwise; prints the worst error.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0.0f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        let tol = abs + rel * w.abs();
+        assert!(err <= tol, "{what}: element {i}: got {g}, want {w} (error {err:e} > tolerance {tol:e})");
+        worst = worst.max(err);
+    }
+    eprintln!("{what}: max abs error {worst:e} (tolerance {abs:e} + {rel:e}·|want|)");
+}
+
+/// Assert bit equality.
+pub fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{what}: element {i}: {g} vs {w}");
+    }
+}
+
+/// How the device stores an operand: identity for f32, bf16 rounding for a bf16 backend.
+pub type Round = fn(f32) -> f32;
+
+/// Identity rounding (f32 weights).
+pub fn exact(v: f32) -> f32 {
+    v
+}
+
+/// bf16 round-to-nearest-even.
+pub fn bf16(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
+/// matmul vs the CPU on awkward and model shapes (1 row, 7×33, 65×576·1536, 129 rows across
+/// the 128-row GEMM block, vocab-wide N), with and without bias. `round_x`/`round_w`: how the
+/// device sees activations and weights.
+pub fn matmul_matches_cpu<B: Backend>(g: &B, round_x: Round, round_w: Round) {
+    let cpu = CpuBackend::new();
+    for (i, &(m, k, n, bias)) in
+        [(1, 1, 1, false), (1, 576, 1536, false), (7, 33, 19, true), (5, 17, 3, false), (65, 576, 1536, false), (129, 64, 65, true), (2, 64, 49152, false), (1, 16, 151936, true)]
+            .iter()
+            .enumerate()
+    {
+        let mut r = Rng(100 + i as u64);
+        let x = r.vec(m * k);
+        let w = r.vec(n * k);
+        let bv = r.vec(n);
+        let got = g.download(&g.matmul(&g.upload(&x, m, k).unwrap(), &g.upload_weight(w.clone(), n, k).unwrap(), bias.then_some(&g.upload(&bv, 1, n).unwrap())).unwrap()).unwrap();
+        let xr: Vec<f32> = x.iter().map(|&v| round_x(v)).collect();
+        let wr: Vec<f32> = w.iter().map(|&v| round_w(v)).collect();
+        let want = cpu.matmul(&cpu.upload(&xr, m, k).unwrap(), &cpu.upload_weight(wr.clone(), n, k).unwrap(), bias.then_some(&cpu.upload(&bv, 1, n).unwrap())).unwrap().data;
+        let mut worst = 0.0f32;
+        for (e, (a, b)) in got.iter().zip(&want).enumerate() {
+            let (row, col) = (e / n, e % n);
+            let s: f32 = (0..k).map(|t| (xr[row * k + t] * wr[col * k + t]).abs()).sum();
+            let tol = 1e-6 + 2e-6 * s;
+            assert!((a - b).abs() <= tol, "matmul [{m},{k}]·[{n},{k}]ᵀ: element {e}: {a} vs {b} (tol {tol:e})");
+            worst = worst.max((a - b).abs() / (1e-6 + s));
+        }
+        eprintln!("matmul [{m},{k}]·[{n},{k}]ᵀ bias={bias} on {}: max |Δ|/Σ|x·w| = {worst:e} (tolerance 2e-6)", g.name());
+    }
+}
+
+/// The engine invariant for matmul and attention: a row computed alone equals the same row of
+/// a 65-row (and a 200-row) call bit for bit; a tree row equals the causal decode of its path.
+pub fn rows_do_not_depend_on_the_batch<B: Backend>(g: &B) {
+    let mut r = Rng(31);
+    let (k, n) = (96, 130);
+    let x = r.vec(200 * k);
+    let w = g.upload_weight(r.vec(n * k), n, k).unwrap();
+    let bias = g.upload(&r.vec(n), 1, n).unwrap();
+    let run = |rows: std::ops::Range<usize>| g.download(&g.matmul(&g.upload(&x[rows.start * k..rows.end * k], rows.len(), k).unwrap(), &w, Some(&bias)).unwrap()).unwrap();
+    for total in [65usize, 200] {
+        let all = run(0..total);
+        for i in [0usize, 1, 31, 64, total - 1] {
+            assert_bits(&format!("matmul row {i} alone vs in {total} rows"), &run(i..i + 1), &all[i * n..(i + 1) * n]);
+        }
+    }
+    // Attention: tree row i == causal attention over [prefix ; path of i].
+    let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 32 };
+    let (prefix, t) = (300usize, 9usize);
+    let parents = [NO_PARENT, 0, 0, 1, 1, 2, 3, 6, 7];
+    let kv = prefix + t;
+    let kc = r.vec(kv * 64);
+    let vc = r.vec(kv * 64);
+    let q = r.vec(t * 128);
+    let (gk, gv) = (g.upload(&kc, kv, 64).unwrap(), g.upload(&vc, kv, 64).unwrap());
+    let tree = g.download(&g.attention(&g.upload(&q, t, 128).unwrap(), &gk, &gv, kv, shape, AttnMask::Tree { parents: &parents }).unwrap()).unwrap();
+    for i in [0usize, 4, 8] {
+        let mut path = vec![i];
+        while parents[*path.last().unwrap()] != NO_PARENT {
+            path.push(parents[*path.last().unwrap()] as usize);
+        }
+        path.reverse();
+        let rows: Vec<usize> = (0..prefix).chain(path.iter().map(|&a| prefix + a)).collect();
+        let (k2, v2) = (g.gather_rows(&gk, &rows).unwrap(), g.gather_rows(&gv, &rows).unwrap());
+        let one = g.download(&g.attention(&g.upload(&q[i * 128..(i + 1) * 128], 1, 128).unwrap(), &k2, &v2, rows.len(), shape, AttnMask::Causal).unwrap()).unwrap();
+        assert_bits(&format!("tree row {i} vs causal decode of its path"), &one, &tree[i * 128..(i + 1) * 128]);
+    }
+}
+
+/// attention vs the CPU: causal / tree / full masks, GQA, long prefixes (several key splits).
+pub fn attention_matches_cpu<B: Backend>(g: &B) {
+    let cpu = CpuBackend::new();
+    for (ci, &(heads, kvh, hd, prefix, t)) in [(2usize, 1usize, 4usize, 2usize, 3usize), (4, 2, 32, 300, 9), (8, 2, 64, 5000, 17), (3, 3, 128, 0, 33)].iter().enumerate() {
+        let mut r = Rng(900 + ci as u64);
+        let shape = AttnShape { n_heads: heads, n_kv_heads: kvh, head_dim: hd };
+        let kv = prefix + t;
+        let (kc, vc, q) = (r.vec(kv * kvh * hd), r.vec(kv * kvh * hd), r.vec(t * heads * hd));
+        let mut parents = vec![NO_PARENT];
+        for i in 1..t as u32 {
+            parents.push((i * 7 + 3) % i);
+        }
+        for (name, mask) in [("causal", AttnMask::Causal), ("full", AttnMask::Full), ("tree", AttnMask::Tree { parents: &parents })] {
+            let got = g.download(&g.attention(&g.upload(&q, t, heads * hd).unwrap(), &g.upload(&kc, kv, kvh * hd).unwrap(), &g.upload(&vc, kv, kvh * hd).unwrap(), kv, shape, mask).unwrap()).unwrap();
+            let want = cpu.attention(&cpu.upload(&q, t, heads * hd).unwrap(), &cpu.upload(&kc, kv, kvh * hd).unwrap(), &cpu.upload(&vc, kv, kvh * hd).unwrap(), kv, shape, mask).unwrap().data;
+            assert_close(&format!("attention {name} {heads}x{hd}/{kvh} prefix {prefix} t {t}"), &got, &want, 2e-6, 2e-5);
+        }
+    }
+    let q = g.upload(&[0.0; 8], 1, 8).unwrap();
+    let k = g.upload(&[0.0; 8], 2, 4).unwrap();
+    let bad = g.attention(&q, &k, &k, 2, AttnShape { n_heads: 2, n_kv_heads: 1, head_dim: 4 }, AttnMask::Tree { parents: &[3] });
+    assert!(matches!(bad, Err(Error::Invalid(_))), "a bad parent is an error");
+}
+
+/// Every other op vs the CPU (exact where the CPU's arithmetic can be reproduced).
+pub fn elementwise_and_copies_match_cpu<B: Backend>(g: &B, round_w: Round) {
+    let cpu = CpuBackend::new();
+    let mut r = Rng(5);
+    // embedding (the table as the device stores it)
+    let (v, k) = (97, 33);
+    let table = r.vec(v * k);
+    let tr: Vec<f32> = table.iter().map(|&x| round_w(x)).collect();
+    let ids = [0u32, 96, 5, 5, 44, 1, 95];
+    assert_bits("embedding", &g.download(&g.embedding(&g.upload_weight(table, v, k).unwrap(), &ids).unwrap()).unwrap(), &cpu.embedding(&cpu.upload_weight(tr, v, k).unwrap(), &ids).unwrap().data);
+    assert!(matches!(g.embedding(&g.upload_weight(vec![0.0; 6], 2, 3).unwrap(), &[2]), Err(Error::Invalid(_))));
+    for (i, &(rows, cols, group)) in [(1usize, 1usize, 1usize), (7, 33, 33), (65, 576, 576), (5, 64, 16), (3, 2560, 128)].iter().enumerate() {
+        let mut r = Rng(300 + i as u64);
+        let x = r.vec(rows * cols);
+        let w: Vec<f32> = (0..group).map(|_| 1.0 + 0.1 * r.uniform()).collect();
+        let got = g.download(&g.rms_norm(&g.upload(&x, rows, cols).unwrap(), &g.upload(&w, 1, group).unwrap(), group, 1e-6).unwrap()).unwrap();
+        let want = cpu.rms_norm(&cpu.upload(&x, rows, cols).unwrap(), &cpu.upload(&w, 1, group).unwrap(), group, 1e-6).unwrap().data;
+        assert_close(&format!("rms_norm [{rows},{cols}] group {group}"), &got, &want, 1e-6, 1e-5);
+    }
+    for (i, &(rows, heads, hd, theta, max_pos)) in [(1usize, 1usize, 2usize, 10000.0f32, 1u32), (7, 4, 16, 10000.0, 40), (65, 9, 64, 100000.0, 4000), (5, 2, 128, 1_000_000.0, 40000)].iter().enumerate() {
+        let mut r = Rng(400 + i as u64);
+        let cols = heads * hd;
+        let x = r.vec(rows * cols);
+        let pos: Vec<u32> = (0..rows).map(|_| r.below(max_pos as usize + 1) as u32).collect();
+        let mut gx = g.upload(&x, rows, cols).unwrap();
+        g.rope(&mut gx, &pos, hd, theta).unwrap();
+        let mut cx = cpu.upload(&x, rows, cols).unwrap();
+        cpu.rope(&mut cx, &pos, hd, theta).unwrap();
+        assert_close(&format!("rope [{rows},{cols}] hd {hd} pos ≤ {max_pos}"), &g.download(&gx).unwrap(), &cx.data, 1e-5, 0.0);
+    }
+    for (i, &(rows, cols)) in [(1usize, 1usize), (7, 33), (65, 1536)].iter().enumerate() {
+        let mut r = Rng(500 + i as u64);
+        let a: Vec<f32> = r.vec(rows * cols).iter().map(|v| v * 8.0).collect();
+        let b = r.vec(rows * cols);
+        let got = g.download(&g.silu_mul(&g.upload(&a, rows, cols).unwrap(), &g.upload(&b, rows, cols).unwrap()).unwrap()).unwrap();
+        let want = cpu.silu_mul(&cpu.upload(&a, rows, cols).unwrap(), &cpu.upload(&b, rows, cols).unwrap()).unwrap().data;
+        assert_close(&format!("silu_mul [{rows},{cols}]"), &got, &want, 1e-6, 1e-5);
+        let mut gx = g.upload(&a, rows, cols).unwrap();
+        g.add_assign(&mut gx, &g.upload(&b, rows, cols).unwrap()).unwrap();
+        let mut cx = cpu.upload(&a, rows, cols).unwrap();
+        cpu.add_assign(&mut cx, &cpu.upload(&b, rows, cols).unwrap()).unwrap();
+        assert_bits(&format!("add_assign [{rows},{cols}]"), &g.download(&gx).unwrap(), &cx.data);
+    }
+    // concat / gather / write_rows / compact_rows (overlapping source and destination)
+    let (a, b, c) = (r.vec(7 * 33), r.vec(7 * 5), r.vec(7));
+    let pg = [g.upload(&a, 7, 33).unwrap(), g.upload(&b, 7, 5).unwrap(), g.upload(&c, 7, 1).unwrap()];
+    let pc = [cpu.upload(&a, 7, 33).unwrap(), cpu.upload(&b, 7, 5).unwrap(), cpu.upload(&c, 7, 1).unwrap()];
+    let got = g.concat_cols(&pg.iter().collect::<Vec<_>>()).unwrap();
+    assert_eq!(g.shape(&got), (7, 39));
+    assert_bits("concat_cols", &g.download(&got).unwrap(), &cpu.concat_cols(&pc.iter().collect::<Vec<_>>()).unwrap().data);
+    assert_bits("concat_cols single", &g.download(&g.concat_cols(&[&pg[0]]).unwrap()).unwrap(), &a);
+    let d = r.vec(4 * 33);
+    let got = g.concat_rows(&[&g.upload(&d, 4, 33).unwrap(), &pg[0]]).unwrap();
+    assert_bits("concat_rows", &g.download(&got).unwrap(), &cpu.concat_rows(&[&cpu.upload(&d, 4, 33).unwrap(), &pc[0]]).unwrap().data);
+    let idx = [6usize, 0, 0, 3, 6];
+    assert_bits("gather_rows", &g.download(&g.gather_rows(&pg[0], &idx).unwrap()).unwrap(), &cpu.gather_rows(&pc[0], &idx).unwrap().data);
+    let cache0 = r.vec(40 * 24);
+    let src = r.vec(9 * 24);
+    let (mut gc, mut cc) = (g.upload(&cache0, 40, 24).unwrap(), cpu.upload(&cache0, 40, 24).unwrap());
+    g.write_rows(&mut gc, 20, &g.upload(&src, 9, 24).unwrap()).unwrap();
+    cpu.write_rows(&mut cc, 20, &cpu.upload(&src, 9, 24).unwrap()).unwrap();
+    assert_bits("write_rows", &g.download(&gc).unwrap(), &cc.data);
+    for keep in [vec![0usize, 2, 3, 7], vec![0, 1, 2], vec![0, 8], vec![1, 0, 5, 2]] {
+        g.compact_rows(&mut gc, 20, &keep).unwrap();
+        cpu.compact_rows(&mut cc, 20, &keep).unwrap();
+        assert_bits(&format!("compact_rows {keep:?}"), &g.download(&gc).unwrap(), &cc.data);
+    }
+    assert_eq!(g.download_rows(&gc, 20, 3).unwrap(), cc.data[20 * 24..23 * 24].to_vec());
+    let z = g.zeros(65, 576).unwrap();
+    assert!(g.download(&z).unwrap().iter().all(|&v| v == 0.0));
+    // bad shapes are errors, not panics
+    let x = g.upload(&[0.0; 6], 2, 3).unwrap();
+    let y = g.upload(&[0.0; 8], 2, 4).unwrap();
+    let w = g.upload_weight(vec![0.0; 12], 3, 4).unwrap();
+    let shape = |r: sparkling::core::Result<()>| matches!(r, Err(Error::Shape { .. }));
+    assert!(shape(g.upload(&[0.0; 5], 2, 3).map(|_| ())));
+    assert!(shape(g.matmul(&x, &w, None).map(|_| ())));
+    assert!(shape(g.matmul(&y, &w, Some(&x)).map(|_| ())));
+    assert!(shape(g.rms_norm(&x, &y, 3, 1e-6).map(|_| ())));
+    let mut x2 = g.upload(&[0.0; 6], 2, 3).unwrap();
+    assert!(shape(g.rope(&mut x2, &[0, 1], 3, 1e4)));
+    assert!(shape(g.silu_mul(&x, &y).map(|_| ())));
+    assert!(shape(g.add_assign(&mut x2, &y)));
+    assert!(shape(g.gather_rows(&x, &[2]).map(|_| ())));
+    assert!(shape(g.write_rows(&mut x2, 1, &x)));
+    assert!(shape(g.compact_rows(&mut x2, 1, &[1])));
+    assert!(shape(g.download_rows(&x, 1, 2).map(|_| ())));
+}
+
+/// argmax, sample, topk and markov_table vs the CPU (ids and slots exact).
+pub fn selection_matches_cpu<B: Backend>(g: &B) {
+    let cpu = CpuBackend::new();
+    let mut r = Rng(700);
+    let cols = 49152;
+    let mut x = r.vec(2 * cols);
+    for &i in &[100usize, 30000, 49151] {
+        x[i] = 5.0;
+    }
+    for &i in &[cols + 49151, cols + 7, cols + 8] {
+        x[i] = 9.0;
+    }
+    assert_eq!(g.argmax(&g.upload(&x, 2, cols).unwrap()).unwrap(), vec![100, 7]);
+    let (nan, ninf) = (f32::NAN, f32::NEG_INFINITY);
+    for (rows, cols, data) in [
+        (1usize, 1usize, vec![-3.0f32]),
+        (3, 4, vec![nan, 1.0, nan, 2.0, ninf, ninf, ninf, ninf, nan, nan, nan, nan]),
+        (7, 33, r.vec(7 * 33)),
+        (1, 151936, r.vec(151936)),
+    ] {
+        assert_eq!(g.argmax(&g.upload(&data, rows, cols).unwrap()).unwrap(), cpu.argmax(&cpu.upload(&data, rows, cols).unwrap()).unwrap(), "argmax [{rows},{cols}]");
+    }
+    // sample: every filter, several uniforms; ties broken as the CPU does
+    for (rows, cols) in [(5usize, 300usize), (3, 151936)] {
+        let mut xs: Vec<f32> = r.vec(rows * cols).iter().map(|v| v * 4.0).collect();
+        xs[3] = xs[7]; // a tie
+        let (gx, cx) = (g.upload(&xs, rows, cols).unwrap(), cpu.upload(&xs, rows, cols).unwrap());
+        for p in [
+            SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
+            SampleParams { temperature: 1.0, top_k: 0, top_p: 1.0 },
+            SampleParams { temperature: 0.7, top_k: 20, top_p: 1.0 },
+            SampleParams { temperature: 1.3, top_k: 0, top_p: 0.8 },
+            SampleParams { temperature: 0.9, top_k: 50, top_p: 0.5 },
+        ] {
+            for trial in 0..4 {
+                let u: Vec<f32> = (0..rows).map(|_| (r.uniform() + 1.0) / 2.0).collect();
+                assert_eq!(g.sample(&gx, p, &u).unwrap(), cpu.sample(&cx, p, &u).unwrap(), "sample [{rows},{cols}] {p:?} trial {trial}");
+            }
+        }
+        assert!(matches!(g.sample(&gx, SampleParams { temperature: 1.0, top_k: 0, top_p: 1.0 }, &[0.5]), Err(Error::Shape { .. })));
+    }
+    // topk: vocab-wide rows (several segments), ties, k = 1, k = cols, k > cols
+    for (rows, cols, k) in [(16usize, 151936usize, 128usize), (3, 1000, 1), (2, 50, 50), (2, 50, 80), (4, 20000, 2048), (1, 9000, 3000)] {
+        let mut xs: Vec<f32> = r.vec(rows * cols).iter().map(|v| (v * 64.0).round() / 8.0).collect();
+        xs[0] = f32::NEG_INFINITY;
+        let got = g.topk(&g.upload(&xs, rows, cols).unwrap(), k).unwrap();
+        let want = cpu.topk(&cpu.upload(&xs, rows, cols).unwrap(), k).unwrap();
+        assert_eq!((got.k, &got.ids), (want.k, &want.ids), "topk ids [{rows},{cols}] k {k}");
+        assert_bits(&format!("topk vals [{rows},{cols}] k {k}"), &got.vals, &want.vals);
+        assert_close(&format!("topk lse [{rows},{cols}]"), &got.lse, &want.lse, 1e-5, 1e-6);
+    }
+    assert!(matches!(g.topk(&g.upload(&[0.0; 4], 1, 4).unwrap(), 0), Err(Error::Invalid(_))));
+    // markov_table: with and without a head, awkward candidate counts (shared and global paths)
+    for (ld, vocab, rank, n, k, head) in [(2usize, 40usize, 3usize, 7usize, 7usize, true), (16, 5000, 32, 2049, 64, true), (2, 20000, 8, 9000, 16, true), (4, 300, 0, 33, 5, false)] {
+        let base: Vec<f32> = r.vec(ld * vocab).iter().map(|v| (v * 32.0).round() / 4.0).collect();
+        let (w1, w2) = (r.vec(vocab * rank.max(1)), r.vec(vocab * rank.max(1)));
+        let mut cand: Vec<u32> = (0..n).map(|_| r.below(vocab) as u32).collect();
+        cand.sort_unstable();
+        cand.dedup();
+        let gb = g.upload(&base, ld, vocab).unwrap();
+        let (gw1, gw2) = (g.upload(&w1, vocab, rank.max(1)).unwrap(), g.upload(&w2, vocab, rank.max(1)).unwrap());
+        let cb = cpu.upload(&base, ld, vocab).unwrap();
+        let (cw1, cw2) = (cpu.upload(&w1, vocab, rank.max(1)).unwrap(), cpu.upload(&w2, vocab, rank.max(1)).unwrap());
+        let got = g.markov_table(&gb, head.then_some((&gw1, &gw2)), &cand, k).unwrap();
+        let want = cpu.markov_table(&cb, head.then_some((&cw1, &cw2)), &cand, k).unwrap();
+        assert_eq!(got.k, want.k);
+        assert_eq!(got.slots, want.slots, "markov slots ld {ld} n {} k {k} head {head}", cand.len());
+        assert_close(&format!("markov vals ld {ld} n {} k {k} head {head}", cand.len()), &got.vals, &want.vals, 1e-5, 0.0);
+    }
+    let gb = g.upload(&[0.0; 10], 1, 10).unwrap();
+    assert!(g.markov_table(&gb, None, &[3, 2], 1).is_err(), "unsorted candidates are an error");
+    assert!(g.markov_table(&gb, None, &[10], 1).is_err(), "a candidate outside the vocabulary is an error");
+}
+
+/// Absolute part of the logit tolerance (f32 accumulation-order differences through 4 layers).
+pub const LOGIT_ABS: f32 = 1e-4;
+/// Relative part, times the largest |logit| of the row.
+pub const LOGIT_REL: f32 = 1e-5;
+
+fn load_target<B: Backend>(b: &B, dir: &Path) -> Target<B> {
+    let (cp, v) = read_json(dir).expect("config");
+    let cfg = TargetConfig::from_hf_json(&cp, &v).expect("parse config");
+    let src = open_source(dir).expect("open");
+    Target::load(b, src.as_ref(), cfg, &|_, _| {}).expect("load target")
+}
+
+fn load_drafter<B: Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Drafter<B> {
+    let (cp, v) = read_json(dir).expect("config");
+    let cfg = DrafterConfig::from_hf_json(&cp, &v).expect("parse drafter config");
+    let src = open_source(dir).expect("open drafter");
+    Drafter::load(b, src.as_ref(), cfg, target).expect("load drafter")
+}
+
+fn write_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, seed: u64) {
+    let rank = if kind == DrafterKind::DSpark { 8 } else { 0 };
+    let init = DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
+    write_random_drafter(dir, target, &init, seed, StoreDtype::Bf16).expect("write drafter");
+}
+
+fn top2_gap(row: &[f32]) -> f32 {
+    let mut best = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in row {
+        if v > best.0 {
+            best = (v, best.0);
+        } else if v > best.1 {
+            best.1 = v;
+        }
+    }
+    best.0 - best.1
+}
+
+fn logit_tol(row: &[f32]) -> f32 {
+    LOGIT_ABS + LOGIT_REL * row.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+fn last_logits<B: Backend>(b: &B, t: &Target<B>, ids: &[u32]) -> Vec<f32> {
+    let mut cache = t.new_cache(b, ids.len() + 1).unwrap();
+    let pos: Vec<u32> = (0..ids.len() as u32).collect();
+    let out = t.forward(b, &mut cache, ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+    b.download(&out.logits).unwrap()
+}
+
+/// Length of the prefix of the CPU and device greedy runs that must agree; at the first
+/// difference the CPU logits of that step must be a near-tie (reported), else panic.
+fn agreed_prefix(cpu: &CpuBackend, ct: &Target<CpuBackend>, prompt: &[u32], want: &[u32], got: &[u32], what: &str) -> usize {
+    let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) else {
+        assert_eq!(want.len(), got.len(), "{what}: lengths");
+        return want.len();
+    };
+    let ctx: Vec<u32> = prompt.iter().chain(&want[..i]).copied().collect();
+    let row = last_logits(cpu, ct, &ctx);
+    let (gap, tol) = (top2_gap(&row), logit_tol(&row));
+    assert!(gap < tol, "{what}: device token {} != CPU token {} at step {i}, and the CPU top-2 gap {gap:e} is not a near-tie (tolerance {tol:e})", got[i], want[i]);
+    eprintln!("NEAR-TIE {what}: step {i}: CPU {} vs device {} with top-2 gap {gap:e} < {tol:e}; comparing the first {i} tokens only", want[i], got[i]);
+    i
+}
+
+/// Every method's greedy tokens on `g` equal the CPU's on the exactness-matrix models (three
+/// archs, DFlash and DSpark drafters, blocks 7 and 16, budgets 1 and 32), and equal `g`'s own
+/// `ar` exactly. Near-ties between the two backends' `ar` runs are reported, not hidden.
+pub fn every_method_gives_the_cpu_greedy_tokens<B: Backend>(g: &B) {
+    let cpu = CpuBackend::new();
+    let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
+    let (vocab, max_new) = (48, 32);
+    let (mut compared, mut near_ties) = (0usize, 0usize);
+    for (ai, arch) in ARCHS.into_iter().enumerate() {
+        let tdir = tmpdir("conf-target");
+        let cfg = tiny_target_config(arch, vocab);
+        write_random_target(tdir.path(), &cfg, 11 + ai as u64, StoreDtype::F32).unwrap();
+        let (ct, gt) = (load_target(&cpu, tdir.path()), load_target(g, tdir.path()));
+        for block in [7usize, 16] {
+            let (d1, d2) = (tmpdir("conf-dflash"), tmpdir("conf-dspark"));
+            write_drafter(d1.path(), &cfg, DrafterKind::DFlash, block, 5);
+            write_drafter(d2.path(), &cfg, DrafterKind::DSpark, block, 6);
+            let (cdf, gdf) = (load_drafter(&cpu, d1.path(), &cfg), load_drafter(g, d1.path(), &cfg));
+            let (cds, gds) = (load_drafter(&cpu, d2.path(), &cfg), load_drafter(g, d2.path(), &cfg));
+            for prompt in prompts {
+                let p_ar = params(Method::Ar, 1, 0.0, 0, max_new, vec![]);
+                let c_ar = Engine { backend: &cpu, target: &ct, drafter: None }.generate(prompt, &p_ar, &mut |_| {}).unwrap().tokens;
+                let g_ar = Engine { backend: g, target: &gt, drafter: None }.generate(prompt, &p_ar, &mut |_| {}).unwrap().tokens;
+                let n = agreed_prefix(&cpu, &ct, prompt, &c_ar, &g_ar, &format!("{arch:?} block {block} prompt {prompt:?} ar"));
+                near_ties += usize::from(n < c_ar.len());
+                for method in Method::ALL.into_iter().skip(1) {
+                    let (cd, gd) = if method.drafter_kind() == Some(DrafterKind::DSpark) { (&cds, &gds) } else { (&cdf, &gdf) };
+                    for budget in [1usize, 32] {
+                        let p = params(method, budget, 0.0, 0, max_new, vec![]);
+                        let what = format!("{arch:?} block {block} {} budget {budget} prompt {prompt:?}", method.name());
+                        let gg = Engine { backend: g, target: &gt, drafter: Some(gd) }.generate(prompt, &p, &mut |_| {}).unwrap().tokens;
+                        assert_eq!(gg, g_ar, "{what}: device tokens differ from the device's own ar");
+                        let cc = Engine { backend: &cpu, target: &ct, drafter: Some(cd) }.generate(prompt, &p, &mut |_| {}).unwrap().tokens;
+                        assert_eq!(cc, c_ar, "{what}: CPU tokens differ from CPU ar");
+                        assert_eq!(&gg[..n], &cc[..n], "{what}: device vs CPU");
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("greedy conformance on {}: {compared} generations equal to the CPU tokens ({near_ties} near-tie divergences reported)", g.name());
+}
+
+/// The engine invariant on `g` alone: every method (budgets 1, 4, 32, 64) emits exactly `g`'s
+/// own `ar` tokens on the exactness-matrix models.
+pub fn every_method_matches_its_own_ar<B: Backend>(g: &B) {
+    let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
+    let mut runs = 0usize;
+    for (ai, arch) in ARCHS.into_iter().enumerate() {
+        let tdir = tmpdir("own-target");
+        let cfg = tiny_target_config(arch, 48);
+        write_random_target(tdir.path(), &cfg, 11 + ai as u64, StoreDtype::F32).unwrap();
+        let gt = load_target(g, tdir.path());
+        let (d1, d2) = (tmpdir("own-dflash"), tmpdir("own-dspark"));
+        write_drafter(d1.path(), &cfg, DrafterKind::DFlash, 16, 5);
+        write_drafter(d2.path(), &cfg, DrafterKind::DSpark, 16, 6);
+        let (gdf, gds) = (load_drafter(g, d1.path(), &cfg), load_drafter(g, d2.path(), &cfg));
+        for prompt in prompts {
+            let ar = Engine { backend: g, target: &gt, drafter: None }.generate(prompt, &params(Method::Ar, 1, 0.0, 0, 40, vec![]), &mut |_| {}).unwrap().tokens;
+            assert_eq!(ar.len(), 40);
+            for method in Method::ALL.into_iter().skip(1) {
+                let d = if method.drafter_kind() == Some(DrafterKind::DSpark) { &gds } else { &gdf };
+                for budget in [1usize, 4, 32, 64] {
+                    let got = Engine { backend: g, target: &gt, drafter: Some(d) }.generate(prompt, &params(method, budget, 0.0, 0, 40, vec![]), &mut |_| {}).unwrap().tokens;
+                    assert_eq!(got, ar, "{arch:?} {} budget {budget} prompt {prompt:?} on {}", method.name(), g.name());
+                    runs += 1;
+                }
+            }
+        }
+    }
+    eprintln!("own-ar invariant on {}: {runs} generations equal to ar", g.name());
+}
+
+/// Target logits (prefill and a 17-node tree verify) within `LOGIT_ABS + LOGIT_REL·max|logit|`
+/// of the CPU's, for all three archs; rows whose argmax differ must be near-ties.
+pub fn target_logits_match_cpu<B: Backend>(g: &B) {
+    let cpu = CpuBackend::new();
+    for (ai, arch) in ARCHS.into_iter().enumerate() {
+        let dir = tmpdir("conf-logits");
+        let cfg = tiny_target_config(arch, 200);
+        write_random_target(dir.path(), &cfg, 40 + ai as u64, StoreDtype::F32).unwrap();
+        let (ct, gt) = (load_target(&cpu, dir.path()), load_target(g, dir.path()));
+        let prompt: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % 200).collect();
+        let pos: Vec<u32> = (0..prompt.len() as u32).collect();
+        let mut parents = vec![NO_PARENT];
+        let mut depth = vec![0u32];
+        for i in 1..17u32 {
+            let p = (i * 7 + 3) % i;
+            parents.push(p);
+            depth.push(depth[p as usize] + 1);
+        }
+        let tree_ids: Vec<u32> = (0..17u32).map(|i| (i * 13 + 1) % 200).collect();
+        let tree_pos: Vec<u32> = depth.iter().map(|d| prompt.len() as u32 + d).collect();
+        let run = |b: &dyn Fn(&mut Vec<Vec<f32>>)| {
+            let mut v = Vec::new();
+            b(&mut v);
+            v
+        };
+        let c = run(&|v| {
+            let mut cache = ct.new_cache(&cpu, 40).unwrap();
+            v.push(cpu.download(&ct.forward(&cpu, &mut cache, &prompt, &pos, AttnMask::Causal, LogitRows::All, &[]).unwrap().logits).unwrap());
+            v.push(cpu.download(&ct.forward(&cpu, &mut cache, &tree_ids, &tree_pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits).unwrap());
+        });
+        let mut cache = gt.new_cache(g, 40).unwrap();
+        let gp = g.download(&gt.forward(g, &mut cache, &prompt, &pos, AttnMask::Causal, LogitRows::All, &[]).unwrap().logits).unwrap();
+        let gv = g.download(&gt.forward(g, &mut cache, &tree_ids, &tree_pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits).unwrap();
+        for (part, cw, gw) in [("prefill", &c[0], &gp), ("tree verify", &c[1], &gv)] {
+            let mut worst = 0.0f32;
+            for (ri, (cr, wr)) in cw.chunks(200).zip(gw.chunks(200)).enumerate() {
+                let tol = logit_tol(cr);
+                let err = cr.iter().zip(wr).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                assert!(err <= tol, "{arch:?} {part} row {ri}: max |Δ logit| {err:e} > {tol:e}");
+                worst = worst.max(err);
+            }
+            eprintln!("{arch:?} {part} on {}: max |Δ logit| = {worst:e}", g.name());
+        }
+    }
+}
