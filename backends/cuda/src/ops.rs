@@ -211,9 +211,12 @@ impl CudaBackend {
 
     /// KV compaction (reference §4.10): gather rows `start + keep[j]` into a temporary, then
     /// copy it over rows `start..start+keep.len()` (read-all-then-write, overlap safe).
-    /// Errors: a kept row beyond the cache ([`Error::Shape`]).
+    /// Errors: a kept row beyond the cache, or more kept rows than fit below `start`
+    /// ([`Error::Shape`]).
     pub(crate) fn op_compact_rows(&self, cache: &mut CudaTensor, start: usize, keep: &[usize]) -> Result<()> {
-        if keep.iter().any(|&k| start.checked_add(k).is_none_or(|r| r >= cache.rows)) {
+        if keep.iter().any(|&k| start.checked_add(k).is_none_or(|r| r >= cache.rows))
+            || start.checked_add(keep.len()).is_none_or(|e| e > cache.rows)
+        {
             return Err(shape_err("compact_rows", format!("keep {keep:?} from row {start} of {}", cache.rows)));
         }
         let n = keep.len() * cache.cols;
