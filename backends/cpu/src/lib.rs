@@ -109,8 +109,8 @@ impl Backend for CpuBackend {
     }
 
     fn download_rows(&self, t: &CpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
-        if start + n > t.rows {
-            return Err(shape_err("download_rows", format!("rows {start}..{} of {}", start + n, t.rows)));
+        if start.checked_add(n).is_none_or(|end| end > t.rows) {
+            return Err(shape_err("download_rows", format!("{n} rows from row {start} of a {}-row tensor", t.rows)));
         }
         Ok(t.data[start * t.cols..(start + n) * t.cols].to_vec())
     }
@@ -438,6 +438,15 @@ mod tests {
 
     /// The invariant tree verification relies on: a row's matmul output does not depend on how
     /// many rows share the call (f32 and f16 weights, odd and even row counts).
+    #[test]
+    fn download_rows_out_of_range_is_an_error() {
+        let b = CpuBackend::new();
+        let t = b.upload(&[1.0, 2.0, 3.0, 4.0], 2, 2).unwrap();
+        assert_eq!(b.download_rows(&t, 1, 1).unwrap(), vec![3.0, 4.0]);
+        assert!(b.download_rows(&t, 1, 2).is_err());
+        assert!(b.download_rows(&t, usize::MAX, 2).is_err(), "overflowing start must be an error, not a panic");
+    }
+
     #[test]
     fn matmul_rows_are_independent_of_batch_size() {
         for dtype in [WeightDtype::F32, WeightDtype::F16] {
