@@ -5,9 +5,11 @@
 // gx * gy >= G; a kernel recovers its linear workgroup index with `linear_group` and returns
 // (workgroup-uniformly) when it is >= G.
 //
-// Subgroups: none of these kernels use subgroup operations. A subgroup variant would get its
-// own prelude line (`enable subgroups;` for browsers, nothing for naga, platform.md §1) and
-// would replace the shared-memory tree reductions in rms_norm / attention / argmax.
+// Subgroups: kernels with workgroup reductions (argmax, topk, table_topk, sample) are built
+// from reduce.wgsl (shared memory only, always available) or, when the adapter reports
+// `wgpu::Features::SUBGROUP`, from reduce_subgroup.wgsl. A subgroup kernel's source starts
+// with the per-backend subgroup directive before this prelude (`enable subgroups;` where the
+// WGSL compiler requires it, as Chrome does; nothing for naga, which rejects it; platform.md §1).
 
 fn linear_group(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
@@ -16,3 +18,17 @@ fn linear_group(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // Most negative finite f32, used as "minus infinity" for masked scores (WGSL const expressions
 // cannot produce an infinity).
 const NEG_BIG: f32 = -3.40282347e+38;
+// Largest finite f32 (`abs(v) <= MAX_F32` is false exactly for ±inf and NaN).
+const MAX_F32: f32 = 3.40282347e+38;
+
+// Order-preserving u32 key of an f32: unsigned key order == Rust's `f32::total_cmp` (the CPU
+// reference's order for top-k), so -0 < +0 and NaNs sort at the ends by sign.
+fn f32_key(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+// Inverse of `f32_key`.
+fn key_f32(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
+}

@@ -1,16 +1,16 @@
 //! The [`Backend`] implementation: argument checks live in the op modules; this file maps the
-//! trait onto them and holds the two read-back ops (`argmax`, `sample`).
+//! trait onto them and holds `argmax` (the selection read-backs are in `select.rs`).
 
 use crate::ctx::Bind;
 use crate::pipelines::Kernel;
 use crate::tensor::{WgpuTensor, WgpuWeight};
 use crate::WgpuBackend;
-use sparkling_core::{AttnMask, AttnShape, Backend, Error, MarkovTable, Result, SampleParams, TopK};
+use sparkling_core::{AttnMask, AttnShape, Backend, MarkovTable, Result, SampleParams, TopK};
 
 impl WgpuBackend {
     /// Row-wise argmax on the device (shaders/argmax.wgsl), then a read-back of one `u32` per
     /// row (a sync point).
-    fn op_argmax(&self, logits: &WgpuTensor) -> Result<Vec<u32>> {
+    pub(crate) fn op_argmax(&self, logits: &WgpuTensor) -> Result<Vec<u32>> {
         let g = &self.gpu;
         g.check()?;
         let rows = logits.rows;
@@ -22,28 +22,10 @@ impl WgpuBackend {
         }
         let ids = g.alloc("argmax", rows, 1)?;
         let mut b = g.batch();
-        g.dispatch(&mut b, Kernel::Argmax, &[rows as u32, logits.cols as u32], &[Bind::t(logits), Bind::t(&ids)], rows as u64)?;
+        g.dispatch(&mut b, Kernel::Argmax(g.reduce), &[rows as u32, logits.cols as u32], &[Bind::t(logits), Bind::t(&ids)], rows as u64)?;
         g.submit(b);
         let bytes = g.read_back(ids.buffer(), 0, rows as u64 * 4)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
-    }
-
-    /// Row-wise sampling. At `T < 1e-5` this is [`Self::op_argmax`] on the device. Otherwise
-    /// the logits rows are read back and drawn on the host by the CPU backend's own routine
-    /// (`sparkling_cpu` `sample_row`: inverse CDF over the kept tokens in ascending id order,
-    /// f64 probabilities), so both backends draw the same token from the same logits and
-    /// uniform. A device top-k + logsumexp kernel would shrink the read-back; not done yet.
-    /// Errors: `uniforms.len() != rows` ([`Error::Shape`]).
-    fn op_sample(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
-        if uniforms.len() != logits.rows {
-            return Err(Error::Shape { op: "sample", detail: format!("{} uniforms for {} rows", uniforms.len(), logits.rows) });
-        }
-        if params.temperature < 1e-5 {
-            return self.op_argmax(logits);
-        }
-        let data = self.gpu.read_f32(logits, 0, logits.rows * logits.cols)?;
-        let host = sparkling_cpu::CpuTensor { rows: logits.rows, cols: logits.cols, data };
-        sparkling_cpu::CpuBackend::new().sample(&host, params, uniforms)
     }
 }
 
@@ -148,19 +130,11 @@ impl Backend for WgpuBackend {
         self.op_sample(logits, params, uniforms)
     }
 
-    // TEMPORARY host fallback, replaced by device kernels (issue 4).
     fn topk(&self, logits: &WgpuTensor, k: usize) -> Result<TopK> {
-        let host = sparkling_cpu::CpuTensor { rows: logits.rows, cols: logits.cols, data: self.gpu.read_f32(logits, 0, logits.rows * logits.cols)? };
-        sparkling_cpu::CpuBackend::new().topk(&host, k)
+        self.op_topk(logits, k)
     }
 
     fn markov_table(&self, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
-        let dl = |t: &WgpuTensor| -> Result<sparkling_cpu::CpuTensor> { Ok(sparkling_cpu::CpuTensor { rows: t.rows, cols: t.cols, data: self.gpu.read_f32(t, 0, t.rows * t.cols)? }) };
-        let b = dl(base)?;
-        let m = match markov {
-            Some((w1, w2)) => Some((dl(w1)?, dl(w2)?)),
-            None => None,
-        };
-        sparkling_cpu::CpuBackend::new().markov_table(&b, m.as_ref().map(|(a, c)| (a, c)), cand, k)
+        self.op_markov_table(base, markov, cand, k)
     }
 }

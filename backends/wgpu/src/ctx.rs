@@ -3,8 +3,8 @@
 //!
 //! Ops record into one shared command encoder (the open batch), which is submitted every
 //! [`FLUSH_EVERY`] dispatches and at each read-back, so a decode step costs a handful of
-//! `queue.submit`s, not one per op. The read-back helpers here are the only places that wait
-//! for the GPU (`download*`, `argmax`, `sample`).
+//! `queue.submit`s, not one per op. [`Gpu::read_back`] is the only place that waits for the GPU
+//! (reached from `download*`, `argmax`, `sample`, `topk`, `markov_table`; see the crate docs).
 
 use crate::device::Health;
 use crate::pipelines::{Kernel, Pipelines};
@@ -32,9 +32,13 @@ pub(crate) struct Gpu {
     pub(crate) max_groups: u32,
     pub(crate) pool: Arc<Pool>,
     pub(crate) pipelines: Pipelines,
+    /// Reduction library of the argmax / topk / table / sample kernels (subgroups or not).
+    pub(crate) reduce: crate::pipelines::Reduce,
     pub(crate) health: Arc<Health>,
     /// The open batch (commands recorded, not yet submitted).
     pub(crate) open: Mutex<Option<Batch>>,
+    /// Host waits for the GPU so far (read-backs and `synchronize`), for the sync audit.
+    pub(crate) syncs: std::sync::atomic::AtomicU64,
 }
 
 /// One storage binding of a dispatch: buffer and the bytes of it the kernel may touch.
@@ -230,6 +234,7 @@ impl Gpu {
         }
         let slice = staging.buffer().slice(0..bytes);
         let (tx, rx) = std::sync::mpsc::channel();
+        self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });

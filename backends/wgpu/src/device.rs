@@ -98,12 +98,13 @@ impl Health {
 
 /// Open a device on `adapter` with the adapter's own limits (the defaults are lower: 128 MiB
 /// storage bindings need `required_limits: adapter.limits()`, platform.md §1) and install the
-/// lost / uncaptured-error callbacks that feed `health`.
+/// lost / uncaptured-error callbacks that feed `health`. `features`: optional features to
+/// enable (a subset of the adapter's, e.g. `SUBGROUP`).
 /// Errors: [`Error::Unavailable`] when the device cannot be created.
-pub(crate) fn open(adapter: &wgpu::Adapter, health: &Arc<Health>) -> Result<(wgpu::Device, wgpu::Queue)> {
+pub(crate) fn open(adapter: &wgpu::Adapter, health: &Arc<Health>, features: wgpu::Features) -> Result<(wgpu::Device, wgpu::Queue)> {
     let desc = wgpu::DeviceDescriptor {
         label: Some("sparkling-wgpu"),
-        required_features: wgpu::Features::empty(),
+        required_features: features & adapter.features(),
         required_limits: adapter.limits(),
         ..Default::default()
     };

@@ -13,17 +13,44 @@
 //!   adapters (lavapipe emulates barriers).
 //! - Dispatches are folded into 2-D grids so no dimension exceeds
 //!   `max_compute_workgroups_per_dimension` (65,535).
-//! - Ops only record commands into a shared batch that is submitted every few dozen dispatches;
-//!   `download`, `download_rows`, `argmax` and `sample` are the only sync points (no per-op
-//!   `device.poll(Wait)`).
+//! - Ops only record commands into a shared batch that is submitted every few dozen dispatches
+//!   (no per-op `device.poll(Wait)`); see "Host syncs" below for the only places that wait.
 //! - Determinism: every reduction has a fixed shape that does not depend on the number of
 //!   rows in the call (matmul: one sequential fma chain over K per output; attention: chunks
-//!   cut by visible-key ordinal), so a tree verify reproduces 1-row decoding bit for bit on one
-//!   adapter, as the Backend contract requires.
-//! - Subgroups are not used (no `enable subgroups;` portability trap); the reduction kernels
-//!   say where a subgroup variant would go.
+//!   cut by visible-key ordinal; argmax / topk / table / sample: one workgroup per row), so a
+//!   tree verify reproduces 1-row decoding bit for bit on one adapter, as the Backend contract
+//!   requires.
+//! - Selection ops run on the device and read back only their result: `topk` (radix select +
+//!   log-sum-exp, `rows·(2k+1)` words), `markov_table` (Markov bias over the candidate union +
+//!   per-(depth, parent) log-softmax top-k, `ld·n·2k` words), `sample` (top-k / top-p filter +
+//!   inverse CDF in f32, one word per row), `argmax` (one word per row).
+//! - Subgroups ([`Subgroups`], platform.md §1/§4): the reduction kernels (argmax, topk,
+//!   table_topk, sample) are built from `shaders/reduce.wgsl` (workgroup memory + barriers;
+//!   every adapter; always tested) or, only when the adapter reports
+//!   `wgpu::Features::SUBGROUP` (and a subgroup size ≤ 64), from `shaders/reduce_subgroup.wgsl`.
+//!   Subgroup kernels get a per-backend directive line (`enable subgroups;` for a browser's
+//!   WGSL compiler, nothing for naga, which rejects it). `WgpuOptions::subgroups =
+//!   Subgroups::Off` or the environment variable `SPARKLING_WGPU_SUBGROUPS=0` forces the
+//!   portable path (the tests run both). Both paths are exact where the CPU is (ids, slots,
+//!   argmax) and differ only in f32 summation order elsewhere.
 //! - Tolerances against the CPU backend are documented and measured in `tests/` (matmul
-//!   `≤ 2e-6·Σ|x·w|`, attention `2e-6 + 2e-5·|y|`, copies/argmax/sampling exact).
+//!   `≤ 2e-6·Σ|x·w|`, attention `2e-6 + 2e-5·|y|`, topk lse `2e-6·(1 + |lse|)` with exact ids
+//!   and values, table values `1e-5 + 2e-6·|v|`, sampling equal draws except within 1e-5 of a
+//!   CDF / top-p boundary, copies and argmax exact).
+//!
+//! # Host syncs
+//!
+//! The host waits for the GPU (`device.poll(Wait)` after mapping a staging buffer) in exactly
+//! one place, `Gpu::read_back` (ctx.rs), reached only from the ops that return host data —
+//! `download`, `download_rows`, `argmax`, `sample`, `topk`, `markov_table`, each with one
+//! submit and one wait for just its result — and from [`WgpuBackend::synchronize`]
+//! (benchmarks). Every other op (matmul, attention, norms, KV writes and compaction, …) only
+//! records commands; the batch is submitted without waiting every `FLUSH_EVERY` dispatches.
+//! Buffer-pool misses and first-use pipeline compilation pop a wgpu error scope (a host-side
+//! check, no GPU wait).
+//! Per decoding round the engine (src/decode) therefore syncs at: `topk` (DDTree) or `topk` +
+//! `markov_table` (SparklingTree device prep), or one draft-logits `download` (host prep,
+//! DSpark, TreeSpark), plus the acceptance read-back (`argmax` / `sample` of the verify rows).
 
 #![warn(missing_docs)]
 
@@ -35,6 +62,7 @@ mod linear;
 mod ops;
 mod pipelines;
 mod pool;
+mod select;
 mod tensor;
 
 pub use tensor::{WeightDtype, WgpuTensor, WgpuWeight};
@@ -61,6 +89,40 @@ pub struct WgpuOptions {
     pub max_workgroups_per_dim: Option<u32>,
     /// Matmul kernel choice.
     pub matmul_kernel: MatmulKernel,
+    /// Whether the reduction kernels may use subgroup operations.
+    pub subgroups: Subgroups,
+}
+
+/// Subgroup use of the reduction kernels (argmax, topk, markov_table, sample; platform.md §1/§4).
+///
+/// Both paths are exact where the CPU reference is exact (argmax, top-k ids and values, the
+/// table's slots) and agree with it within the same documented tolerances elsewhere; they
+/// differ from each other only in f32 summation order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Subgroups {
+    /// Use subgroup kernels when the adapter reports `wgpu::Features::SUBGROUP` with a maximum
+    /// subgroup size of at most 64 invocations, unless the environment variable
+    /// `SPARKLING_WGPU_SUBGROUPS=0` forces them off (to run any test or benchmark on the
+    /// portable path).
+    #[default]
+    Auto,
+    /// Never use subgroup operations (the portable path: workgroup-memory trees and barriers).
+    Off,
+}
+
+/// Largest subgroup size the subgroup kernels accept: their smallest workgroup
+/// (`TABLE_WG`) must hold at least one whole subgroup.
+const MAX_SUBGROUP_SIZE: u32 = pipelines::TABLE_WG;
+
+/// Whether kernels on `adapter` use subgroups under `mode` (see [`Subgroups::Auto`]).
+fn want_subgroups(adapter: &wgpu::Adapter, mode: Subgroups) -> bool {
+    let env_off = std::env::var("SPARKLING_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
+    let info = adapter.get_info();
+    mode == Subgroups::Auto
+        && !env_off
+        && adapter.features().contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_max_size >= 1
+        && info.subgroup_max_size <= MAX_SUBGROUP_SIZE
 }
 
 /// Which matmul kernel to run (a tuning / testing knob; every choice gives bit-identical
@@ -116,7 +178,9 @@ impl WgpuBackend {
         let inst = device::instance();
         let adapter = device::select(&inst, opts.adapter.as_deref())?;
         let health = Arc::new(device::Health::default());
-        let (device, queue) = device::open(&adapter, &health)?;
+        let subgroups = want_subgroups(&adapter, opts.subgroups);
+        let features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
+        let (device, queue) = device::open(&adapter, &health, features)?;
         let limits = device.limits();
         let info = adapter.get_info();
         let adapter_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
@@ -127,7 +191,8 @@ impl WgpuBackend {
         let dummy = pool::create_buffer(&device, wgpu::BufferUsages::STORAGE, 16, "sparkling dummy")?;
         let gpu = Gpu {
             pool: pool::Pool::new(device.clone()),
-            pipelines: pipelines::Pipelines::new(),
+            pipelines: pipelines::Pipelines::new(info.backend),
+            reduce: if subgroups { pipelines::Reduce::Subgroup } else { pipelines::Reduce::Workgroup },
             device,
             queue,
             info,
@@ -136,6 +201,7 @@ impl WgpuBackend {
             max_groups,
             health,
             open: std::sync::Mutex::new(None),
+            syncs: std::sync::atomic::AtomicU64::new(0),
         };
         Ok(WgpuBackend { gpu: Arc::new(gpu), weight_dtype: opts.weight_dtype, matmul_kernel: opts.matmul_kernel, rope: Mutex::new(HashMap::new()), dummy })
     }
@@ -150,6 +216,12 @@ impl WgpuBackend {
         &self.gpu.limits
     }
 
+    /// True when the reduction kernels (argmax, topk, markov_table, sample) run their subgroup
+    /// variants (see [`Subgroups`]); false on the portable workgroup-memory path.
+    pub fn uses_subgroups(&self) -> bool {
+        self.gpu.reduce == pipelines::Reduce::Subgroup
+    }
+
     /// Bytes per storage binding actually used (adapter limit or [`WgpuOptions`] override).
     pub fn max_binding_bytes(&self) -> u64 {
         self.gpu.max_binding
@@ -158,6 +230,14 @@ impl WgpuBackend {
     /// Storage precision of uploaded weights.
     pub fn weight_dtype(&self) -> WeightDtype {
         self.weight_dtype
+    }
+
+    /// How many times the host has waited for the GPU on this backend so far: one per
+    /// read-back (`download*`, `argmax`, `sample`, `topk`, `markov_table`) and per
+    /// [`WgpuBackend::synchronize`]; every other op adds nothing (see "Host syncs" in the crate
+    /// docs). For auditing the syncs of a decoding round.
+    pub fn host_syncs(&self) -> u64 {
+        self.gpu.syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bytes of idle buffers currently held by the pool.
@@ -169,6 +249,7 @@ impl WgpuBackend {
     /// Errors: the device was lost or reported an error.
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.flush();
+        self.gpu.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.gpu
             .device
             .poll(wgpu::PollType::wait_indefinitely())

@@ -2,9 +2,13 @@
 //! compute pipelines, compiled lazily on first use and cached.
 //!
 //! Every kernel source is `prelude.wgsl` + (for weight-reading kernels) one weight-storage
-//! prelude + generated `const` lines (tile shapes) + the op's file. This is also where a
-//! per-backend subgroup prelude would go (`enable subgroups;` for Chrome, nothing for naga,
-//! platform.md §1); no kernel uses subgroups today, so the non-subgroup path is the only one.
+//! prelude + generated `const` lines (tile shapes, workgroup sizes) + the op's file. Kernels
+//! with workgroup reductions (argmax, topk, table_topk, sample) also get a reduction library:
+//! `reduce.wgsl` (shared memory only; always available and always tested) or
+//! `reduce_subgroup.wgsl` ([`Reduce::Subgroup`], only when the device was opened with
+//! `wgpu::Features::SUBGROUP`), and the top-k ones `select.wgsl`. A subgroup kernel starts with
+//! the per-backend directive of [`subgroup_directive`] (platform.md §1: naga rejects
+//! `enable subgroups;`, Chrome requires it).
 
 use crate::tensor::WeightDtype;
 use sparkling_core::{Error, Result};
@@ -26,6 +30,53 @@ const COPY_COLS: &str = include_str!("../../../shaders/copy_cols.wgsl");
 const GATHER_ROWS: &str = include_str!("../../../shaders/gather_rows.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
 const ARGMAX: &str = include_str!("../../../shaders/argmax.wgsl");
+const REDUCE: &str = include_str!("../../../shaders/reduce.wgsl");
+const REDUCE_SUBGROUP: &str = include_str!("../../../shaders/reduce_subgroup.wgsl");
+const SELECT: &str = include_str!("../../../shaders/select.wgsl");
+const TOPK: &str = include_str!("../../../shaders/topk.wgsl");
+const MARKOV_GATHER: &str = include_str!("../../../shaders/markov_gather.wgsl");
+const MARKOV_BIAS: &str = include_str!("../../../shaders/markov_bias.wgsl");
+const TABLE_TOPK: &str = include_str!("../../../shaders/table_topk.wgsl");
+const SAMPLE: &str = include_str!("../../../shaders/sample.wgsl");
+
+/// Invocations per workgroup of argmax.wgsl and topk.wgsl (one workgroup per row).
+pub(crate) const WIDE_ROW_WG: u32 = 256;
+/// Invocations per workgroup of sample.wgsl (its 16-bin reductions use 2 × 16 × WG words of
+/// workgroup memory).
+pub(crate) const SAMPLE_WG: u32 = 128;
+/// Invocations per workgroup of table_topk.wgsl (rows of n ≈ 1000–2000 candidates).
+pub(crate) const TABLE_WG: u32 = 64;
+/// Candidates (columns) per workgroup of markov_bias.wgsl.
+pub(crate) const BIAS_COLS: u64 = 64;
+/// Parents (rows) per workgroup of markov_bias.wgsl (`PB` there).
+pub(crate) const BIAS_ROWS: u64 = 4;
+/// Outputs per workgroup of markov_gather.wgsl.
+pub(crate) const GATHER_PER_GROUP: u64 = 256;
+/// Bins per radix pass of sample.wgsl (4-bit digits).
+const SAMPLE_BINS: u32 = 16;
+
+/// The WGSL directive a subgroup kernel needs on `backend` (platform.md §1, §4): browsers'
+/// WGSL compilers (wgpu's `BrowserWebGpu` backend hands WGSL to the browser) require
+/// `enable subgroups;`, while naga — which compiles WGSL for every native backend (Vulkan,
+/// Metal, DX12, GL) — rejects it as not yet implemented (gfx-rs/wgpu#5555) and exposes the
+/// subgroup built-ins given `wgpu::Features::SUBGROUP` alone. (wgpu 30's WebGPU backend does
+/// not map the subgroups feature, so today the browser line is never reached; it is here so
+/// the kernels stay correct when it does.)
+pub(crate) fn subgroup_directive(backend: wgpu::Backend) -> &'static str {
+    match backend {
+        wgpu::Backend::BrowserWebGpu => "enable subgroups;\n",
+        _ => "",
+    }
+}
+
+/// Which reduction library a kernel is built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Reduce {
+    /// reduce.wgsl: workgroup-memory trees and scans, barriers only (every adapter).
+    Workgroup,
+    /// reduce_subgroup.wgsl: subgroup operations (adapters with `Features::SUBGROUP`).
+    Subgroup,
+}
 
 /// Threads per workgroup of the 1-D elementwise kernels (embedding, rope, silu_mul, add,
 /// copy_cols, gather_rows): each workgroup covers this many elements.
@@ -88,7 +139,12 @@ pub(crate) enum Kernel {
     CopyCols,
     GatherRows,
     Attention,
-    Argmax,
+    Argmax(Reduce),
+    TopK(Reduce),
+    MarkovGather,
+    MarkovBias,
+    TableTopK(Reduce),
+    Sample(Reduce),
 }
 
 impl Kernel {
@@ -100,9 +156,20 @@ impl Kernel {
         }
     }
 
-    /// The full WGSL source of the kernel.
-    pub(crate) fn source(self) -> String {
-        let mut s = String::from(PRELUDE);
+    /// Workgroup-size and bin-count `const` lines plus the reduction library.
+    fn reduction(red: Reduce, wg: u32, bins: u32) -> String {
+        let lib = match red {
+            Reduce::Workgroup => REDUCE,
+            Reduce::Subgroup => REDUCE_SUBGROUP,
+        };
+        format!("const WG: u32 = {wg}u;\nconst NB: u32 = {bins}u;\n{lib}")
+    }
+
+    /// The full WGSL source of the kernel for an adapter on `backend`.
+    pub(crate) fn source(self, backend: wgpu::Backend) -> String {
+        let sg = matches!(self, Kernel::Argmax(r) | Kernel::TopK(r) | Kernel::TableTopK(r) | Kernel::Sample(r) if r == Reduce::Subgroup);
+        let mut s = String::from(if sg { subgroup_directive(backend) } else { "" });
+        s.push_str(PRELUDE);
         match self {
             Kernel::Matmul(dt, MatmulTile::Tiled) => {
                 let (wx, wy, tm, tn, bk) = MatmulTile::TILED;
@@ -127,7 +194,26 @@ impl Kernel {
             Kernel::CopyCols => s.push_str(COPY_COLS),
             Kernel::GatherRows => s.push_str(GATHER_ROWS),
             Kernel::Attention => s.push_str(ATTENTION),
-            Kernel::Argmax => s.push_str(ARGMAX),
+            Kernel::Argmax(r) => {
+                s.push_str(&Kernel::reduction(r, WIDE_ROW_WG, 1));
+                s.push_str(ARGMAX);
+            }
+            Kernel::TopK(r) => {
+                s.push_str(&Kernel::reduction(r, WIDE_ROW_WG, 1));
+                s.push_str(SELECT);
+                s.push_str(TOPK);
+            }
+            Kernel::MarkovGather => s.push_str(MARKOV_GATHER),
+            Kernel::MarkovBias => s.push_str(MARKOV_BIAS),
+            Kernel::TableTopK(r) => {
+                s.push_str(&Kernel::reduction(r, TABLE_WG, 1));
+                s.push_str(SELECT);
+                s.push_str(TABLE_TOPK);
+            }
+            Kernel::Sample(r) => {
+                s.push_str(&Kernel::reduction(r, SAMPLE_WG, SAMPLE_BINS));
+                s.push_str(SAMPLE);
+            }
         }
         s
     }
@@ -142,12 +228,14 @@ pub(crate) struct Pipeline {
 /// Lazily compiled pipelines, keyed by [`Kernel`].
 pub(crate) struct Pipelines {
     cache: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
+    /// The adapter's backend (selects the subgroup directive).
+    backend: wgpu::Backend,
 }
 
 impl Pipelines {
-    /// An empty cache.
-    pub(crate) fn new() -> Pipelines {
-        Pipelines { cache: Mutex::new(HashMap::new()) }
+    /// An empty cache for an adapter on `backend`.
+    pub(crate) fn new(backend: wgpu::Backend) -> Pipelines {
+        Pipelines { cache: Mutex::new(HashMap::new()), backend }
     }
 
     /// The pipeline of `k`, compiling it on first use.
@@ -161,7 +249,7 @@ impl Pipelines {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(k.source().into()),
+            source: wgpu::ShaderSource::Wgsl(k.source(self.backend).into()),
         });
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
@@ -178,5 +266,46 @@ impl Pipelines {
         let p = Arc::new(Pipeline { pipeline, layout });
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(k, Arc::clone(&p));
         Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SELECTION: [fn(Reduce) -> Kernel; 4] = [Kernel::Argmax, Kernel::TopK, Kernel::TableTopK, Kernel::Sample];
+
+    /// The WGSL code without `//` comments.
+    fn code(src: &str) -> String {
+        src.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+    }
+
+    #[test]
+    fn subgroup_directive_only_for_browsers_and_only_on_subgroup_kernels() {
+        for make in SELECTION {
+            let sg = make(Reduce::Subgroup);
+            let wg = make(Reduce::Workgroup);
+            // A browser's WGSL compiler needs the directive first, before any declaration.
+            assert!(sg.source(wgpu::Backend::BrowserWebGpu).starts_with("enable subgroups;\n"), "{sg:?}");
+            // naga (every native backend) rejects it.
+            for b in [wgpu::Backend::Vulkan, wgpu::Backend::Metal, wgpu::Backend::Dx12, wgpu::Backend::Gl] {
+                assert!(!code(&sg.source(b)).contains("enable"), "{sg:?} on {b:?}");
+            }
+            // The portable kernels use no subgroup feature at all.
+            let src = code(&wg.source(wgpu::Backend::BrowserWebGpu));
+            assert!(!src.contains("enable") && !src.contains("subgroup"), "{wg:?}");
+            assert!(code(&sg.source(wgpu::Backend::Vulkan)).contains("subgroupAdd"), "{sg:?}");
+        }
+    }
+
+    #[test]
+    fn every_source_defines_its_workgroup_size_once() {
+        for make in SELECTION {
+            for r in [Reduce::Workgroup, Reduce::Subgroup] {
+                let src = code(&make(r).source(wgpu::Backend::Vulkan));
+                assert_eq!(src.matches("const WG: u32").count(), 1, "{:?}", make(r));
+                assert_eq!(src.matches("@compute").count(), 1, "{:?}", make(r));
+            }
+        }
     }
 }

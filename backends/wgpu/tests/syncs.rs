@@ -1,0 +1,85 @@
+//! Host-sync audit (issue 4: "one host sync per round at most, besides the small acceptance
+//! read-back; no per-op `device.poll(Wait)` in the hot path"): a decoder-layer-shaped sequence
+//! of every non-read-back op — embedding, rms_norm, matmul, rope, KV write, tree attention,
+//! silu_mul, add_assign, concat, gather, compaction — makes the host wait zero times
+//! (`WgpuBackend::host_syncs`), and each read-back op (topk, markov_table, sample, argmax,
+//! download) waits exactly once, on both reduction paths. The backend is this test's own (a
+//! counter shared with other tests would race).
+
+mod common;
+
+use common::*;
+use sparkling_core::{AttnMask, AttnShape, Backend, SampleParams, NO_PARENT};
+use sparkling_wgpu::{Subgroups, WgpuOptions};
+
+#[test]
+fn only_read_back_ops_wait_for_the_gpu() {
+    for sg in [Subgroups::Off, Subgroups::Auto] {
+        let Some(g) = open(&WgpuOptions { subgroups: sg, ..Default::default() }, "sync audit") else { return };
+        let mut r = Rng(9001);
+        let (d, vocab, t) = (64usize, 500usize, 9usize);
+        let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 16 };
+        let emb = g.upload_weight(r.vec(vocab * d), vocab, d).unwrap();
+        let wq = g.upload_weight(r.vec(d * d), d, d).unwrap();
+        let wkv = g.upload_weight(r.vec(32 * d), 32, d).unwrap();
+        let wup = g.upload_weight(r.vec(96 * d), 96, d).unwrap();
+        let wdown = g.upload_weight(r.vec(d * 96), d, 96).unwrap();
+        let lm = g.upload_weight(r.vec(vocab * d), vocab, d).unwrap();
+        let norm = g.upload(&r.vec(d), 1, d).unwrap();
+        let mut kcache = g.zeros(64, 32).unwrap();
+        let mut vcache = g.zeros(64, 32).unwrap();
+        let w1 = g.upload(&r.vec(vocab * 8), vocab, 8).unwrap();
+        let w2 = g.upload(&r.vec(vocab * 8), vocab, 8).unwrap();
+        let before = g.host_syncs();
+
+        // A tree-verify-shaped layer over t rows (no read-back anywhere).
+        let ids: Vec<u32> = (0..t as u32).map(|i| i * 37 % vocab as u32).collect();
+        let positions: Vec<u32> = (20..20 + t as u32).collect();
+        let parents: Vec<u32> = (0..t as u32).map(|i| if i == 0 { NO_PARENT } else { (i - 1) / 2 }).collect();
+        let mut x = g.embedding(&emb, &ids).unwrap();
+        let h = g.rms_norm(&x, &norm, d, 1e-5).unwrap();
+        let mut q = g.matmul(&h, &wq, None).unwrap();
+        let mut kv = g.matmul(&h, &wkv, None).unwrap();
+        g.rope(&mut q, &positions, shape.head_dim, 10000.0).unwrap();
+        g.rope(&mut kv, &positions, shape.head_dim, 10000.0).unwrap();
+        g.write_rows(&mut kcache, 20, &kv).unwrap();
+        g.write_rows(&mut vcache, 20, &kv).unwrap();
+        let a = g.attention(&q, &kcache, &vcache, 20 + t, shape, AttnMask::Tree { parents: &parents }).unwrap();
+        g.add_assign(&mut x, &a).unwrap();
+        let up = g.matmul(&x, &wup, None).unwrap();
+        let gate = g.matmul(&x, &wup, None).unwrap();
+        let act = g.silu_mul(&gate, &up).unwrap();
+        let down = g.matmul(&act, &wdown, None).unwrap();
+        g.add_assign(&mut x, &down).unwrap();
+        let both = g.concat_rows(&[&x, &x]).unwrap();
+        let wide = g.concat_cols(&[&x, &down]).unwrap();
+        let picked = g.gather_rows(&both, &[0, 3, 17]).unwrap();
+        g.compact_rows(&mut kcache, 20, &[0, 2, 5]).unwrap();
+        let logits = g.matmul(&x, &lm, None).unwrap();
+        assert_eq!(g.host_syncs(), before, "{sg:?}: a non-read-back op waited for the GPU");
+        assert_eq!((g.shape(&wide), g.shape(&picked)), ((t, 2 * d), (3, d)));
+
+        // Each read-back op: exactly one wait.
+        let step = |what: &str, f: &dyn Fn()| {
+            let s0 = g.host_syncs();
+            f();
+            assert_eq!(g.host_syncs(), s0 + 1, "{sg:?}: {what} must wait exactly once");
+        };
+        step("topk", &|| {
+            g.topk(&logits, 16).unwrap();
+        });
+        step("markov_table", &|| {
+            g.markov_table(&logits, Some((&w1, &w2)), &[1, 5, 9, 200, 499], 3).unwrap();
+        });
+        step("sample", &|| {
+            g.sample(&logits, SampleParams { temperature: 0.8, top_k: 20, top_p: 0.9 }, &[0.3; 9]).unwrap();
+        });
+        step("argmax", &|| {
+            g.argmax(&logits).unwrap();
+        });
+        step("download", &|| {
+            g.download(&x).unwrap();
+        });
+        eprintln!("sync audit ({sg:?}, subgroups in use: {}): 0 waits for the layer, 1 per read-back op", g.uses_subgroups());
+    }
+}
