@@ -11,7 +11,7 @@ use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::{AttnMask, Backend, SampleParams};
 use sparkling::cpu::{CpuBackend, WeightDtype};
-use sparkling::decode::propose::TreeParams;
+use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{Engine, GenParams, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::{open_source, TensorSource};
@@ -174,7 +174,7 @@ pub fn answer(lt: &LoadedTarget, id: u32, prompt: &[u32], o: &GenOptions) -> Res
     let stop = lt.tokenizer.as_ref().map(|t| t.stop.clone()).unwrap_or_else(|| lt.target.cfg.eos.clone());
     let params = GenParams {
         method: Method::Ar,
-        tree: TreeParams { budget: 1, candidates: 1, max_fanout: 1, treespark_k: 1 },
+        tree: TreeParams { budget: 1, candidates: 1, max_fanout: 1, treespark_k: 1, prep: TreePrep::Host },
         sampling: SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
         seed: 0,
         max_new_tokens: o.max_new_tokens,
