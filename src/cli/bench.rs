@@ -97,6 +97,7 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
 /// Run `bench` on the backend named by `--backend`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
+    super::generate::tree_prep(&a.tree_prep)?; // refuse a bad value before loading anything
     let mut kinds: Vec<_> = methods.iter().filter_map(|m| m.drafter_kind()).collect();
     kinds.sort_by_key(|k| format!("{k:?}"));
     kinds.dedup();

@@ -32,7 +32,8 @@ pub struct GenerateArgs {
     /// Default 64 (treespark: 32).
     #[arg(long)]
     pub budget: Option<usize>,
-    /// SparklingTree candidates: top-C tokens per depth in the union table.
+    /// SparklingTree candidates: top-C tokens per depth in the union table (C ≥ vocabulary
+    /// takes every token; the device table costs O(n²) in the union size n ≈ depth·C).
     #[arg(long, default_value_t = 128)]
     pub candidates: usize,
     /// SparklingTree maximum children per parent.
@@ -73,12 +74,21 @@ pub struct GenerateArgs {
 }
 
 /// Build generation parameters from CLI values (shared with `bench`).
+/// Parse `--tree-prep`: `auto` → `None` (resolved per backend), `host`, `device`. Errors name
+/// the argument.
+pub fn tree_prep(s: &str) -> Result<Option<TreePrep>> {
+    match s {
+        "auto" => Ok(None),
+        other => TreePrep::parse(other).map(Some).ok_or_else(|| Error::Input(format!("--tree-prep `{other}`: expected auto, host or device"))),
+    }
+}
+
 /// `host_memory`: the backend's [`Backend::host_memory`], which resolves `--tree-prep auto`.
 pub fn gen_params(method: Method, budget: Option<usize>, a: &GenerateArgs, stop: Vec<u32>, host_memory: bool) -> Result<GenParams> {
-    let prep = match a.tree_prep.as_str() {
-        "auto" if host_memory => TreePrep::Host,
-        "auto" => TreePrep::Device,
-        other => TreePrep::parse(other).ok_or_else(|| Error::Input(format!("--tree-prep `{other}`: expected auto, host or device")))?,
+    let prep = match tree_prep(&a.tree_prep)? {
+        Some(p) => p,
+        None if host_memory => TreePrep::Host,
+        None => TreePrep::Device,
     };
     if a.temperature < 0.0 || !a.temperature.is_finite() {
         return Err(Error::Input(format!("--temperature {} must be ≥ 0", a.temperature)));
@@ -128,6 +138,7 @@ pub fn print_stats(method: Method, s: &Stats) {
 /// Run `generate` on the backend named by `--backend`.
 pub fn run(a: GenerateArgs) -> Result<()> {
     let method = Method::parse(&a.method)?;
+    tree_prep(&a.tree_prep)?; // refuse a bad value before loading anything
     let kinds: Vec<_> = method.drafter_kind().into_iter().collect();
     let s = select(&a.model)?;
     match s.backend {

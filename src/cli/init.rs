@@ -174,8 +174,14 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
         }
         (None, None) => return Err(Error::Input(format!("synth needs --preset ({}) or --config <config.json>", PRESETS.join(", ")))),
     };
-    if a.block_size < 2 || a.drafter_layers == 0 || a.taps == 0 {
-        return Err(Error::Input("--block-size must be ≥ 2, --drafter-layers and --taps ≥ 1".into()));
+    if a.block_size < 2 || a.block_size >= cfg.max_positions {
+        return Err(Error::Input(format!("--block-size {} must be in 2..{} (the target's context)", a.block_size, cfg.max_positions)));
+    }
+    if a.drafter_layers == 0 {
+        return Err(Error::Input("--drafter-layers must be ≥ 1".into()));
+    }
+    if a.taps == 0 || a.taps + 3 > cfg.layers {
+        return Err(Error::Input(format!("--taps {} must be in 1..={} (distinct layers from 1 to N-3 of a {}-layer target)", a.taps, cfg.layers.saturating_sub(3), cfg.layers)));
     }
     let dtype = if a.f32 { StoreDtype::F32 } else { StoreDtype::Bf16 };
     let params = |p: usize| -> f64 { p as f64 / 1e9 };

@@ -281,7 +281,9 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         let dcfg = DrafterConfig::from_hf_json(&cp, &v)?;
         let dsrc = open_source(d)?;
         drafters.push(Drafter::load(&backend, dsrc.as_ref(), dcfg, &target.cfg)?);
-        eprintln!("drafter: {} ({:?})", d.display(), drafters.last().map(|x| x.cfg.kind));
+        if let Some(x) = drafters.last() {
+            eprintln!("drafter: {} ({:?}, block {}, {} layers, Markov rank {})", d.display(), x.cfg.kind, x.cfg.block_size, x.cfg.layers, x.cfg.markov_rank);
+        }
     }
     for &kind in kinds {
         if drafters.iter().any(|d| d.cfg.kind == kind) {
@@ -333,7 +335,7 @@ fn bundled_drafter<B: Backend>(backend: &B, target: &TargetConfig, kind: Drafter
         }
         let Ok(src) = open_source(&dir) else { continue };
         if let Ok(d) = Drafter::load(backend, src.as_ref(), dcfg, target) {
-            eprintln!("drafter: {} (trained, bundled default for this target)", dir.display());
+            eprintln!("drafter: {} (bundled trained drafter whose geometry fits this target; pass --drafter to choose another)", dir.display());
             return Some(d);
         }
     }

@@ -96,9 +96,22 @@ fn color(i: usize) -> RGBColor {
 /// Run `plot`. Errors: unreadable or malformed JSON (naming the file), a `--budget` absent from
 /// a file, an unwritable output directory.
 pub fn run(a: PlotArgs) -> Result<()> {
+    let files = a.input.iter().map(|p| read_bench(p)).collect::<Result<Vec<_>>>()?;
+    for (i, f) in files.iter().enumerate() {
+        if let Some(j) = files[..i].iter().position(|g| g.stem == f.stem) {
+            return Err(Error::Input(format!(
+                "--input {} and {} have the same file name `{}`: their charts would overwrite each other; rename one",
+                a.input[j].display(),
+                a.input[i].display(),
+                f.stem
+            )));
+        }
+    }
+    if a.out.exists() && !a.out.is_dir() {
+        return Err(Error::file(&a.out, "--out exists and is not a directory"));
+    }
     std::fs::create_dir_all(&a.out).map_err(|e| Error::file(&a.out, format!("cannot create directory: {e}")))?;
-    for path in &a.input {
-        let f = read_bench(path)?;
+    for (path, f) in a.input.iter().zip(&files) {
         let budgets: Vec<usize> = {
             let mut b: Vec<usize> = f.rows.iter().filter(|r| r.method != "ar").map(|r| r.budget).collect();
             b.sort_unstable();
@@ -112,7 +125,7 @@ pub fn run(a: PlotArgs) -> Result<()> {
         };
         let title = format!("{} (T={}, {} prompts, ≤{} new tokens)", f.stem, f.temperature, f.prompts, f.max_new);
         let files = [
-            (a.out.join(format!("{}-acceptance.svg", f.stem)), 0),
+            (a.out.join(format!("{}-acceptance.svg", f.stem)), 0usize),
             (a.out.join(format!("{}-tau.svg", f.stem)), 1),
             (a.out.join(format!("{}-budget.svg", f.stem)), 2),
         ];
@@ -279,6 +292,12 @@ mod tests {
         // A budget that is not in the file is refused, naming the file.
         let e = run(PlotArgs { input: vec![dir.path().join("gsm8k-T0.json")], out: out.clone(), budget: Some(32) }).unwrap_err().to_string();
         assert!(e.contains("--budget 32") && e.contains("gsm8k-T0.json"), "{e}");
+        // Two inputs with the same file name would overwrite each other's charts.
+        std::fs::create_dir_all(dir.path().join("b")).unwrap();
+        let twin = dir.path().join("b").join("gsm8k-T0.json");
+        std::fs::write(&twin, bench_json().to_string()).unwrap();
+        let e = run(PlotArgs { input: vec![dir.path().join("gsm8k-T0.json"), twin], out, budget: None }).unwrap_err().to_string();
+        assert!(e.contains("same file name"), "{e}");
     }
 
     #[test]
@@ -288,5 +307,6 @@ mod tests {
         std::fs::write(&input, r#"{"rows": [{"method": "ar"}]}"#).unwrap();
         let e = run(PlotArgs { input: vec![input], out: dir.path().join("p"), budget: None }).unwrap_err().to_string();
         assert!(e.contains("broken.json") && e.contains("budget"), "{e}");
+        assert!(!dir.path().join("p").exists(), "a failed run must not leave an empty output directory");
     }
 }
