@@ -18,22 +18,16 @@
 
 mod common;
 
+use common::conformance::{agreed_prefix, load_drafter, load_target, logit_tol, top2_gap, write_drafter, LOGIT_ABS, LOGIT_REL};
 use common::{params, tmpdir, ARCHS};
 use sparkling::core::{AttnMask, Backend, NO_PARENT};
 use sparkling::cpu::{CpuBackend, WeightDtype as CpuDtype};
 use sparkling::decode::{Engine, Method};
-use sparkling::loader::open_source;
-use sparkling::model::config::{read_json, DrafterConfig, DrafterKind, TargetConfig};
-use sparkling::model::drafter::Drafter;
-use sparkling::model::synth::{tiny_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype};
+use sparkling::model::config::{DrafterKind, TargetConfig};
+use sparkling::model::synth::{tiny_target_config, write_random_target, StoreDtype};
 use sparkling::model::target::{LogitRows, Target};
 use sparkling::wgpu_backend::{list_adapters, WeightDtype, WgpuBackend, WgpuOptions};
 use std::path::Path;
-
-/// Absolute part of the logit tolerance (f32 accumulation-order differences through 4 layers).
-const LOGIT_ABS: f32 = 1e-4;
-/// Relative part, times the largest |logit| of the row.
-const LOGIT_REL: f32 = 1e-5;
 
 /// The wgpu backend with `dtype` weights, or `None` after a loud skip.
 fn gpu(dtype: WeightDtype, test: &str) -> Option<WgpuBackend> {
@@ -48,71 +42,6 @@ fn gpu(dtype: WeightDtype, test: &str) -> Option<WgpuBackend> {
         }
         Err(e) => panic!("{test}: cannot open the wgpu backend: {e}"),
     }
-}
-
-fn load_target<B: Backend>(b: &B, dir: &Path) -> Target<B> {
-    let (cp, v) = read_json(dir).expect("config");
-    let cfg = TargetConfig::from_hf_json(&cp, &v).expect("parse config");
-    let src = open_source(dir).expect("open");
-    Target::load(b, src.as_ref(), cfg, &|_, _| {}).expect("load target")
-}
-
-fn load_drafter<B: Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Drafter<B> {
-    let (cp, v) = read_json(dir).expect("config");
-    let cfg = DrafterConfig::from_hf_json(&cp, &v).expect("parse drafter config");
-    let src = open_source(dir).expect("open drafter");
-    Drafter::load(b, src.as_ref(), cfg, target).expect("load drafter")
-}
-
-fn write_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, seed: u64) {
-    let rank = if kind == DrafterKind::DSpark { 8 } else { 0 };
-    let init = DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
-    write_random_drafter(dir, target, &init, seed, StoreDtype::Bf16).expect("write drafter");
-}
-
-/// Top-2 gap of a logits row.
-fn top2_gap(row: &[f32]) -> f32 {
-    let mut best = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in row {
-        if v > best.0 {
-            best = (v, best.0);
-        } else if v > best.1 {
-            best.1 = v;
-        }
-    }
-    best.0 - best.1
-}
-
-fn logit_tol(row: &[f32]) -> f32 {
-    LOGIT_ABS + LOGIT_REL * row.iter().fold(0.0f32, |m, v| m.max(v.abs()))
-}
-
-/// Last-row logits of `target` after prefilling `ids` (one causal forward).
-fn last_logits<B: Backend>(b: &B, t: &Target<B>, ids: &[u32]) -> Vec<f32> {
-    let mut cache = t.new_cache(b, ids.len() + 1).unwrap();
-    let pos: Vec<u32> = (0..ids.len() as u32).collect();
-    let out = t.forward(b, &mut cache, ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
-    b.download(&out.logits).unwrap()
-}
-
-/// Length of the prefix of the CPU and wgpu greedy runs that must agree. At the first
-/// difference the CPU logits of that step must be a near-tie (reported); otherwise panic.
-fn agreed_prefix(cpu: &CpuBackend, ct: &Target<CpuBackend>, prompt: &[u32], want: &[u32], got: &[u32], what: &str) -> usize {
-    let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) else {
-        assert_eq!(want.len(), got.len(), "{what}: lengths");
-        return want.len();
-    };
-    let ctx: Vec<u32> = prompt.iter().chain(&want[..i]).copied().collect();
-    let row = last_logits(cpu, ct, &ctx);
-    let (gap, tol) = (top2_gap(&row), logit_tol(&row));
-    assert!(
-        gap < tol,
-        "{what}: wgpu token {} != CPU token {} at step {i}, and the CPU top-2 logit gap {gap:e} is not a near-tie (tolerance {tol:e})",
-        got[i],
-        want[i]
-    );
-    eprintln!("NEAR-TIE {what}: step {i}: CPU {} vs wgpu {} with top-2 gap {gap:e} < tolerance {tol:e}; comparing the first {i} tokens only", want[i], got[i]);
-    i
 }
 
 #[test]

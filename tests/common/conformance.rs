@@ -341,27 +341,31 @@ pub const LOGIT_ABS: f32 = 1e-4;
 /// Relative part, times the largest |logit| of the row.
 pub const LOGIT_REL: f32 = 1e-5;
 
-fn load_target<B: Backend>(b: &B, dir: &Path) -> Target<B> {
+/// Load a target from an HF directory onto `b`.
+pub fn load_target<B: Backend>(b: &B, dir: &Path) -> Target<B> {
     let (cp, v) = read_json(dir).expect("config");
     let cfg = TargetConfig::from_hf_json(&cp, &v).expect("parse config");
     let src = open_source(dir).expect("open");
     Target::load(b, src.as_ref(), cfg, &|_, _| {}).expect("load target")
 }
 
-fn load_drafter<B: Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Drafter<B> {
+/// Load a drafter directory onto `b`, checked against `target`.
+pub fn load_drafter<B: Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Drafter<B> {
     let (cp, v) = read_json(dir).expect("config");
     let cfg = DrafterConfig::from_hf_json(&cp, &v).expect("parse drafter config");
     let src = open_source(dir).expect("open drafter");
     Drafter::load(b, src.as_ref(), cfg, target).expect("load drafter")
 }
 
-fn write_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, seed: u64) {
+/// Write a random 1-layer drafter of `kind` (DSpark: Markov rank 8) for `target` into `dir`.
+pub fn write_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, seed: u64) {
     let rank = if kind == DrafterKind::DSpark { 8 } else { 0 };
     let init = DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
     write_random_drafter(dir, target, &init, seed, StoreDtype::Bf16).expect("write drafter");
 }
 
-fn top2_gap(row: &[f32]) -> f32 {
+/// Gap between the two largest logits of a row.
+pub fn top2_gap(row: &[f32]) -> f32 {
     let mut best = (f32::NEG_INFINITY, f32::NEG_INFINITY);
     for &v in row {
         if v > best.0 {
@@ -373,11 +377,13 @@ fn top2_gap(row: &[f32]) -> f32 {
     best.0 - best.1
 }
 
-fn logit_tol(row: &[f32]) -> f32 {
+/// Logit tolerance of a row: `LOGIT_ABS + LOGIT_REL · max|logit|`.
+pub fn logit_tol(row: &[f32]) -> f32 {
     LOGIT_ABS + LOGIT_REL * row.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
-fn last_logits<B: Backend>(b: &B, t: &Target<B>, ids: &[u32]) -> Vec<f32> {
+/// Last-row logits of `t` after prefilling `ids` (one causal forward).
+pub fn last_logits<B: Backend>(b: &B, t: &Target<B>, ids: &[u32]) -> Vec<f32> {
     let mut cache = t.new_cache(b, ids.len() + 1).unwrap();
     let pos: Vec<u32> = (0..ids.len() as u32).collect();
     let out = t.forward(b, &mut cache, ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
@@ -386,7 +392,7 @@ fn last_logits<B: Backend>(b: &B, t: &Target<B>, ids: &[u32]) -> Vec<f32> {
 
 /// Length of the prefix of the CPU and device greedy runs that must agree; at the first
 /// difference the CPU logits of that step must be a near-tie (reported), else panic.
-fn agreed_prefix(cpu: &CpuBackend, ct: &Target<CpuBackend>, prompt: &[u32], want: &[u32], got: &[u32], what: &str) -> usize {
+pub fn agreed_prefix(cpu: &CpuBackend, ct: &Target<CpuBackend>, prompt: &[u32], want: &[u32], got: &[u32], what: &str) -> usize {
     let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) else {
         assert_eq!(want.len(), got.len(), "{what}: lengths");
         return want.len();
