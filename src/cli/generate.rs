@@ -29,7 +29,9 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "sparkling")]
     pub method: String,
     /// Tree budget: non-root nodes verified per round (chains: max chain length).
-    /// Default 64 (treespark: 32).
+    /// Default 64 (treespark: 32) on GPU backends; 8 on the cpu backend, where a verify costs
+    /// about one decode step per 4 tree rows and the smallest budget is the fastest
+    /// (BENCHMARKS.md §7).
     #[arg(long)]
     pub budget: Option<usize>,
     /// SparklingTree candidates: top-C tokens per depth in the union table (C ≥ vocabulary
@@ -74,6 +76,10 @@ pub struct GenerateArgs {
 }
 
 /// Build generation parameters from CLI values (shared with `bench`).
+/// Default tree budget on host-memory (CPU) backends: verification there is compute-bound, so
+/// small trees win in tokens/s (BENCHMARKS.md §7: verify of 9 rows ≈ 4 decode steps, 65 rows ≈ 19).
+const CPU_DEFAULT_BUDGET: usize = 8;
+
 /// Parse `--tree-prep`: `auto` → `None` (resolved per backend), `host`, `device`. Errors name
 /// the argument.
 pub fn tree_prep(s: &str) -> Result<Option<TreePrep>> {
@@ -102,7 +108,7 @@ pub fn gen_params(method: Method, budget: Option<usize>, a: &GenerateArgs, stop:
     Ok(GenParams {
         method,
         tree: TreeParams {
-            budget: budget.unwrap_or(method.default_budget()),
+            budget: budget.unwrap_or(if host_memory { CPU_DEFAULT_BUDGET.min(method.default_budget()) } else { method.default_budget() }),
             candidates: a.candidates,
             max_fanout: a.max_fanout,
             treespark_k: a.treespark_k,
