@@ -62,6 +62,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     if a.ctx_rows > a.prefill {
         return Err(Error::Input(format!("--ctx-rows {} cannot exceed --prefill {}", a.ctx_rows, a.prefill)));
     }
+    if let Some(path) = &a.json {
+        // Fail before minutes of timing, not after: the JSON file must be creatable.
+        std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| Error::file(path, format!("--json: cannot write here: {e}")))?;
+    }
     let s = select(&a.model)?;
     let kinds = [DrafterKind::DSpark];
     match s.backend {
