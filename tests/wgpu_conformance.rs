@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::conformance::{agreed_prefix, load_drafter, load_target, logit_tol, top2_gap, write_drafter, LOGIT_ABS, LOGIT_REL};
+use common::conformance::{load_drafter, load_target, logit_tol, top2_gap, write_drafter, LOGIT_ABS, LOGIT_REL};
 use common::{params, tmpdir, ARCHS};
 use sparkling::core::{AttnMask, Backend, NO_PARENT};
 use sparkling::cpu::{CpuBackend, WeightDtype as CpuDtype};
@@ -47,54 +47,7 @@ fn gpu(dtype: WeightDtype, test: &str) -> Option<WgpuBackend> {
 #[test]
 fn every_method_gives_the_cpu_greedy_tokens_on_wgpu() {
     let Some(g) = gpu(WeightDtype::F32, "every_method_gives_the_cpu_greedy_tokens_on_wgpu") else { return };
-    let g = &g;
-    let cpu = CpuBackend::new();
-    let vocab = 48;
-    let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
-    let max_new = 32;
-    let mut compared = 0usize;
-    let mut near_ties = 0usize;
-    for (ai, arch) in ARCHS.into_iter().enumerate() {
-        let tdir = tmpdir("wgpu-target");
-        let cfg = tiny_target_config(arch, vocab);
-        write_random_target(tdir.path(), &cfg, 11 + ai as u64, StoreDtype::F32).unwrap();
-        let (ct, gt) = (load_target(&cpu, tdir.path()), load_target(g, tdir.path()));
-        for block in [7usize, 16] {
-            let (d1, d2) = (tmpdir("wgpu-dflash"), tmpdir("wgpu-dspark"));
-            write_drafter(d1.path(), &cfg, DrafterKind::DFlash, block, 5);
-            write_drafter(d2.path(), &cfg, DrafterKind::DSpark, block, 6);
-            let (cdf, gdf) = (load_drafter(&cpu, d1.path(), &cfg), load_drafter(g, d1.path(), &cfg));
-            let (cds, gds) = (load_drafter(&cpu, d2.path(), &cfg), load_drafter(g, d2.path(), &cfg));
-            for prompt in prompts {
-                let p_ar = params(Method::Ar, 1, 0.0, 0, max_new, vec![]);
-                let c_ar = Engine { backend: &cpu, target: &ct, drafter: None }.generate(prompt, &p_ar, &mut |_| {}).unwrap().tokens;
-                let g_ar = Engine { backend: g, target: &gt, drafter: None }.generate(prompt, &p_ar, &mut |_| {}).unwrap().tokens;
-                let what = format!("{arch:?} block {block} prompt {prompt:?} ar");
-                let n = agreed_prefix(&cpu, &ct, prompt, &c_ar, &g_ar, &what);
-                near_ties += usize::from(n < c_ar.len());
-                for method in Method::ALL.into_iter().skip(1) {
-                    let dspark = method.drafter_kind() == Some(DrafterKind::DSpark);
-                    let (cd, gd) = if dspark { (&cds, &gds) } else { (&cdf, &gdf) };
-                    // Budgets: 1 (a chain) and 32 (bushy trees); the CPU exactness matrix covers
-                    // the rest, and lavapipe pays ~0.1 ms per dispatch.
-                    for budget in [1usize, 32] {
-                        let p = params(method, budget, 0.0, 0, max_new, vec![]);
-                        let gg = Engine { backend: g, target: &gt, drafter: Some(gd) }.generate(prompt, &p, &mut |_| {}).unwrap().tokens;
-                        let what = format!("{arch:?} block {block} {} budget {budget} prompt {prompt:?}", method.name());
-                        // The engine invariant on wgpu itself: exactly wgpu's own ar tokens.
-                        assert_eq!(gg, g_ar, "{what}: wgpu tokens differ from wgpu ar");
-                        // And the CPU's tokens for the same method, on the agreed prefix (all of
-                        // it unless a near-tie was reported above).
-                        let cc = Engine { backend: &cpu, target: &ct, drafter: Some(cd) }.generate(prompt, &p, &mut |_| {}).unwrap().tokens;
-                        assert_eq!(cc, c_ar, "{what}: CPU tokens differ from CPU ar");
-                        assert_eq!(&gg[..n], &cc[..n], "{what}: wgpu vs CPU");
-                        compared += 1;
-                    }
-                }
-            }
-        }
-    }
-    eprintln!("greedy conformance: {compared} wgpu generations equal to the CPU tokens ({near_ties} near-tie divergences reported)");
+    common::conformance::every_method_gives_the_cpu_greedy_tokens(&g);
 }
 
 #[test]
