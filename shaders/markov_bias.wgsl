@@ -1,17 +1,19 @@
 // Markov bias over the candidate union (DSpark §3.6, reference §5.2 c), for a chunk of parent
 // slots p0 .. p0 + pc:
-//   bias[pl, c] = Σ_{j < r} W1[cand[p0 + pl], j] · W2[cand[c], j]      (pl < pc, c < n)
+//   bias[pl, c] = Σ_{j < r} W1[id_{p0 + pl}, j] · W2[id_c, j]      (pl < pc, c < n)
 // accumulated sequentially over j = 0..r in f32 (the CPU reference's order; the adapter may
 // fuse the multiply-add, so results agree within a few ulp of Σ|W1·W2|). W1: [V, r] f32;
 // W2 arrives as e2t [r, n] (markov_gather.wgsl), so invocations read consecutive addresses.
+// The candidate buffer is [n, id_0, ..., id_{n-1}] (header word n); the host sizes the grid
+// and the chunk for an upper bound n_max ≥ n, so rows at or beyond n (and chunks starting
+// there) exit; strides use the actual n.
 // A workgroup covers 64 consecutive candidates c × PB parents (each W1 value is read once per
 // workgroup row and reused across the 64 candidates; each e2t value feeds PB outputs).
-// Grid: ceil(pc / PB) × ceil(n / 64) workgroups, linearised.
+// Grid: ceil(pc / PB) × col_groups workgroups (col_groups = ceil(n_max / 64)), linearised.
 
 const PB: u32 = 4u;
 
 struct Params {
-    n: u32,
     r: u32,
     p0: u32,
     pc: u32,
@@ -26,26 +28,29 @@ struct Params {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n = cand[0];
     let g = linear_group(wid, nwg);
     let pb = g / p.col_groups;
     let c = (g % p.col_groups) * 64u + li;
     let pl0 = pb * PB;
-    if (pl0 >= p.pc || c >= p.n) {
+    // Parents of this chunk that exist (p0 + pc may pass n when pc was sized for n_max).
+    let pc = min(p.pc, max(n, p.p0) - p.p0);
+    if (pl0 >= pc || c >= n) {
         return;
     }
-    let rows = min(PB, p.pc - pl0);
+    let rows = min(PB, pc - pl0);
     var a: array<u32, PB>;
     for (var q = 0u; q < PB; q = q + 1u) {
-        a[q] = cand[p.p0 + pl0 + min(q, rows - 1u)] * p.r;
+        a[q] = cand[1u + p.p0 + pl0 + min(q, rows - 1u)] * p.r;
     }
     var acc = array<f32, PB>(0.0, 0.0, 0.0, 0.0);
     for (var j = 0u; j < p.r; j = j + 1u) {
-        let e = e2t[j * p.n + c];
+        let e = e2t[j * n + c];
         for (var q = 0u; q < PB; q = q + 1u) {
             acc[q] = acc[q] + w1[a[q] + j] * e;
         }
     }
     for (var q = 0u; q < rows; q = q + 1u) {
-        bias[(pl0 + q) * p.n + c] = acc[q];
+        bias[(pl0 + q) * n + c] = acc[q];
     }
 }

@@ -1,10 +1,12 @@
 // Candidate rows of the Markov W2, transposed (first step of the candidate table, reference
-// §5.2 c):  e2t[j, c] = W2[cand[c], j]   for j < r, c < n;   W2: [V, r] f32, e2t: [r, n].
+// §5.2 c):  e2t[j, c] = W2[id_c, j]   for j < r, c < n;   W2: [V, r] f32, e2t: [r, n].
+// The candidate buffer is [n, id_0, ..., id_{n-1}] (header word n, written by the host or by
+// candidate_union.wgsl), so the count is known only on the device: the host dispatches for
+// an upper bound n_max·r outputs and invocations at or beyond n·r exit.
 // The transposition lets markov_bias.wgsl read consecutive addresses across invocations.
 // One invocation per output, 256 per workgroup.
 
 struct Params {
-    n: u32,
     r: u32,
 }
 
@@ -15,11 +17,12 @@ struct Params {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let n = cand[0];
     let idx = linear_group(wid, nwg) * 256u + li;
-    if (idx >= p.n * p.r) {
+    if (idx >= n * p.r) {
         return;
     }
-    let j = idx / p.n;
-    let c = idx % p.n;
-    e2t[idx] = w2[cand[c] * p.r + j];
+    let j = idx / n;
+    let c = idx % n;
+    e2t[idx] = w2[cand[1u + c] * p.r + j];
 }

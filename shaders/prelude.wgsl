@@ -16,10 +16,11 @@ fn linear_group(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 }
 
 // Most negative finite f32, used as "minus infinity" for masked scores (WGSL const expressions
-// cannot produce an infinity).
-const NEG_BIG: f32 = -3.40282347e+38;
+// cannot produce an infinity). Written in hex: browsers' WGSL compiler (Tint) rejects the
+// decimal 3.40282347e+38 as not representable, although naga rounds it to f32::MAX.
+const NEG_BIG: f32 = -0x1.fffffep+127f;
 // Largest finite f32 (`abs(v) <= MAX_F32` is false exactly for ±inf and NaN).
-const MAX_F32: f32 = 3.40282347e+38;
+const MAX_F32: f32 = 0x1.fffffep+127f;
 
 // Order-preserving u32 key of an f32: unsigned key order == Rust's `f32::total_cmp` (the CPU
 // reference's order for top-k), so -0 < +0 and NaNs sort at the ends by sign.

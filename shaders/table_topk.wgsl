@@ -1,17 +1,21 @@
 // The SparklingTree candidate table (reference §5.2 c, design §3): for depth row d < ld and
 // parent slot p (a chunk p0 .. p0 + pc of parents per dispatch), over the n candidates
-//   z[c]   = U[d, cand[c]] + bias[p - p0, c]     (f32 add; no bias: z[c] = U[d, cand[c]])
+//   z[c]   = U[d, id_c] + bias[p - p0, c]     (f32 add; no bias: z[c] = U[d, id_c])
 //   lse    = m + ln Σ_c exp(z[c] - m),  m = max_c z[c]
-//   output the k largest z (f32::total_cmp order, ties: lower slot c first, select.wgsl) as
-//   (slot c, log-probability z[c] - lse).
-// One workgroup per (d, p) row; output row d·n + p holds 2k words: [slots: k u32][vals: k f32].
+//   output the k' = min(k, n) largest z (f32::total_cmp order, ties: lower slot c first,
+//   select.wgsl) as (slot c, log-probability z[c] - lse).
+// The candidate buffer is [n, id_0, ..., id_{n-1}] (header word n, from the host or from
+// candidate_union.wgsl), so n is read on the device (through workgroupUniformLoad: it controls
+// barriers); the host sizes the grid for an upper bound n_max ≥ n and workgroups of parents
+// at or beyond n exit. One workgroup per (d, p) row; output row d·n + p holds 2k' words
+// [slots: k' u32][vals: k' f32], so the whole table is packed at the front of `out` with the
+// actual n and k'.
 // Precision: z and the selection are exact (same f32 adds as the CPU reference); lse has the
 // two-level sum of topk.wgsl (relative error of Σ a few ulp), so vals differ from the CPU's
 // f64 log-softmax by about 1e-6·(1 + |val|) plus the adapter's `exp` error.
 
 struct Params {
     ld: u32,
-    n: u32,
     k: u32,
     vocab: u32,
     p0: u32,
@@ -31,20 +35,24 @@ struct Params {
 const ZCAP: u32 = 2048u;
 var<workgroup> zbuf: array<f32, ZCAP>;
 
+var<workgroup> wg_n: u32;
+
 var<private> u_base: u32;
+var<private> row_n: u32;
+var<private> row_k: u32;
 var<private> b_base: u32;
 var<private> out_base: u32;
 var<private> row_lse: f32;
 
 fn z(c: u32) -> f32 {
-    if (p.n <= ZCAP) {
+    if (row_n <= ZCAP) {
         return zbuf[c];
     }
     return z_global(c);
 }
 
 fn z_global(c: u32) -> f32 {
-    let u = base[u_base + cand[c]];
+    let u = base[u_base + cand[1u + c]];
     if (p.has_bias != 0u) {
         return u + bias[b_base + c];
     }
@@ -57,7 +65,7 @@ fn sel_key(i: u32) -> u32 {
 
 fn sel_emit(rank: u32, key: u32, i: u32) {
     out[out_base + rank] = i;
-    out[out_base + p.k + rank] = bitcast<u32>(key_f32(key) - row_lse);
+    out[out_base + row_k + rank] = bitcast<u32>(key_f32(key) - row_lse);
 }
 
 @compute @workgroup_size(WG)
@@ -67,15 +75,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let li = lane.li;
-    let n = p.n;
+    if (li == 0u) {
+        wg_n = cand[0];
+    }
+    let n = workgroupUniformLoad(&wg_n);
     let d = g / p.pc;
     let pl = g % p.pc;
+    if (p.p0 + pl >= n) {
+        return;
+    }
+    let k = min(p.k, n);
+    row_n = n;
+    row_k = k;
     u_base = d * p.vocab;
     b_base = pl * n;
-    out_base = (d * n + p.p0 + pl) * 2u * p.k;
+    out_base = (d * n + p.p0 + pl) * 2u * k;
 
     // Pass 1: max and the first radix digit; pass 2: Σ exp(z - m) and the second digit.
-    var s = sel_begin(lane, p.k);
+    var s = sel_begin(lane, k);
     var m = z_global(0u);
     for (var i = li; i < n; i = i + WG) {
         let v = z_global(i);
@@ -108,5 +125,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         row_lse = m + log(sum);
     }
     s = sel_run(lane, s, n);
-    sel_finish(lane, s, n, p.k, g * 2u * p.k);
+    sel_finish(lane, s, n, k, g * 2u * k);
 }

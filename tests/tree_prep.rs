@@ -93,7 +93,7 @@ fn device_and_host_selection_build_the_same_trees() {
             p.prep = TreePrep::Host;
             let (host, _, _) = propose(method, &logits, depth, vocab, Some(&head), 3, p);
             p.prep = TreePrep::Device;
-            let (dev, _, _) = propose_device(&b, method, &t, depth, vocab, Some(&head), Some((&w1, &w2)), 3, p).unwrap();
+            let (dev, _, _) = pollster::block_on(propose_device(&b, method, &t, depth, vocab, Some(&head), Some((&w1, &w2)), 3, p)).unwrap();
             assert_eq!(dev.tokens, host.tokens, "{} budget {budget} C {cands}", method.name());
             assert_eq!(dev.parents, host.parents, "{} budget {budget} C {cands}", method.name());
             assert!(dev.is_well_formed());

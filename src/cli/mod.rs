@@ -46,6 +46,7 @@ pub fn run() -> Result<()> {
     let threads = match &cli.cmd {
         Command::Generate(a) => a.model.threads,
         Command::Bench(a) => a.model.threads,
+        Command::Profile(a) => a.model.threads,
         _ => None,
     };
     if let Some(n) = threads {

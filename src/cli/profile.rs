@@ -185,20 +185,16 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     })?));
     let logits = logits.expect("at least one repetition");
 
-    // Candidate table: device top-C per depth, host union (+ anchor), device Markov table, both
-    // read back.
+    // Candidate table: top-C per depth, union (+ anchor) and Markov table in one backend call
+    // (one read-back on device backends), as the decode loop's device tree prep does.
     let markov = d.markov_device(b)?;
     let mut table = CandidateTable::default();
-    rows.push(("candidate_table", format!("topk C={} over [{depth}, {}] + markov_table + read-back", a.candidates, tc.vocab), time_ms(w, r, || {
+    rows.push(("candidate_table", format!("topk C={} over [{depth}, {}] + union + markov_table + read-back", a.candidates, tc.vocab), time_ms(w, r, || {
         let t0 = Instant::now();
-        let top = b.topk(&logits, a.candidates)?;
-        let mut cand: Vec<u32> = top.ids.clone();
-        cand.push(root);
-        cand.sort_unstable();
-        cand.dedup();
-        let k = a.max_fanout.min(a.budget).min(cand.len());
-        let mt = b.markov_table(&logits, markov, &cand, k)?;
+        let k = a.max_fanout.min(a.budget);
+        let u = b.candidate_table(&logits, markov, a.candidates, root, k)?;
         let ms = ms_since(t0);
+        let (cand, mt) = (u.cand, u.table);
         table = CandidateTable { cand, ld: depth, k: mt.k, vals: mt.vals, slots: mt.slots };
         Ok(ms)
     })?));

@@ -15,7 +15,7 @@ use crate::tree::DraftTree;
 use propose::{propose, propose_device, TreeParams, TreePrep};
 use sparkling_core::{AttnMask, Backend, SampleParams};
 pub use stats::Stats;
-use std::time::Instant;
+use web_time::Instant;
 
 /// A decoding method (design §1). All are lossless: at T=0 each emits the target's greedy
 /// tokens.
@@ -122,9 +122,19 @@ pub struct Engine<'a, B: Backend> {
 
 impl<'a, B: Backend> Engine<'a, B> {
     /// Generate from `prompt` ids. `on_tokens` receives each round's newly committed tokens.
+    /// Blocks on the backend's read-backs (runs [`Engine::generate_async`] to completion; on
+    /// native backends its futures are ready when polled).
     /// Errors: empty prompt, prompt + max-new-tokens beyond the context, missing or wrong-kind
-    /// drafter for the method, backend failures.
+    /// drafter for the method, backend failures (in a browser, the wgpu backend's blocking
+    /// read-backs are an error: use `generate_async`).
     pub fn generate(&self, prompt: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> Result<Generation> {
+        pollster::block_on(self.generate_async(prompt, p, on_tokens))
+    }
+
+    /// [`Engine::generate`] for hosts that cannot block on the device (WebGPU in a browser):
+    /// the same loop, awaiting each round's read-backs (tree prep and acceptance) through the
+    /// backend's `*_async` ops. Same tokens, statistics and errors as `generate`.
+    pub async fn generate_async(&self, prompt: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> Result<Generation> {
         let b = self.backend;
         let tcfg = &self.target.cfg;
         if prompt.is_empty() {
@@ -174,20 +184,12 @@ impl<'a, B: Backend> Engine<'a, B> {
             Some(d) => Some(d.new_cache(b, capacity + d.cfg.block_size)?),
             None => None,
         };
-        let sample = |logits: &B::Tensor, positions: &[u64]| -> Result<Vec<u32>> {
-            if p.sampling.temperature < 1e-5 {
-                Ok(b.argmax(logits)?)
-            } else {
-                let u: Vec<f32> = positions.iter().map(|&pos| rng::uniform(p.seed, pos)).collect();
-                Ok(b.sample(logits, p.sampling, &u)?)
-            }
-        };
 
         // Prefill: the first generated token comes from the last prompt row.
         let t0 = Instant::now();
         let positions: Vec<u32> = (0..prompt.len() as u32).collect();
         let pre = self.target.forward(b, &mut cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &taps)?;
-        let first = sample(&pre.logits, &[prompt.len() as u64])?[0];
+        let first = pick(b, &pre.logits, p, &[prompt.len() as u64]).await?[0];
         stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
         let mut ctx = pre.taps;
         let mut root = first;
@@ -205,14 +207,14 @@ impl<'a, B: Backend> Engine<'a, B> {
                     let depth = d.cfg.draft_depth();
                     match p.tree.prep {
                         TreePrep::Host => {
-                            let host = b.download(&logits)?;
+                            let host = b.download_async(&logits).await?;
                             stats.draft_ms += ms(t);
                             propose(p.method, &host, depth, d.cfg.vocab, d.markov.as_ref(), root, p.tree)
                         }
                         TreePrep::Device => {
                             let mdev = if p.method == Method::Sparkling { d.markov_device(b)? } else { None };
                             stats.draft_ms += ms(t);
-                            propose_device(b, p.method, &logits, depth, d.cfg.vocab, d.markov.as_ref(), mdev, root, p.tree)?
+                            propose_device(b, p.method, &logits, depth, d.cfg.vocab, d.markov.as_ref(), mdev, root, p.tree).await?
                         }
                     }
                 }
@@ -239,7 +241,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             // 3. Accept: the target's own token per row, walked down the tree (§4.9.1).
             let t = Instant::now();
             let sample_pos: Vec<u64> = positions.iter().map(|&x| x as u64 + 1).collect();
-            let post = sample(&ver.logits, &sample_pos)?;
+            let post = pick(b, &ver.logits, p, &sample_pos).await?;
             let mut accepted = vec![0usize];
             let mut cur = 0usize;
             while let Some(child) = tree.child_with_token(cur, post[cur]) {
@@ -296,5 +298,17 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         on_tokens(&out[start..]);
         stop
+    }
+}
+
+/// The target's token for each row of `logits`: argmax at `T < 1e-5`, else a draw with the
+/// counter-based uniform of each row's sequence position (so every method draws the same
+/// token at the same position; design §1).
+async fn pick<B: Backend>(b: &B, logits: &B::Tensor, p: &GenParams, positions: &[u64]) -> Result<Vec<u32>> {
+    if p.sampling.temperature < 1e-5 {
+        Ok(b.argmax_async(logits).await?)
+    } else {
+        let u: Vec<f32> = positions.iter().map(|&pos| rng::uniform(p.seed, pos)).collect();
+        Ok(b.sample_async(logits, p.sampling, &u).await?)
     }
 }

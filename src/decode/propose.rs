@@ -5,7 +5,7 @@ use super::Method;
 use crate::error::Result;
 use crate::tree::{self, CandidateTable, DepthTopK, DraftTree, MarkovHead};
 use sparkling_core::Backend;
-use std::time::Instant;
+use web_time::Instant;
 
 /// Where the draft logits are turned into the inputs of the tree heap (design §1, §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,8 +14,10 @@ pub enum TreePrep {
     /// path: SparklingTree uses the lazy-row builder, cheapest on a CPU).
     Host,
     /// Select on the device and download only what the heap reads: `ddtree` per-depth
-    /// [`Backend::topk`]; `sparkling` top-C per depth → candidate union (host) →
-    /// [`Backend::markov_table`] → precompute heap (reference §5.2 c); `dflash` device argmax.
+    /// [`Backend::topk`]; `sparkling` [`Backend::candidate_table`] (top-C per depth → candidate
+    /// union with the anchor → Markov table; one read-back on the wgpu backend, `topk` +
+    /// `markov_table` on backends using the default) → precompute heap (reference §5.2 c);
+    /// `dflash` device argmax.
     /// `dspark` and `treespark` still read the full logits (sequential Markov chain / TreeSpark
     /// policy run on the host). The GPU backends' default.
     Device,
@@ -103,7 +105,7 @@ pub fn propose(
 /// Returns the tree and the (prep, heap) times in ms; prep includes the device calls and their
 /// downloads. Errors: backend failures.
 #[allow(clippy::too_many_arguments)]
-pub fn propose_device<B: Backend>(
+pub async fn propose_device<B: Backend>(
     b: &B,
     method: Method,
     logits: &B::Tensor,
@@ -120,11 +122,11 @@ pub fn propose_device<B: Backend>(
         Method::Ar => (DraftTree::root(anchor), 0.0, 0.0),
         Method::DFlash => {
             let n = depth.min(p.budget);
-            let ids = b.argmax(logits)?;
+            let ids = b.argmax_async(logits).await?;
             (DraftTree::chain(anchor, &ids[..n.min(ids.len())]), ms(t0), 0.0)
         }
         Method::DDTree => {
-            let top = b.topk(logits, p.budget.min(vocab).max(1))?;
+            let top = b.topk_async(logits, p.budget.min(vocab).max(1)).await?;
             let logp = top.vals.iter().enumerate().map(|(i, &v)| v - top.lse[i / top.k.max(1)]).collect();
             let top = DepthTopK { k: top.k, ids: top.ids, logp };
             let prep = ms(t0);
@@ -137,24 +139,18 @@ pub fn propose_device<B: Backend>(
             if depth == 0 || k == 0 {
                 return Ok((DraftTree::root(anchor), 0.0, 0.0));
             }
-            let mut cand: Vec<u32> = if p.candidates >= vocab {
-                (0..vocab as u32).collect()
-            } else {
-                let mut c = b.topk(logits, p.candidates.max(1))?.ids;
-                c.push(anchor);
-                c
-            };
-            cand.sort_unstable();
-            cand.dedup();
-            let t = b.markov_table(logits, markov_dev, &cand, k.min(cand.len()))?;
-            let table = CandidateTable { cand, ld: depth, k: t.k, vals: t.vals, slots: t.slots };
+            // Top-C per depth → union with the anchor → Markov table, one Backend op (one
+            // read-back on the wgpu backend; topk + markov_table with the default).
+            let u = b.candidate_table_async(logits, markov_dev, p.candidates.max(1), anchor, k).await?;
+            let t = u.table;
+            let table = CandidateTable { cand: u.cand, ld: depth, k: t.k, vals: t.vals, slots: t.slots };
             let prep = ms(t0);
             let t1 = Instant::now();
             let tr = tree::build_sparkling_precompute(&table, anchor, p.budget);
             (tr, prep, ms(t1))
         }
         Method::DSpark | Method::TreeSpark => {
-            let host = b.download(logits)?;
+            let host = b.download_async(logits).await?;
             let dl = ms(t0);
             let (tr, prep, heap) = propose(method, &host, depth, vocab, markov, anchor, p);
             (tr, dl + prep, heap)

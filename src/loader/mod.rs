@@ -1,8 +1,10 @@
 //! Checkpoint loaders: a [`TensorSource`] hands out named tensors as f32 in the HF naming and
 //! layout (`[out, in]`), whatever the file format (safetensors directory or GGUF file).
 
+pub mod bytes;
 pub mod gguf;
 pub mod gguf_source;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod hub;
 pub mod safetensors_source;
 

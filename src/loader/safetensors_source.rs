@@ -3,24 +3,16 @@
 
 use super::{HostTensor, TensorSource};
 use crate::error::{Error, Result};
-use memmap2::Mmap;
+use super::bytes::FileBytes;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-/// A set of memory-mapped safetensors files with a name → file index.
+/// A set of safetensors files (memory-mapped, or bytes in memory) with a name → file index.
 pub struct SafetensorsSource {
     root: PathBuf,
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, FileBytes)>,
     index: BTreeMap<String, usize>,
-}
-
-fn map_file(path: &Path) -> Result<Mmap> {
-    let f = File::open(path).map_err(|e| Error::file(path, format!("cannot open: {e}")))?;
-    // SAFETY: the file is opened read-only; we never write through the map. Files changed by
-    // another process while mapped are outside what a loader can guard against.
-    unsafe { Mmap::map(&f) }.map_err(|e| Error::file(path, format!("cannot map: {e}")))
 }
 
 impl SafetensorsSource {
@@ -54,19 +46,29 @@ impl SafetensorsSource {
         } else {
             return Err(Error::file(path, "no such file or directory"));
         }
-        let mut files = Vec::new();
+        let files = paths.into_iter().map(|p| FileBytes::open(&p).map(|b| (p, b))).collect::<Result<Vec<_>>>()?;
+        SafetensorsSource::index(path.to_path_buf(), files)
+    }
+
+    /// A checkpoint held in memory (one `model.safetensors` worth of bytes, e.g. fetched by a
+    /// browser or built by `model::synth`); `name` stands for the file in error messages.
+    /// Errors: [`Error::File`] naming `name` when the bytes are not a valid safetensors file.
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
+        let p = PathBuf::from(name);
+        SafetensorsSource::index(p.clone(), vec![(p, FileBytes::Owned(bytes))])
+    }
+
+    /// Validate every file's header and build the name → file index.
+    fn index(root: PathBuf, files: Vec<(PathBuf, FileBytes)>) -> Result<Self> {
         let mut index = BTreeMap::new();
-        for p in paths {
-            let map = map_file(&p)?;
-            let st = SafeTensors::deserialize(&map)
-                .map_err(|e| Error::file(&p, format!("not a valid safetensors file (truncated or corrupt?): {e}")))?;
+        for (i, (p, bytes)) in files.iter().enumerate() {
+            let st = SafeTensors::deserialize(bytes)
+                .map_err(|e| Error::file(p, format!("not a valid safetensors file (truncated or corrupt?): {e}")))?;
             for name in st.names() {
-                index.insert(name.to_string(), files.len());
+                index.insert(name.to_string(), i);
             }
-            drop(st);
-            files.push((p, map));
         }
-        Ok(SafetensorsSource { root: path.to_path_buf(), files, index })
+        Ok(SafetensorsSource { root, files, index })
     }
 }
 

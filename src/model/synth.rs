@@ -66,7 +66,9 @@ impl Pending {
         self.add(format!("{prefix}mlp.down_proj.weight"), &[h, inter], rng.tensor(h * inter, s(inter)));
     }
 
-    fn write(self, path: &Path, dtype: StoreDtype) -> Result<()> {
+    /// Encode to `dtype` and hand the tensor views to `sink` (serialize in memory or stream
+    /// to a file); `path` names the file in errors.
+    fn encode<T>(self, path: &Path, dtype: StoreDtype, sink: impl FnOnce(Vec<(String, TensorView<'_>)>) -> Result<T>) -> Result<T> {
         let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = self
             .0
             .into_iter()
@@ -88,7 +90,21 @@ impl Pending {
                 TensorView::new(st_dtype, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| Error::tensor(path, n, e.to_string()))
             })
             .collect::<Result<Vec<_>>>()?;
-        safetensors::serialize_to_file(views, None, path).map_err(|e| Error::file(path, format!("cannot write safetensors: {e}")))
+        sink(views)
+    }
+
+    /// The tensors as safetensors bytes in memory.
+    fn serialize(self, path: &Path, dtype: StoreDtype) -> Result<Vec<u8>> {
+        self.encode(path, dtype, |views| {
+            safetensors::serialize(views, None).map_err(|e| Error::file(path, format!("cannot serialize safetensors: {e}")))
+        })
+    }
+
+    /// Stream the tensors to a safetensors file (no second in-memory copy: presets are GBs).
+    fn write(self, path: &Path, dtype: StoreDtype) -> Result<()> {
+        self.encode(path, dtype, |views| {
+            safetensors::serialize_to_file(views, None, path).map_err(|e| Error::file(path, format!("cannot write safetensors: {e}")))
+        })
     }
 }
 
@@ -102,6 +118,16 @@ fn write_config(dir: &Path, v: &serde_json::Value) -> Result<()> {
 /// Write a random target checkpoint of `cfg` into `dir`.
 pub fn write_random_target(dir: &Path, cfg: &TargetConfig, seed: u64, dtype: StoreDtype) -> Result<()> {
     write_config(dir, &cfg.to_hf_json())?;
+    random_target_tensors(cfg, seed).write(&dir.join("model.safetensors"), dtype)
+}
+
+/// The `model.safetensors` bytes of the random target [`write_random_target`] writes (same
+/// seed, same values), built in memory (browser tests; no file system needed).
+pub fn random_target_bytes(cfg: &TargetConfig, seed: u64, dtype: StoreDtype) -> Result<Vec<u8>> {
+    random_target_tensors(cfg, seed).serialize(Path::new("model.safetensors"), dtype)
+}
+
+fn random_target_tensors(cfg: &TargetConfig, seed: u64) -> Pending {
     let mut rng = Rng(seed);
     let mut t = Pending::default();
     let (v, h) = (cfg.vocab, cfg.hidden);
@@ -113,7 +139,7 @@ pub fn write_random_target(dir: &Path, cfg: &TargetConfig, seed: u64, dtype: Sto
     if !cfg.tie_embeddings {
         t.add("lm_head.weight", &[v, h], rng.tensor(v * h, 1.0 / (h as f32).sqrt()));
     }
-    t.write(&dir.join("model.safetensors"), dtype)
+    t
 }
 
 /// A small target config of `arch` for tests: `vocab`, hidden 64, 4 layers, 4/2 heads of 16.
@@ -233,6 +259,19 @@ pub fn drafter_config(target: &TargetConfig, init: &DrafterInit) -> DrafterConfi
 pub fn write_random_drafter(dir: &Path, target: &TargetConfig, init: &DrafterInit, seed: u64, dtype: StoreDtype) -> Result<DrafterConfig> {
     let cfg = drafter_config(target, init);
     write_config(dir, &cfg.to_hf_json(target.layers))?;
+    random_drafter_tensors(&cfg, target, seed).write(&dir.join("model.safetensors"), dtype)?;
+    Ok(cfg)
+}
+
+/// The config and `model.safetensors` bytes of the random drafter [`write_random_drafter`]
+/// writes (same seed, same values), built in memory.
+pub fn random_drafter_bytes(target: &TargetConfig, init: &DrafterInit, seed: u64, dtype: StoreDtype) -> Result<(DrafterConfig, Vec<u8>)> {
+    let cfg = drafter_config(target, init);
+    let bytes = random_drafter_tensors(&cfg, target, seed).serialize(Path::new("model.safetensors"), dtype)?;
+    Ok((cfg, bytes))
+}
+
+fn random_drafter_tensors(cfg: &DrafterConfig, target: &TargetConfig, seed: u64) -> Pending {
     let mut rng = Rng(seed ^ 0xD4AF);
     let mut t = Pending::default();
     let h = cfg.hidden;
@@ -252,6 +291,5 @@ pub fn write_random_drafter(dir: &Path, target: &TargetConfig, init: &DrafterIni
         t.add("confidence_head.proj.weight", &[1, h + r], rng.tensor(h + r, 0.05));
         t.add("confidence_head.proj.bias", &[1], vec![0.0]);
     }
-    t.write(&dir.join("model.safetensors"), dtype)?;
-    Ok(cfg)
+    t
 }

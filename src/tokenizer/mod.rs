@@ -74,13 +74,24 @@ impl TextTokenizer {
     }
 
     /// From `tokenizer.json` (and `tokenizer_config.json` for the chat template) in `dir`.
+    /// Errors: [`Error::File`] naming `tokenizer.json` when it is missing or invalid.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tj = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&tj).map_err(|e| Error::file(&tj, format!("cannot load tokenizer: {e}")))?;
-        let tc = dir.join("tokenizer_config.json");
-        let jinja = std::fs::read_to_string(&tc)
-            .ok()
-            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        let json = std::fs::read_to_string(&tj).map_err(|e| Error::file(&tj, format!("cannot read tokenizer: {e}")))?;
+        let config = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok();
+        TextTokenizer::from_json(&json, config.as_deref()).map_err(|e| Error::file(&tj, e.to_string()))
+    }
+
+    /// From the text of `tokenizer.json` and, optionally, of `tokenizer_config.json` (whose
+    /// `chat_template` picks the chat template; unreadable config = no template). The browser
+    /// build loads tokenizers this way. Stop tokens: `<|im_end|>`, `<|endoftext|>`, `</s>` when
+    /// the vocabulary has them.
+    /// Errors: [`Error::Tokenizer`] when `tokenizer_json` is not a valid tokenizer.
+    pub fn from_json(tokenizer_json: &str, tokenizer_config_json: Option<&str>) -> Result<Self> {
+        let inner: tokenizers::Tokenizer =
+            tokenizer_json.parse().map_err(|e| Error::Tokenizer(format!("cannot load tokenizer.json: {e}")))?;
+        let jinja = tokenizer_config_json
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
             .and_then(|v| v.get("chat_template").and_then(|x| x.as_str()).map(String::from));
         let mut t = TextTokenizer { inner, template: ChatTemplate::detect(jinja.as_deref()), stop: Vec::new() };
         for name in ["<|im_end|>", "<|endoftext|>", "</s>"] {

@@ -10,7 +10,7 @@
 //! - rms_norm `1e-6 + 1e-5·|want|`; rope `1e-5` absolute; silu_mul `1e-6 + 1e-5·|want|`;
 //!   attention `2e-6 + 2e-5·|want|`; topk lse and markov values `1e-5` absolute.
 //! - embedding, add_assign, concat, gather, write_rows, compact_rows, argmax, topk ids,
-//!   markov slots, sample: exact.
+//!   markov slots, candidate_table candidates and slots, sample: exact.
 //! - Row independence (the engine invariant): bit-exact, within the device backend itself.
 #![allow(dead_code)]
 
@@ -334,6 +334,55 @@ pub fn selection_matches_cpu<B: Backend>(g: &B) {
     let gb = g.upload(&[0.0; 10], 1, 10).unwrap();
     assert!(g.markov_table(&gb, None, &[3, 2], 1).is_err(), "unsorted candidates are an error");
     assert!(g.markov_table(&gb, None, &[10], 1).is_err(), "a candidate outside the vocabulary is an error");
+    candidate_table_matches_cpu(g);
+}
+
+/// candidate_table (SparklingTree tree prep: per-row top-C → union with the anchor → Markov
+/// table) vs the CPU backend's (the trait default: topk + host union + markov_table):
+/// candidates and slots exact, values within `1e-5`. Covers ld = 1 with C = 1, a union that
+/// saturates the vocabulary, C ≥ V, V not a multiple of 32, the anchor inside and outside the
+/// top-C, with and without a Markov head, SmolLM2-sized rows, and the argument errors.
+pub fn candidate_table_matches_cpu<B: Backend>(g: &B) {
+    let cpu = CpuBackend::new();
+    let mut r = Rng(710);
+    // (ld, vocab, rank, C, k, head, anchor inside the top-C)
+    for (ld, vocab, rank, c, k, head, inside) in [
+        (1usize, 37usize, 3usize, 1usize, 4usize, true, true),
+        (1, 37, 3, 1, 4, false, false),
+        (4, 100, 4, 40, 16, true, false),
+        (3, 45, 2, 45, 5, true, false),
+        (7, 5003, 16, 300, 9, true, false),
+        (16, 49152, 32, 128, 64, true, true),
+        (5, 20000, 8, 200, 8, false, true),
+    ] {
+        let mut base: Vec<f32> = r.vec(ld * vocab).iter().map(|v| (v * 64.0).round() / 8.0).collect();
+        let anchor = if inside {
+            (0..vocab).max_by(|&a, &b| base[a].total_cmp(&base[b]).then(b.cmp(&a))).unwrap() as u32
+        } else {
+            let a = (vocab / 2) as u32;
+            for d in 0..ld {
+                base[d * vocab + a as usize] = -50.0;
+            }
+            a
+        };
+        let (w1, w2) = (r.vec(vocab * rank), r.vec(vocab * rank));
+        let gb = g.upload(&base, ld, vocab).unwrap();
+        let (gw1, gw2) = (g.upload(&w1, vocab, rank).unwrap(), g.upload(&w2, vocab, rank).unwrap());
+        let cb = cpu.upload(&base, ld, vocab).unwrap();
+        let (cw1, cw2) = (cpu.upload(&w1, vocab, rank).unwrap(), cpu.upload(&w2, vocab, rank).unwrap());
+        let got = g.candidate_table(&gb, head.then_some((&gw1, &gw2)), c, anchor, k).unwrap();
+        let want = cpu.candidate_table(&cb, head.then_some((&cw1, &cw2)), c, anchor, k).unwrap();
+        let what = format!("candidate_table ld {ld} V {vocab} C {c} k {k} head {head} anchor {anchor}");
+        assert_eq!(got.cand, want.cand, "{what}: candidates");
+        assert!(want.cand.binary_search(&anchor).is_ok(), "{what}: anchor in the union");
+        assert_eq!(got.table.k, want.table.k, "{what}: k");
+        assert_eq!(got.table.slots, want.table.slots, "{what}: slots");
+        assert_close(&format!("{what}: vals (n {})", want.cand.len()), &got.table.vals, &want.table.vals, 1e-5, 0.0);
+    }
+    let gb = g.upload(&[0.0; 20], 2, 10).unwrap();
+    assert!(matches!(g.candidate_table(&gb, None, 3, 1, 0), Err(Error::Invalid(_))), "k = 0");
+    assert!(matches!(g.candidate_table(&gb, None, 0, 1, 2), Err(Error::Invalid(_))), "candidates = 0");
+    assert!(matches!(g.candidate_table(&gb, None, 3, 10, 2), Err(Error::Invalid(_))), "anchor outside the vocabulary");
 }
 
 /// Absolute part of the logit tolerance (f32 accumulation-order differences through 4 layers).

@@ -121,11 +121,41 @@ pub struct MarkovTable {
     pub slots: Vec<u32>,
 }
 
+/// The result of [`Backend::candidate_table`]: the SparklingTree candidate union (reference
+/// §5.2 b) and its Markov transition table (§5.2 c).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UnionTable {
+    /// Candidate token ids, ascending and distinct: the union of the per-row top-`candidates`
+    /// ids of `base [ld, V]` plus the anchor token (all of `0..V` when `candidates ≥ V`).
+    /// `n = cand.len()` with `1 ≤ n ≤ min(ld·candidates + 1, V)`.
+    pub cand: Vec<u32>,
+    /// The `[ld, n, k]` table over `cand` ([`MarkovTable`]), `k = min(requested k, n)`.
+    pub table: MarkovTable,
+}
+
+/// Argument checks of [`Backend::candidate_table`], shared by every implementation:
+/// `k ≥ 1`, `candidates ≥ 1` and `anchor < vocab`, else [`Error::Invalid`] naming the argument.
+pub fn check_candidate_table_args(vocab: usize, candidates: usize, anchor: u32, k: usize) -> Result<()> {
+    if k == 0 {
+        return Err(Error::Invalid("candidate_table: k (children per row) must be at least 1".into()));
+    }
+    if candidates == 0 {
+        return Err(Error::Invalid("candidate_table: candidates (top-C per depth row) must be at least 1".into()));
+    }
+    if anchor as usize >= vocab {
+        return Err(Error::Invalid(format!("candidate_table: anchor token {anchor} is outside the vocabulary of {vocab}")));
+    }
+    Ok(())
+}
+
 /// A compute backend: buffers plus the coarse ops of design §3.
 ///
 /// Implementations must be deterministic: the same inputs give bit-identical outputs, and an
 /// output row never depends on how many other rows are in the same call (this is what makes
 /// tree verification exactly reproduce plain decoding at temperature 0 on one backend).
+// The async read-backs are only awaited in place (never spawned across threads), so their
+// futures need no `Send` bound.
+#[allow(async_fn_in_trait)]
 pub trait Backend: Send + Sync {
     /// Device activation tensor, `f32 [rows, cols]`.
     type Tensor: Send + Sync;
@@ -229,4 +259,84 @@ pub trait Backend: Send + Sync {
         cand: &[u32],
         k: usize,
     ) -> Result<MarkovTable>;
+
+    /// SparklingTree device tree prep in one op (reference §5.2 b–c, design §3): the candidate
+    /// union of the per-row top-`candidates` ids of `base` plus `anchor`, then the Markov
+    /// candidate table over it.
+    ///
+    /// - `base`: drafter logits `U [ld, V]`;
+    /// - `markov`: `Some((W1, W2))`, each `[V, r]`, or `None` (see [`Backend::markov_table`]);
+    /// - `candidates`: `C`, ids kept per depth row; `C ≥ V` takes the whole vocabulary;
+    /// - `anchor`: the tree root's token (always in the union);
+    /// - `k`: children kept per row, clamped to the union size `n`.
+    ///
+    /// Returns `cand` (ascending, distinct; `n ≤ min(ld·C + 1, V)`) and the `[ld, n, k]` table
+    /// of [`MarkovTable`] — exactly what [`Backend::topk`] + host union + [`Backend::markov_table`]
+    /// give. Errors: `k == 0`, `candidates == 0` or `anchor ≥ V` ([`Error::Invalid`], naming the
+    /// argument); W1/W2 not `[V, r]` ([`Error::Shape`]); device failures.
+    ///
+    /// The default implementation is exactly that composition: `topk` (one read-back), the
+    /// union sorted and deduplicated on the host, then `markov_table` (a second read-back).
+    /// A device backend should override it with a fused version that keeps the top-C ids on
+    /// the device and costs ONE read-back (the wgpu backend does).
+    fn candidate_table(
+        &self,
+        base: &Self::Tensor,
+        markov: Option<(&Self::Tensor, &Self::Tensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+    ) -> Result<UnionTable> {
+        let vocab = self.shape(base).1;
+        check_candidate_table_args(vocab, candidates, anchor, k)?;
+        let mut cand: Vec<u32> = if candidates >= vocab {
+            (0..vocab as u32).collect()
+        } else {
+            let mut c = self.topk(base, candidates)?.ids;
+            c.push(anchor);
+            c
+        };
+        cand.sort_unstable();
+        cand.dedup();
+        let table = self.markov_table(base, markov, &cand, k.min(cand.len()))?;
+        Ok(UnionTable { cand, table })
+    }
+
+    // Asynchronous read-backs. A browser cannot block on WebGPU, so the decode loop
+    // (`Engine::generate_async`) awaits these instead of calling the blocking ops above. Each
+    // has exactly its blocking twin's semantics, results and errors; the defaults simply call
+    // the twin (host backends, and device backends that may block). The wgpu backend records
+    // the same commands and awaits the buffer mapping, so its futures yield while the GPU works.
+
+    /// [`Backend::download`], awaiting the read-back.
+    async fn download_async(&self, t: &Self::Tensor) -> Result<Vec<f32>> {
+        self.download(t)
+    }
+
+    /// [`Backend::argmax`], awaiting the read-back.
+    async fn argmax_async(&self, logits: &Self::Tensor) -> Result<Vec<u32>> {
+        self.argmax(logits)
+    }
+
+    /// [`Backend::sample`], awaiting the read-back.
+    async fn sample_async(&self, logits: &Self::Tensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
+        self.sample(logits, params, uniforms)
+    }
+
+    /// [`Backend::topk`], awaiting the read-back.
+    async fn topk_async(&self, logits: &Self::Tensor, k: usize) -> Result<TopK> {
+        self.topk(logits, k)
+    }
+
+    /// [`Backend::candidate_table`], awaiting the read-back(s).
+    async fn candidate_table_async(
+        &self,
+        base: &Self::Tensor,
+        markov: Option<(&Self::Tensor, &Self::Tensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+    ) -> Result<UnionTable> {
+        self.candidate_table(base, markov, candidates, anchor, k)
+    }
 }

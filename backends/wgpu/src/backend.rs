@@ -1,31 +1,31 @@
 //! The [`Backend`] implementation: argument checks live in the op modules; this file maps the
 //! trait onto them and holds `argmax` (the selection read-backs are in `select.rs`).
 
-use crate::ctx::Bind;
+use crate::ctx::{Bind, Pending};
 use crate::pipelines::Kernel;
 use crate::tensor::{WgpuTensor, WgpuWeight};
 use crate::WgpuBackend;
-use sparkling_core::{AttnMask, AttnShape, Backend, MarkovTable, Result, SampleParams, TopK};
+use sparkling_core::{AttnMask, AttnShape, Backend, MarkovTable, Result, SampleParams, TopK, UnionTable};
 
 impl WgpuBackend {
     /// Row-wise argmax on the device (shaders/argmax.wgsl), then a read-back of one `u32` per
     /// row (a sync point).
-    pub(crate) fn op_argmax(&self, logits: &WgpuTensor) -> Result<Vec<u32>> {
+    pub(crate) fn op_argmax(&self, logits: &WgpuTensor) -> Result<Pending<Vec<u32>>> {
         let g = &self.gpu;
         g.check()?;
         let rows = logits.rows;
         if rows == 0 {
-            return Ok(Vec::new());
+            return Ok(Pending::ready(Vec::new()));
         }
         if logits.cols == 0 {
-            return Ok(vec![0; rows]);
+            return Ok(Pending::ready(vec![0; rows]));
         }
         let ids = g.alloc("argmax", rows, 1)?;
         let mut b = g.batch();
         g.dispatch(&mut b, Kernel::Argmax(g.reduce), &[rows as u32, logits.cols as u32], &[Bind::t(logits), Bind::t(&ids)], rows as u64)?;
         g.submit(b);
-        let bytes = g.read_back(ids.buffer(), 0, rows as u64 * 4)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        let r = g.start_read(&[(ids.buffer(), 0, rows as u64 * 4)])?;
+        Ok(Pending::new(r, |parts| Ok(bytemuck::pod_collect_to_vec(&parts[0]))))
     }
 }
 
@@ -35,7 +35,9 @@ impl Backend for WgpuBackend {
 
     fn name(&self) -> String {
         let i = &self.gpu.info;
-        format!("wgpu ({}, {:?}, {} weights)", i.name, i.backend, self.weight_dtype.name())
+        // Browsers may hide the adapter name (WebGPU exposes vendor / architecture at most).
+        let name = if i.name.is_empty() { format!("unnamed {:?} adapter", i.device_type) } else { i.name.clone() };
+        format!("wgpu ({name}, {:?}, {} weights)", i.backend, self.weight_dtype.name())
     }
 
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<WgpuTensor> {
@@ -47,11 +49,11 @@ impl Backend for WgpuBackend {
     }
 
     fn download(&self, t: &WgpuTensor) -> Result<Vec<f32>> {
-        self.gpu.read_f32(t, 0, t.rows * t.cols)
+        self.gpu.wait(self.gpu.read_f32(t, 0, t.rows * t.cols)?)
     }
 
     fn download_rows(&self, t: &WgpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
-        self.op_download_rows(t, start, n)
+        self.gpu.wait(self.op_download_rows(t, start, n)?)
     }
 
     fn shape(&self, t: &WgpuTensor) -> (usize, usize) {
@@ -123,18 +125,56 @@ impl Backend for WgpuBackend {
     }
 
     fn argmax(&self, logits: &WgpuTensor) -> Result<Vec<u32>> {
-        self.op_argmax(logits)
+        self.gpu.wait(self.op_argmax(logits)?)
     }
 
     fn sample(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
-        self.op_sample(logits, params, uniforms)
+        self.gpu.wait(self.op_sample(logits, params, uniforms)?)
     }
 
     fn topk(&self, logits: &WgpuTensor, k: usize) -> Result<TopK> {
-        self.op_topk(logits, k)
+        self.gpu.wait(self.op_topk(logits, k)?)
     }
 
     fn markov_table(&self, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
-        self.op_markov_table(base, markov, cand, k)
+        self.gpu.wait(self.op_markov_table(base, markov, cand, k)?)
+    }
+
+    fn candidate_table(
+        &self,
+        base: &WgpuTensor,
+        markov: Option<(&WgpuTensor, &WgpuTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+    ) -> Result<UnionTable> {
+        self.gpu.wait(self.op_candidate_table(base, markov, candidates, anchor, k)?)
+    }
+
+    async fn download_async(&self, t: &WgpuTensor) -> Result<Vec<f32>> {
+        self.gpu.wait_async(self.gpu.read_f32(t, 0, t.rows * t.cols)?).await
+    }
+
+    async fn argmax_async(&self, logits: &WgpuTensor) -> Result<Vec<u32>> {
+        self.gpu.wait_async(self.op_argmax(logits)?).await
+    }
+
+    async fn sample_async(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
+        self.gpu.wait_async(self.op_sample(logits, params, uniforms)?).await
+    }
+
+    async fn topk_async(&self, logits: &WgpuTensor, k: usize) -> Result<TopK> {
+        self.gpu.wait_async(self.op_topk(logits, k)?).await
+    }
+
+    async fn candidate_table_async(
+        &self,
+        base: &WgpuTensor,
+        markov: Option<(&WgpuTensor, &WgpuTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+    ) -> Result<UnionTable> {
+        self.gpu.wait_async(self.op_candidate_table(base, markov, candidates, anchor, k)?).await
     }
 }

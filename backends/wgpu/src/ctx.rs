@@ -3,8 +3,11 @@
 //!
 //! Ops record into one shared command encoder (the open batch), which is submitted every
 //! [`FLUSH_EVERY`] dispatches and at each read-back, so a decode step costs a handful of
-//! `queue.submit`s, not one per op. [`Gpu::read_back`] is the only place that waits for the GPU
-//! (reached from `download*`, `argmax`, `sample`, `topk`, `markov_table`; see the crate docs).
+//! `queue.submit`s, not one per op. Ops that return host data (`download*`, `argmax`,
+//! `sample`, `topk`, `markov_table`, `candidate_table`) end with [`Gpu::start_read`] and hand
+//! back a [`Pending`] result; [`Gpu::wait`] (native: `device.poll(Wait)`) or [`Gpu::wait_async`]
+//! (awaits the mapping: the browser) finishes it. Those are the only places the host waits for
+//! the GPU (see the crate docs).
 
 use crate::device::Health;
 use crate::pipelines::{Kernel, Pipelines};
@@ -70,6 +73,40 @@ impl Batch {
     /// Keep a temporary alive until the batch is submitted.
     pub(crate) fn keep(&mut self, b: PooledBuffer) {
         self.keep.push(b);
+    }
+}
+
+/// A read-back in flight (see [`Gpu::start_read`]): staging buffer, part sizes, and the
+/// channel the mapping callback answers on (`None` when there was nothing to copy).
+pub(crate) struct Reading {
+    staging: Option<PooledBuffer>,
+    sizes: Vec<u64>,
+    rx: Option<futures_channel::oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>>,
+}
+
+/// An op result waiting on its read-back: the reading, and how to turn the read bytes (one
+/// `Vec` per part) into the result. Ops return this so each has one body for the blocking
+/// ([`Gpu::wait`]) and the awaiting ([`Gpu::wait_async`]) entry points.
+pub(crate) struct Pending<T> {
+    reading: Option<Reading>,
+    parse: Box<dyn FnOnce(Vec<Vec<u8>>) -> Result<T>>,
+}
+
+impl<T: 'static> Pending<T> {
+    /// A result that needs no read-back.
+    pub(crate) fn ready(v: T) -> Pending<T> {
+        Pending { reading: None, parse: Box::new(move |_| Ok(v)) }
+    }
+
+    /// A result parsed from the parts of `r`.
+    pub(crate) fn new(r: Reading, parse: impl FnOnce(Vec<Vec<u8>>) -> Result<T> + 'static) -> Pending<T> {
+        Pending { reading: Some(r), parse: Box::new(parse) }
+    }
+
+    /// Transform the result once it is read.
+    pub(crate) fn map<U: 'static>(self, f: impl FnOnce(T) -> U + 'static) -> Pending<U> {
+        let parse = self.parse;
+        Pending { reading: self.reading, parse: Box::new(move |parts| parse(parts).map(f)) }
     }
 }
 
@@ -219,42 +256,124 @@ impl Gpu {
         Ok(())
     }
 
-    /// Copy `bytes` bytes of `src` from byte `offset` to the host (a sync point: submits,
-    /// maps, waits). Returns `bytes / 4` floats.
-    pub(crate) fn read_back(&self, src: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+    /// First half of a read-back: record the copies of `parts` — `(buffer, byte offset, bytes)`
+    /// ranges, offsets and sizes multiples of 4 — back to back into ONE staging buffer, submit
+    /// the batch and request the mapping — no wait; finishing it is one host sync however many
+    /// parts there are (an empty `Vec` per 0-byte part; no sync when every part is empty). Finish with [`Gpu::finish_read`] (blocks;
+    /// native only) or [`Gpu::finish_read_async`] (awaits; the browser's only way).
+    /// Errors: the device failed earlier; the staging buffer cannot be allocated.
+    pub(crate) fn start_read(&self, parts: &[(&wgpu::Buffer, u64, u64)]) -> Result<Reading> {
         self.check()?;
-        if bytes == 0 {
-            return Ok(Vec::new());
+        let sizes: Vec<u64> = parts.iter().map(|p| p.2).collect();
+        let total: u64 = sizes.iter().sum();
+        if total == 0 {
+            return Ok(Reading { staging: None, sizes, rx: None });
         }
-        let staging = self.pool.get(Kind::Staging, bytes)?;
+        let staging = self.pool.get(Kind::Staging, total)?;
         {
             let mut b = self.batch();
-            b.enc.copy_buffer_to_buffer(src, offset, staging.buffer(), 0, bytes);
+            let mut at = 0;
+            for &(src, offset, bytes) in parts {
+                if bytes > 0 {
+                    b.enc.copy_buffer_to_buffer(src, offset, staging.buffer(), at, bytes);
+                    at += bytes;
+                }
+            }
             Gpu::flush_slot(&self.queue, &self.pool, &mut b.slot);
         }
-        let slice = staging.buffer().slice(0..bytes);
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        slice.map_async(wgpu::MapMode::Read, move |r| {
+        let (tx, rx) = futures_channel::oneshot::channel();
+        staging.buffer().slice(0..total).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
+        Ok(Reading { staging: Some(staging), sizes, rx: Some(rx) })
+    }
+
+    /// Wait for a read-back (a host sync: `device.poll(Wait)`) and return its parts.
+    /// Errors: [`Error::Device`] when the wait, the mapping or the device fails; in the browser
+    /// always [`Error::Unavailable`] (a page cannot block on the GPU: use the `*_async` ops).
+    pub(crate) fn finish_read(&self, r: Reading) -> Result<Vec<Vec<u8>>> {
+        let Some(mut rx) = r.rx else { return Ok(r.sizes.iter().map(|_| Vec::new()).collect()) };
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = &mut rx;
+            // Abort the pending mapping so the staging buffer goes back to the pool unmapped.
+            if let Some(s) = &r.staging {
+                s.buffer().unmap();
+            }
+            Err(Error::Unavailable(
+                "a blocking GPU read-back is impossible in a browser: use the async API (Engine::generate_async, Backend::*_async)".into(),
+            ))
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
+            let mapped = match rx.try_recv() {
+                Ok(Some(m)) => m,
+                _ => return Err(Error::Device("buffer map callback never ran".into())),
+            };
+            self.collect(r.staging, &r.sizes, mapped)
+        }
+    }
+
+    /// Await a read-back: the browser yields to its event loop until the mapping resolves;
+    /// native targets wait as [`Gpu::finish_read`] does, then take the mapping. One host sync.
+    /// Errors: as [`Gpu::finish_read`] (never `Unavailable`).
+    pub(crate) async fn finish_read_async(&self, r: Reading) -> Result<Vec<Vec<u8>>> {
+        let Some(rx) = r.rx else { return Ok(r.sizes.iter().map(|_| Vec::new()).collect()) };
+        self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(target_arch = "wasm32"))]
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
-        let mapped = rx.recv().map_err(|_| Error::Device("buffer map callback never ran".into()))?;
+        let mapped = rx.await.map_err(|_| Error::Device("buffer map callback never ran (device lost?)".into()))?;
+        self.collect(r.staging, &r.sizes, mapped)
+    }
+
+    /// Split a mapped staging buffer into the parts' bytes and unmap it.
+    fn collect(&self, staging: Option<PooledBuffer>, sizes: &[u64], mapped: std::result::Result<(), wgpu::BufferAsyncError>) -> Result<Vec<Vec<u8>>> {
         mapped.map_err(|e| Error::Device(format!("mapping a read-back buffer failed: {e}")))?;
+        let staging = staging.ok_or_else(|| Error::Device("read-back without a staging buffer".into()))?;
+        let total: u64 = sizes.iter().sum();
+        let slice = staging.buffer().slice(0..total);
         let out = {
             let view = slice.get_mapped_range().map_err(|e| Error::Device(format!("reading a mapped buffer failed: {e:?}")))?;
-            view.to_vec()
+            let mut out = Vec::with_capacity(sizes.len());
+            let mut at = 0usize;
+            for &bytes in sizes {
+                out.push(view[at..at + bytes as usize].to_vec());
+                at += bytes as usize;
+            }
+            out
         };
         staging.buffer().unmap();
         self.check()?;
         Ok(out)
     }
 
-    /// Read back `n` f32 values starting at element `start` of `t`.
-    pub(crate) fn read_f32(&self, t: &WgpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
-        let bytes = self.read_back(t.buffer(), start as u64 * 4, n as u64 * 4)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    /// Finish a pending op result, blocking ([`Gpu::finish_read`]).
+    pub(crate) fn wait<T>(&self, p: Pending<T>) -> Result<T> {
+        let parts = match p.reading {
+            Some(r) => self.finish_read(r)?,
+            None => Vec::new(),
+        };
+        (p.parse)(parts)
+    }
+
+    /// Finish a pending op result, awaiting ([`Gpu::finish_read_async`]).
+    pub(crate) async fn wait_async<T>(&self, p: Pending<T>) -> Result<T> {
+        let parts = match p.reading {
+            Some(r) => self.finish_read_async(r).await?,
+            None => Vec::new(),
+        };
+        (p.parse)(parts)
+    }
+
+    /// Start reading back `n` f32 values from element `start` of `t`.
+    pub(crate) fn read_f32(&self, t: &WgpuTensor, start: usize, n: usize) -> Result<Pending<Vec<f32>>> {
+        let r = self.start_read(&[(t.buffer(), start as u64 * 4, n as u64 * 4)])?;
+        Ok(Pending::new(r, |parts| Ok(bytemuck::pod_collect_to_vec(&parts[0]))))
     }
 }

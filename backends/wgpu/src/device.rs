@@ -11,7 +11,9 @@ pub(crate) fn instance() -> wgpu::Instance {
     wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
 
-/// Every adapter of every enabled backend, in the instance's enumeration order.
+/// Every adapter of every enabled backend, in the instance's enumeration order (native only:
+/// a browser offers one adapter through `navigator.gpu.requestAdapter`).
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
     pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
 }
@@ -28,6 +30,7 @@ pub(crate) fn describe(info: &wgpu::AdapterInfo) -> String {
 }
 
 /// The message of [`Error::Unavailable`] when no adapter exists at all.
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) const NO_ADAPTER: &str = "no wgpu adapter found (no Vulkan, Metal, DX12 or GL driver is visible). \
 On Debian/Ubuntu without a GPU, `scripts/install-lavapipe` installs Mesa's CPU Vulkan driver (lavapipe)";
 
@@ -36,8 +39,9 @@ On Debian/Ubuntu without a GPU, `scripts/install-lavapipe` installs Mesa's CPU V
 /// the adapter at index `s` of [`adapters`] when `s` is a number, else the first whose name
 /// contains `s` (case-insensitive).
 /// Errors: [`Error::Unavailable`] naming the available adapters when nothing matches.
-pub(crate) fn select(inst: &wgpu::Instance, want: Option<&str>) -> Result<wgpu::Adapter> {
-    let list = adapters(inst);
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) async fn select(inst: &wgpu::Instance, want: Option<&str>) -> Result<wgpu::Adapter> {
+    let list = inst.enumerate_adapters(wgpu::Backends::all()).await;
     if list.is_empty() {
         return Err(Error::Unavailable(NO_ADAPTER.into()));
     }
@@ -64,12 +68,55 @@ pub(crate) fn select(inst: &wgpu::Instance, want: Option<&str>) -> Result<wgpu::
                 compatible_surface: None,
                 ..Default::default()
             };
-            match pollster::block_on(inst.request_adapter(&opts)) {
+            match inst.request_adapter(&opts).await {
                 Ok(a) => Ok(a),
                 Err(_) => Ok(list[0].clone()),
             }
         }
     }
+}
+
+/// Run `f` (buffer or pipeline creation) and return the out-of-memory / validation error it
+/// raised, if any. Native: error scopes around `f`, popped at once (wgpu answers on the host, no
+/// GPU wait). In the browser the answer is a promise that cannot be awaited synchronously, so
+/// no scope is pushed: a failure reaches the uncaptured-error handler, [`Health`] records it
+/// and the next op returns it as [`Error::Device`].
+pub(crate) fn checked<T>(device: &wgpu::Device, f: impl FnOnce() -> T) -> (T, Option<wgpu::Error>) {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        (out, o.or(v))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = device;
+        (f(), None)
+    }
+}
+
+/// The browser's WebGPU adapter (`navigator.gpu.requestAdapter`, high performance); `want`
+/// must be `None` or match its name.
+/// Errors: [`Error::Unavailable`] when the browser offers no WebGPU adapter or `want` does not
+/// match it.
+#[cfg(target_arch = "wasm32")]
+pub(crate) async fn select(inst: &wgpu::Instance, want: Option<&str>) -> Result<wgpu::Adapter> {
+    let opts = wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() };
+    let a = inst.request_adapter(&opts).await.map_err(|e| {
+        Error::Unavailable(format!(
+            "this browser offers no WebGPU adapter ({e}); use a browser with WebGPU enabled (Chrome/Chromium ≥ 113; headless Chromium needs --enable-unsafe-webgpu)"
+        ))
+    })?;
+    if let Some(w) = want.map(str::trim).filter(|w| !w.is_empty() && *w != "0") {
+        let name = a.get_info().name;
+        if !name.to_lowercase().contains(&w.to_lowercase()) {
+            return Err(Error::Unavailable(format!("no adapter name contains {w:?}; the browser offers one adapter: {}", describe(&a.get_info()))));
+        }
+    }
+    Ok(a)
 }
 
 /// Asynchronous failures recorded by wgpu callbacks; checked at the start of every op.
@@ -101,14 +148,16 @@ impl Health {
 /// lost / uncaptured-error callbacks that feed `health`. `features`: optional features to
 /// enable (a subset of the adapter's, e.g. `SUBGROUP`).
 /// Errors: [`Error::Unavailable`] when the device cannot be created.
-pub(crate) fn open(adapter: &wgpu::Adapter, health: &Arc<Health>, features: wgpu::Features) -> Result<(wgpu::Device, wgpu::Queue)> {
+pub(crate) async fn open(adapter: &wgpu::Adapter, health: &Arc<Health>, features: wgpu::Features) -> Result<(wgpu::Device, wgpu::Queue)> {
     let desc = wgpu::DeviceDescriptor {
         label: Some("sparkling-wgpu"),
         required_features: features & adapter.features(),
         required_limits: adapter.limits(),
         ..Default::default()
     };
-    let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+    let (device, queue) = adapter
+        .request_device(&desc)
+        .await
         .map_err(|e| Error::Unavailable(format!("cannot open a device on {}: {e}", describe(&adapter.get_info()))))?;
     let h = Arc::clone(health);
     device.set_device_lost_callback(move |reason, msg| h.record(format!("device lost ({reason:?}): {msg}")));

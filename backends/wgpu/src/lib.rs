@@ -41,16 +41,18 @@
 //! # Host syncs
 //!
 //! The host waits for the GPU (`device.poll(Wait)` after mapping a staging buffer) in exactly
-//! one place, `Gpu::read_back` (ctx.rs), reached only from the ops that return host data —
-//! `download`, `download_rows`, `argmax`, `sample`, `topk`, `markov_table`, each with one
-//! submit and one wait for just its result — and from [`WgpuBackend::synchronize`]
+//! one place, `Gpu::finish_read` / `Gpu::finish_read_async` (ctx.rs; the browser awaits the
+//! buffer mapping instead of polling), reached only from the ops that return host data —
+//! `download`, `download_rows`, `argmax`, `sample`, `topk`, `markov_table`, `candidate_table`,
+//! each with one submit and one wait for just its result — and from [`WgpuBackend::synchronize`]
 //! (benchmarks). Every other op (matmul, attention, norms, KV writes and compaction, …) only
 //! records commands; the batch is submitted without waiting every `FLUSH_EVERY` dispatches.
 //! Buffer-pool misses and first-use pipeline compilation pop a wgpu error scope (a host-side
 //! check, no GPU wait).
-//! Per decoding round the engine (src/decode) therefore syncs at: `topk` (DDTree) or `topk` +
-//! `markov_table` (SparklingTree device prep), or one draft-logits `download` (host prep,
-//! DSpark, TreeSpark), plus the acceptance read-back (`argmax` / `sample` of the verify rows).
+//! Per decoding round the engine (src/decode) therefore syncs at: `topk` (DDTree) or
+//! `candidate_table` (SparklingTree device prep: top-C, union and Markov table on the device,
+//! one read-back), or one draft-logits `download` (host prep, DSpark, TreeSpark), plus the
+//! acceptance read-back (`argmax` / `sample` of the verify rows) — at most two per round.
 
 #![warn(missing_docs)]
 
@@ -157,7 +159,8 @@ pub struct WgpuBackend {
 
 /// Every adapter wgpu can see, one line each: `index: name (backend, device type, driver)`.
 /// The index and any substring of the name are accepted by [`WgpuBackend::new`].
-/// Empty when there is no adapter (no GPU driver and no lavapipe).
+/// Empty when there is no adapter (no GPU driver and no lavapipe). Native only.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn list_adapters() -> Vec<String> {
     let inst = device::instance();
     device::adapters(&inst).iter().enumerate().map(|(i, a)| format!("{i}: {}", device::describe(&a.get_info()))).collect()
@@ -173,14 +176,30 @@ impl WgpuBackend {
         WgpuBackend::with_options(&WgpuOptions { adapter: adapter.map(str::to_string), ..Default::default() })
     }
 
-    /// Open an adapter with explicit [`WgpuOptions`]. Errors as [`WgpuBackend::new`].
+    /// Open an adapter with explicit [`WgpuOptions`]. Errors as [`WgpuBackend::new`]; in the
+    /// browser (wasm32) always [`Error::Unavailable`]: opening a device there is asynchronous,
+    /// use [`WgpuBackend::with_options_async`].
     pub fn with_options(opts: &WgpuOptions) -> Result<Self> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            pollster::block_on(WgpuBackend::with_options_async(opts))
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = opts;
+            Err(Error::Unavailable("in the browser a WebGPU device opens asynchronously: use WgpuBackend::with_options_async".into()))
+        }
+    }
+
+    /// Open an adapter with explicit [`WgpuOptions`], awaiting the adapter and device requests
+    /// (the only way in a browser, where they are promises). Errors as [`WgpuBackend::new`].
+    pub async fn with_options_async(opts: &WgpuOptions) -> Result<Self> {
         let inst = device::instance();
-        let adapter = device::select(&inst, opts.adapter.as_deref())?;
+        let adapter = device::select(&inst, opts.adapter.as_deref()).await?;
         let health = Arc::new(device::Health::default());
         let subgroups = want_subgroups(&adapter, opts.subgroups);
         let features = if subgroups { wgpu::Features::SUBGROUP } else { wgpu::Features::empty() };
-        let (device, queue) = device::open(&adapter, &health, features)?;
+        let (device, queue) = device::open(&adapter, &health, features).await?;
         let limits = device.limits();
         let info = adapter.get_info();
         let adapter_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
@@ -255,6 +274,21 @@ impl WgpuBackend {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
         self.gpu.check()
+    }
+
+    /// Compile every kernel variant this adapter may run (all weight dtypes and matmul tiles,
+    /// both reduction libraries where subgroups are on), as the first use of each would.
+    /// Returns how many were compiled. For conformance tests (browsers' WGSL compiler is
+    /// stricter than naga) and for warming the pipeline cache before timing.
+    /// Errors: [`Error::Device`] naming the first kernel the adapter rejects. In the browser a
+    /// rejection arrives asynchronously and is returned by the next op after a read-back.
+    pub fn compile_kernels(&self) -> Result<usize> {
+        let all = pipelines::Kernel::all(self.gpu.reduce);
+        for &k in &all {
+            self.gpu.pipelines.get(&self.gpu.device, k)?;
+        }
+        self.gpu.check()?;
+        Ok(all.len())
     }
 
     /// Destroy the device now, as a driver reset or GPU removal would (for testing the

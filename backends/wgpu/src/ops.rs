@@ -47,7 +47,7 @@ impl WgpuBackend {
     }
 
     /// Rows `start..start+n` back to the host (a sync point).
-    pub(crate) fn op_download_rows(&self, t: &WgpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
+    pub(crate) fn op_download_rows(&self, t: &WgpuTensor, start: usize, n: usize) -> Result<crate::ctx::Pending<Vec<f32>>> {
         if start.checked_add(n).is_none_or(|e| e > t.rows) {
             return Err(shape_err("download_rows", format!("rows {start}..{} of {}", start.saturating_add(n), t.rows)));
         }

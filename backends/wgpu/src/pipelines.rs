@@ -6,7 +6,8 @@
 //! with workgroup reductions (argmax, topk, table_topk, sample) also get a reduction library:
 //! `reduce.wgsl` (shared memory only; always available and always tested) or
 //! `reduce_subgroup.wgsl` ([`Reduce::Subgroup`], only when the device was opened with
-//! `wgpu::Features::SUBGROUP`), and the top-k ones `select.wgsl`. A subgroup kernel starts with
+//! `wgpu::Features::SUBGROUP`), and the top-k ones `select.wgsl`; candidate_union.wgsl always
+//! uses `reduce.wgsl` (one prefix sum per call). A subgroup kernel starts with
 //! the per-backend directive of [`subgroup_directive`] (platform.md §1: naga rejects
 //! `enable subgroups;`, Chrome requires it).
 
@@ -37,6 +38,7 @@ const TOPK: &str = include_str!("../../../shaders/topk.wgsl");
 const MARKOV_GATHER: &str = include_str!("../../../shaders/markov_gather.wgsl");
 const MARKOV_BIAS: &str = include_str!("../../../shaders/markov_bias.wgsl");
 const TABLE_TOPK: &str = include_str!("../../../shaders/table_topk.wgsl");
+const CANDIDATE_UNION: &str = include_str!("../../../shaders/candidate_union.wgsl");
 const SAMPLE: &str = include_str!("../../../shaders/sample.wgsl");
 
 /// Invocations per workgroup of argmax.wgsl and topk.wgsl (one workgroup per row).
@@ -50,6 +52,8 @@ pub(crate) const TABLE_WG: u32 = 64;
 pub(crate) const BIAS_COLS: u64 = 64;
 /// Parents (rows) per workgroup of markov_bias.wgsl (`PB` there).
 pub(crate) const BIAS_ROWS: u64 = 4;
+/// Invocations of the single workgroup of candidate_union.wgsl.
+pub(crate) const UNION_WG: u32 = 256;
 /// Outputs per workgroup of markov_gather.wgsl.
 pub(crate) const GATHER_PER_GROUP: u64 = 256;
 /// Bins per radix pass of sample.wgsl (4-bit digits).
@@ -144,10 +148,42 @@ pub(crate) enum Kernel {
     MarkovGather,
     MarkovBias,
     TableTopK(Reduce),
+    /// candidate_union.wgsl (always on the workgroup-memory scan: one prefix sum per call).
+    CandidateUnion,
     Sample(Reduce),
 }
 
 impl Kernel {
+    /// Every kernel variant an adapter may run: both matmul tiles and the embedding for each
+    /// weight dtype, every elementwise / attention / selection kernel, with the reduction
+    /// library `reduce` (plus the portable one, which `CandidateUnion` always uses).
+    pub(crate) fn all(reduce: Reduce) -> Vec<Kernel> {
+        let mut v = Vec::new();
+        for dt in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+            v.extend([Kernel::Matmul(dt, MatmulTile::Direct), Kernel::Matmul(dt, MatmulTile::Tiled), Kernel::Embedding(dt)]);
+        }
+        v.extend([
+            Kernel::RmsNorm,
+            Kernel::Rope,
+            Kernel::SiluMul,
+            Kernel::Add,
+            Kernel::CopyCols,
+            Kernel::GatherRows,
+            Kernel::Attention,
+            Kernel::MarkovGather,
+            Kernel::MarkovBias,
+            Kernel::CandidateUnion,
+        ]);
+        let mut reds = vec![Reduce::Workgroup];
+        if reduce == Reduce::Subgroup {
+            reds.push(Reduce::Subgroup);
+        }
+        for r in reds {
+            v.extend([Kernel::Argmax(r), Kernel::TopK(r), Kernel::TableTopK(r), Kernel::Sample(r)]);
+        }
+        v
+    }
+
     fn weights_prelude(dtype: WeightDtype) -> &'static str {
         match dtype {
             WeightDtype::F32 => WEIGHTS_F32,
@@ -210,6 +246,10 @@ impl Kernel {
                 s.push_str(SELECT);
                 s.push_str(TABLE_TOPK);
             }
+            Kernel::CandidateUnion => {
+                s.push_str(&Kernel::reduction(Reduce::Workgroup, UNION_WG, 1));
+                s.push_str(CANDIDATE_UNION);
+            }
             Kernel::Sample(r) => {
                 s.push_str(&Kernel::reduction(r, SAMPLE_WG, SAMPLE_BINS));
                 s.push_str(SAMPLE);
@@ -246,20 +286,23 @@ impl Pipelines {
             return Ok(Arc::clone(p));
         }
         let label = format!("{k:?}");
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(k.source(self.backend).into()),
+        let ((module, pipeline), err) = crate::device::checked(device, || {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(k.source(self.backend).into()),
+            });
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+            (module, pipeline)
         });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&label),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        drop(module);
+        if let Some(e) = err {
             return Err(Error::Device(format!("compiling kernel {label} failed: {e}")));
         }
         let layout = pipeline.get_bind_group_layout(0);
@@ -295,6 +338,17 @@ mod tests {
             let src = code(&wg.source(wgpu::Backend::BrowserWebGpu));
             assert!(!src.contains("enable") && !src.contains("subgroup"), "{wg:?}");
             assert!(code(&sg.source(wgpu::Backend::Vulkan)).contains("subgroupAdd"), "{sg:?}");
+        }
+    }
+
+    #[test]
+    fn candidate_union_is_portable_on_every_backend() {
+        // One prefix sum per call: always the workgroup-memory library, never a subgroup op.
+        for b in [wgpu::Backend::Vulkan, wgpu::Backend::Metal, wgpu::Backend::BrowserWebGpu] {
+            let src = code(&Kernel::CandidateUnion.source(b));
+            assert!(!src.contains("enable") && !src.contains("subgroup"));
+            assert_eq!(src.matches("const WG: u32").count(), 1);
+            assert_eq!(src.matches("@compute").count(), 1);
         }
     }
 

@@ -1,15 +1,48 @@
 //! The selection ops that end in a small read-back: row-wise top-k + log-sum-exp
-//! (shaders/topk.wgsl), the Markov candidate table (shaders/markov_bias.wgsl +
-//! shaders/table_topk.wgsl) and sampling (shaders/sample.wgsl). Each op checks its arguments on
-//! the host, records its dispatches into the open batch and ends with one read-back of only
-//! its result (a sync point): `rows·(2k+1)` words for top-k, `ld·n·2k` for the table, `rows`
-//! for sampling.
+//! (shaders/topk.wgsl), the Markov candidate table (shaders/markov_gather.wgsl +
+//! shaders/markov_bias.wgsl + shaders/table_topk.wgsl), the fused SparklingTree tree prep
+//! `candidate_table` (topk + shaders/candidate_union.wgsl + the table kernels) and sampling
+//! (shaders/sample.wgsl). Each op checks its arguments on the host, records its dispatches into
+//! the open batch and ends with one read-back of only its result (a sync point): `rows·(2k+1)`
+//! words for top-k, `ld·n·2k` for the table, `1 + n_max + ld·n_max·2k` for candidate_table
+//! (sized for the largest possible union `n_max = min(ld·C + 1, V)`, since the actual n is
+//! known only on the device), `rows` for sampling.
 
-use crate::ctx::Bind;
+use crate::ctx::{Batch, Bind, Pending};
 use crate::pipelines::{Kernel, BIAS_COLS, BIAS_ROWS, GATHER_PER_GROUP};
 use crate::tensor::WgpuTensor;
 use crate::WgpuBackend;
-use sparkling_core::{Error, MarkovTable, Result, SampleParams, TopK};
+use sparkling_core::{check_candidate_table_args, Error, MarkovTable, Result, SampleParams, TopK, UnionTable};
+
+/// Buffers and parent chunking of one candidate-table computation
+/// ([`WgpuBackend::plan_markov_table`]).
+struct TablePlan {
+    ld: usize,
+    /// Candidate capacity (the actual count may be lower, read from the cand header word).
+    n_max: usize,
+    /// Children per row requested of the kernels (≤ n_max; the kernel clamps to n).
+    k: usize,
+    /// Parents per chunk.
+    pc: usize,
+    /// `[ld·n_max, 2k]`; the table is packed at its front with the actual n and k.
+    out: WgpuTensor,
+    bias: Option<WgpuTensor>,
+    e2t: Option<WgpuTensor>,
+    scratch: WgpuTensor,
+}
+
+/// Split `[rows, 2k]` table words (`[slots: k][vals: k]` per row) into a [`MarkovTable`].
+fn unpack_table(w: &[u32], k: usize) -> MarkovTable {
+    let mut t = MarkovTable { k, vals: Vec::with_capacity(w.len() / 2), slots: Vec::with_capacity(w.len() / 2) };
+    if k == 0 {
+        return t;
+    }
+    for row in w.chunks_exact(2 * k) {
+        t.slots.extend_from_slice(&row[..k]);
+        t.vals.extend(row[k..].iter().map(|&v| f32::from_bits(v)));
+    }
+    t
+}
 
 impl WgpuBackend {
     /// Row-wise top-`k` + log-sum-exp on the device ([`sparkling_core::Backend::topk`]):
@@ -17,7 +50,7 @@ impl WgpuBackend {
     /// in f32 (topk.wgsl documents the precision). Reads back `rows·(2k+1)` words.
     /// Errors: `k == 0` ([`Error::Invalid`]); outputs beyond one storage binding
     /// ([`Error::Device`]).
-    pub(crate) fn op_topk(&self, logits: &WgpuTensor, k: usize) -> Result<TopK> {
+    pub(crate) fn op_topk(&self, logits: &WgpuTensor, k: usize) -> Result<Pending<TopK>> {
         if k == 0 {
             return Err(Error::Invalid("topk: k must be at least 1".into()));
         }
@@ -27,7 +60,7 @@ impl WgpuBackend {
         let k = k.min(cols);
         if k == 0 || rows == 0 {
             // No columns: like the CPU reference, nothing per row (not even an lse).
-            return Ok(TopK { k, ids: Vec::new(), vals: Vec::new(), lse: Vec::new() });
+            return Ok(Pending::ready(TopK { k, ids: Vec::new(), vals: Vec::new(), lse: Vec::new() }));
         }
         let words = 2 * k + 1;
         let out = g.alloc("topk (ids, values, lse)", rows, words)?;
@@ -36,23 +69,27 @@ impl WgpuBackend {
         let params = [rows as u32, cols as u32, k as u32];
         g.dispatch(&mut b, Kernel::TopK(g.reduce), &params, &[Bind::t(logits), Bind::t(&out), Bind::t(&scratch)], rows as u64)?;
         g.submit(b);
-        let bytes = g.read_back(out.buffer(), 0, out.bytes())?;
-        let w: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-        let mut r = TopK { k, ids: Vec::with_capacity(rows * k), vals: Vec::with_capacity(rows * k), lse: Vec::with_capacity(rows) };
-        for row in w.chunks_exact(words) {
-            r.ids.extend_from_slice(&row[..k]);
-            r.vals.extend(row[k..2 * k].iter().map(|&v| f32::from_bits(v)));
-            r.lse.push(f32::from_bits(row[2 * k]));
-        }
-        Ok(r)
+        let reading = g.start_read(&[(out.buffer(), 0, out.bytes())])?;
+        Ok(Pending::new(reading, move |parts| {
+            let w: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[0]);
+            let mut r = TopK { k, ids: Vec::with_capacity(rows * k), vals: Vec::with_capacity(rows * k), lse: Vec::with_capacity(rows) };
+            for row in w.chunks_exact(words) {
+                r.ids.extend_from_slice(&row[..k]);
+                r.vals.extend(row[k..2 * k].iter().map(|&v| f32::from_bits(v)));
+                r.lse.push(f32::from_bits(row[2 * k]));
+            }
+            Ok(r)
+        }))
     }
 
     /// The Markov candidate table on the device ([`sparkling_core::Backend::markov_table`]):
-    /// markov_gather.wgsl transposes W2's candidate rows once; for each chunk of parent slots,
-    /// markov_bias.wgsl fills `bias [chunk, n]` (both skipped without a Markov head), then
-    /// table_topk.wgsl computes every (depth, parent) row of the chunk; one read-back of the
-    /// whole `[ld, n, k]` table at the end. Parent chunks keep the
-    /// bias and scratch buffers within one storage binding.
+    /// the candidates are uploaded as `[n, id_0, ..., id_{n-1}]` (the header-word layout that
+    /// candidate_union.wgsl also produces, so both ops share the kernels); markov_gather.wgsl
+    /// transposes W2's candidate rows once; for each chunk of parent slots, markov_bias.wgsl
+    /// fills `bias [chunk, n]` (both skipped without a Markov head), then table_topk.wgsl
+    /// computes every (depth, parent) row of the chunk; one read-back of the whole `[ld, n, k]`
+    /// table at the end. Parent chunks keep the bias and scratch buffers within one storage
+    /// binding.
     /// Errors: the argument checks of `sparkling_cpu::check_markov_table_args` (empty or
     /// unsorted candidates, an id `≥ V`, `k == 0`, W1/W2 not `[V, r]`); a table larger than
     /// one storage binding ([`Error::Device`]).
@@ -62,7 +99,7 @@ impl WgpuBackend {
         markov: Option<(&WgpuTensor, &WgpuTensor)>,
         cand: &[u32],
         k: usize,
-    ) -> Result<MarkovTable> {
+    ) -> Result<Pending<MarkovTable>> {
         let g = &self.gpu;
         let vocab = base.cols;
         sparkling_cpu::check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), cand, k)?;
@@ -70,81 +107,170 @@ impl WgpuBackend {
         let (ld, n) = (base.rows, cand.len());
         let k = k.min(n);
         if ld == 0 {
-            return Ok(MarkovTable { k, vals: Vec::new(), slots: Vec::new() });
+            return Ok(Pending::ready(MarkovTable { k, vals: Vec::new(), slots: Vec::new() }));
         }
+        let plan = self.plan_markov_table("markov_table", ld, n, k, markov)?;
+        let mut words = Vec::with_capacity(n + 1);
+        words.push(n as u32);
+        words.extend_from_slice(cand);
+        let cand_buf = g.upload_u32(&words)?;
+        let mut b = g.batch();
+        self.record_markov_table(&mut b, &plan, base, markov, Bind::b(cand_buf.buffer(), words.len() as u64 * 4))?;
+        b.keep(cand_buf);
+        g.submit(b);
+        let r = g.start_read(&[(plan.out.buffer(), 0, plan.out.bytes())])?;
+        Ok(Pending::new(r, move |parts| Ok(unpack_table(&bytemuck::pod_collect_to_vec(&parts[0]), k))))
+    }
+
+    /// Buffers and parent chunking of the candidate table for at most `n_max` candidates and
+    /// `k` (≤ `n_max`) children per row: `out [ld·n_max, 2k]`, and per chunk of `pc` parents
+    /// `bias [pc, n_max]` (with a Markov head) and `scratch [ld·pc, 2k]`, each within one
+    /// storage binding; `e2t [r, n_max]` with a head.
+    /// Errors: one parent row (or the output) exceeding the binding limit ([`Error::Device`],
+    /// naming `op`).
+    fn plan_markov_table(&self, op: &str, ld: usize, n_max: usize, k: usize, markov: Option<(&WgpuTensor, &WgpuTensor)>) -> Result<TablePlan> {
+        let g = &self.gpu;
         let words = 2 * k;
-        let out = g.alloc("markov_table (slots, values)", ld * n, words)?;
+        let out = g.alloc(&format!("{op} (slots, values)"), ld * n_max, words)?;
         // Parent slots per chunk: the bias [pc, n] and the scratch [ld·pc, 2k] each fit a binding.
-        let per_bias_row = 4 * n as u64;
+        let per_bias_row = 4 * n_max as u64;
         let per_scratch_row = (ld * words * 4) as u64;
         let pc = if markov.is_some() { (g.max_binding / per_bias_row).min(g.max_binding / per_scratch_row) } else { g.max_binding / per_scratch_row };
-        let pc = (pc as usize).min(n);
+        let pc = (pc as usize).min(n_max);
         if pc == 0 {
             return Err(Error::Device(format!(
-                "markov_table: one parent row of {n} candidates × {ld} depths × k = {k} exceeds the storage binding limit of {} bytes",
+                "{op}: one parent row of {n_max} candidates × {ld} depths × k = {k} exceeds the storage binding limit of {} bytes",
                 g.max_binding
             )));
         }
-        let cand_buf = g.upload_u32(cand)?;
-        let cand_bytes = n as u64 * 4;
         let bias = match markov {
-            Some(_) => Some(g.alloc("markov_table (bias)", pc, n)?),
+            Some(_) => Some(g.alloc(&format!("{op} (bias)"), pc, n_max)?),
             None => None,
         };
-        let scratch = g.alloc("markov_table (scratch)", ld * pc, words)?;
-        let mut b = g.batch();
-        // W2's candidate rows, transposed: e2t [r, n].
         let e2t = match markov {
-            Some((_, w2)) => {
-                let e2t = g.alloc("markov_table (candidate W2ᵀ)", w2.cols, n)?;
-                let total = (w2.cols * n) as u64;
-                g.dispatch(
-                    &mut b,
-                    Kernel::MarkovGather,
-                    &[n as u32, w2.cols as u32],
-                    &[Bind::t(w2), Bind::b(cand_buf.buffer(), cand_bytes), Bind::t(&e2t)],
-                    total.div_ceil(GATHER_PER_GROUP),
-                )?;
-                Some(e2t)
-            }
+            Some((_, w2)) => Some(g.alloc(&format!("{op} (candidate W2ᵀ)"), w2.cols, n_max)?),
             None => None,
         };
-        for p0 in (0..n).step_by(pc) {
-            let rows = pc.min(n - p0);
-            if let (Some((w1, _)), Some(bias), Some(e2t)) = (markov, bias.as_ref(), e2t.as_ref()) {
-                let col_groups = (n as u64).div_ceil(BIAS_COLS);
-                let params = [n as u32, w1.cols as u32, p0 as u32, rows as u32, col_groups as u32];
+        let scratch = g.alloc(&format!("{op} (scratch)"), ld * pc, words)?;
+        Ok(TablePlan { ld, n_max, k, pc, out, bias, e2t, scratch })
+    }
+
+    /// Record the candidate-table dispatches of `plan` into the open batch `b`: `cand` is the
+    /// `[n, id_0, ..., id_{n-1}]` buffer (n ≤ n_max, known only on the device for the fused
+    /// op); grids and chunks are sized for n_max and the kernels exit beyond n.
+    fn record_markov_table(
+        &self,
+        b: &mut Batch,
+        plan: &TablePlan,
+        base: &WgpuTensor,
+        markov: Option<(&WgpuTensor, &WgpuTensor)>,
+        cand: Bind<'_>,
+    ) -> Result<()> {
+        let g = &self.gpu;
+        let TablePlan { ld, n_max, k, pc, .. } = *plan;
+        let cand_bind = || Bind::b(cand.buffer, cand.bytes);
+        // W2's candidate rows, transposed: e2t [r, n].
+        if let (Some((_, w2)), Some(e2t)) = (markov, plan.e2t.as_ref()) {
+            let total = (w2.cols * n_max) as u64;
+            g.dispatch(b, Kernel::MarkovGather, &[w2.cols as u32], &[Bind::t(w2), cand_bind(), Bind::t(e2t)], total.div_ceil(GATHER_PER_GROUP))?;
+        }
+        for p0 in (0..n_max).step_by(pc) {
+            let rows = pc.min(n_max - p0);
+            if let (Some((w1, _)), Some(bias), Some(e2t)) = (markov, plan.bias.as_ref(), plan.e2t.as_ref()) {
+                let col_groups = (n_max as u64).div_ceil(BIAS_COLS);
+                let params = [w1.cols as u32, p0 as u32, rows as u32, col_groups as u32];
                 g.dispatch(
-                    &mut b,
+                    b,
                     Kernel::MarkovBias,
                     &params,
-                    &[Bind::t(w1), Bind::t(e2t), Bind::b(cand_buf.buffer(), cand_bytes), Bind::t(bias)],
+                    &[Bind::t(w1), Bind::t(e2t), cand_bind(), Bind::t(bias)],
                     (rows as u64).div_ceil(BIAS_ROWS) * col_groups,
                 )?;
             }
-            let bias_bind = match bias.as_ref() {
+            let bias_bind = match plan.bias.as_ref() {
                 Some(t) => Bind::t(t),
                 None => Bind::b(&self.dummy, 16),
             };
-            let params = [ld as u32, n as u32, k as u32, vocab as u32, p0 as u32, rows as u32, bias.is_some() as u32];
+            let params = [ld as u32, k as u32, base.cols as u32, p0 as u32, rows as u32, plan.bias.is_some() as u32];
             g.dispatch(
-                &mut b,
+                b,
                 Kernel::TableTopK(g.reduce),
                 &params,
-                &[Bind::t(base), Bind::b(cand_buf.buffer(), cand_bytes), bias_bind, Bind::t(&out), Bind::t(&scratch)],
+                &[Bind::t(base), cand_bind(), bias_bind, Bind::t(&plan.out), Bind::t(&plan.scratch)],
                 (ld * rows) as u64,
             )?;
         }
-        b.keep(cand_buf);
-        g.submit(b);
-        let bytes = g.read_back(out.buffer(), 0, out.bytes())?;
-        let w: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-        let mut t = MarkovTable { k, vals: Vec::with_capacity(ld * n * k), slots: Vec::with_capacity(ld * n * k) };
-        for row in w.chunks_exact(words) {
-            t.slots.extend_from_slice(&row[..k]);
-            t.vals.extend(row[k..].iter().map(|&v| f32::from_bits(v)));
+        Ok(())
+    }
+
+    /// SparklingTree tree prep with ONE read-back ([`sparkling_core::Backend::candidate_table`]):
+    /// topk.wgsl writes the per-row top-`candidates` into a device buffer `[ld, 2C+1]` (not read
+    /// back); candidate_union.wgsl (one workgroup, a `ceil(V/32)`-word bitmap) turns the ids and
+    /// the anchor into `[n, ascending distinct ids]`; the candidate-table kernels read n from
+    /// that header word; then the candidate buffer and the packed table come back together
+    /// (`Gpu::read_back_parts`, one map and one wait).
+    ///
+    /// Trade: n is only known on the device, so every buffer, grid and the read-back are
+    /// sized for `n_max = min(ld·C + 1, V)` — the read-back is `1 + n_max + ld·n_max·2k'`
+    /// words (`k' = min(k, n_max)`) instead of the `ld·n·2·min(k, n)` of the two-call path, and
+    /// table workgroups of parents ≥ n exit at once. With distinct per-depth top-C sets n is
+    /// close to n_max anyway; heavy overlap costs transfer, not a second sync.
+    ///
+    /// `candidates ≥ V`: the union is the whole vocabulary, built on the host, and the table is
+    /// [`WgpuBackend::op_markov_table`] (also one read-back). `ld == 0`: `cand = [anchor]`, an
+    /// empty table, no GPU work.
+    /// Errors: `k == 0`, `candidates == 0`, `anchor ≥ V` ([`Error::Invalid`]); W1/W2 not
+    /// `[V, r]` ([`Error::Shape`]); buffers beyond one storage binding or a device failure
+    /// ([`Error::Device`]).
+    pub(crate) fn op_candidate_table(
+        &self,
+        base: &WgpuTensor,
+        markov: Option<(&WgpuTensor, &WgpuTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+    ) -> Result<Pending<UnionTable>> {
+        let g = &self.gpu;
+        let (ld, vocab) = (base.rows, base.cols);
+        check_candidate_table_args(vocab, candidates, anchor, k)?;
+        // W1/W2 shapes (the anchor alone is a valid candidate list).
+        sparkling_cpu::check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)?;
+        g.check()?;
+        if candidates >= vocab {
+            let cand: Vec<u32> = (0..vocab as u32).collect();
+            return Ok(self.op_markov_table(base, markov, &cand, k)?.map(move |table| UnionTable { cand, table }));
         }
-        Ok(t)
+        if ld == 0 {
+            return Ok(Pending::ready(UnionTable { cand: vec![anchor], table: MarkovTable { k: 1, vals: Vec::new(), slots: Vec::new() } }));
+        }
+        let c = candidates;
+        let n_max = ld.saturating_mul(c).saturating_add(1).min(vocab);
+        let k_max = k.min(n_max);
+        let top_words = 2 * c + 1;
+        let top = g.alloc("candidate_table (top-C ids, values, lse)", ld, top_words)?;
+        let top_scratch = g.alloc("candidate_table (top-C scratch)", ld, 2 * c)?;
+        let bitmap = g.alloc("candidate_table (union bitmap)", 1, vocab.div_ceil(32))?;
+        let cand = g.alloc("candidate_table (candidate union)", 1, 1 + n_max)?;
+        let plan = self.plan_markov_table("candidate_table", ld, n_max, k_max, markov)?;
+        let mut b = g.batch();
+        g.dispatch(&mut b, Kernel::TopK(g.reduce), &[ld as u32, vocab as u32, c as u32], &[Bind::t(base), Bind::t(&top), Bind::t(&top_scratch)], ld as u64)?;
+        let params = [ld as u32, c as u32, top_words as u32, vocab as u32, anchor];
+        g.dispatch(&mut b, Kernel::CandidateUnion, &params, &[Bind::t(&top), Bind::t(&bitmap), Bind::t(&cand)], 1)?;
+        self.record_markov_table(&mut b, &plan, base, markov, Bind::t(&cand))?;
+        g.submit(b);
+        let r = g.start_read(&[(cand.buffer(), 0, cand.bytes()), (plan.out.buffer(), 0, plan.out.bytes())])?;
+        Ok(Pending::new(r, move |parts| {
+            let cw: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[0]);
+            let n = cw[0] as usize;
+            if n == 0 || n > n_max {
+                return Err(Error::Device(format!("candidate_table: the device reported {n} candidates, expected 1..={n_max}")));
+            }
+            let cand: Vec<u32> = cw[1..1 + n].to_vec();
+            let k_eff = k.min(n);
+            let tw: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[1]);
+            let table = unpack_table(&tw[..ld * n * 2 * k_eff], k_eff);
+            Ok(UnionTable { cand, table })
+        }))
     }
 
     /// Row-wise sampling on the device ([`sparkling_core::Backend::sample`]). At `T < 1e-5`
@@ -154,7 +280,7 @@ impl WgpuBackend {
     /// Reads back one `u32` per row.
     /// Errors: `uniforms.len() != rows` ([`Error::Shape`]); a NaN temperature or top-p
     /// ([`Error::Invalid`]).
-    pub(crate) fn op_sample(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
+    pub(crate) fn op_sample(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Pending<Vec<u32>>> {
         if uniforms.len() != logits.rows {
             return Err(Error::Shape { op: "sample", detail: format!("{} uniforms for {} rows", uniforms.len(), logits.rows) });
         }
@@ -171,10 +297,10 @@ impl WgpuBackend {
         g.check()?;
         let (rows, cols) = (logits.rows, logits.cols);
         if rows == 0 {
-            return Ok(Vec::new());
+            return Ok(Pending::ready(Vec::new()));
         }
         if cols == 0 {
-            return Ok(vec![0; rows]);
+            return Ok(Pending::ready(vec![0; rows]));
         }
         let top_k_on = params.top_k > 0 && params.top_k < cols;
         let filter = top_k_on || params.top_p < 1.0;
@@ -194,7 +320,7 @@ impl WgpuBackend {
         )?;
         b.keep(u_buf);
         g.submit(b);
-        let bytes = g.read_back(out.buffer(), 0, rows as u64 * 4)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        let r = g.start_read(&[(out.buffer(), 0, rows as u64 * 4)])?;
+        Ok(Pending::new(r, |parts| Ok(bytemuck::pod_collect_to_vec(&parts[0]))))
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use sparkling_core::{AttnMask, AttnShape, Backend, Error, NO_PARENT};
-use sparkling_wgpu::{list_adapters, WeightDtype, WgpuBackend, WgpuOptions};
+use sparkling_wgpu::{list_adapters, Subgroups, WeightDtype, WgpuBackend, WgpuOptions};
 
 /// A backend with 4 KiB bindings and at most 3 workgroups per grid dimension.
 fn tight(dtype: WeightDtype) -> Option<WgpuBackend> {
@@ -144,5 +144,17 @@ fn a_lost_device_gives_clear_errors_not_panics() {
             Err(Error::Device(m)) => assert!(m.contains("destroyed") || m.contains("lost"), "{m}"),
             other => panic!("expected a device error, got {other:?}"),
         }
+    }
+}
+
+#[test]
+fn every_kernel_variant_compiles_on_this_adapter() {
+    // All weight dtypes and matmul tiles and both reduction libraries (where the adapter has
+    // subgroups), not only what a given model exercises; web/tests runs the same in Chrome.
+    for sg in [Subgroups::Auto, Subgroups::Off] {
+        let Some(g) = common::open(&WgpuOptions { subgroups: sg, ..Default::default() }, "every kernel") else { return };
+        let n = g.compile_kernels().unwrap();
+        let want = if g.uses_subgroups() { 27 } else { 23 };
+        assert_eq!(n, want, "kernel variants listed with subgroups={}", g.uses_subgroups());
     }
 }

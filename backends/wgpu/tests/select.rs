@@ -19,6 +19,11 @@
 //!   counted and reported (on 49k–152k-wide flat rows most uniforms are that close to some
 //!   boundary, so they cannot all be avoided); the small-vocab cases redraw such uniforms.
 //! - argmax: identical to the CPU on both paths.
+//! - candidate_table (fused top-C → union → table, one read-back): candidates and slots
+//!   identical to the CPU backend's default (topk + host union + markov_table), values within
+//!   the markov_table tolerance; ld = 0 and 1, C = 1, C > 256, C ≥ V, saturating unions,
+//!   V not a multiple of 32, V = 151936, the anchor inside and outside the top-C, with and
+//!   without a Markov head, parent chunks under 64 KiB bindings; bad arguments are errors.
 //!
 //! Without an adapter every test skips loudly (fails with `SPARKLING_REQUIRE_GPU=1`).
 
@@ -301,6 +306,221 @@ fn markov_table_bad_input_is_an_error() {
         let empty = g.zeros(0, 10).unwrap();
         let t = g.markov_table(&empty, Some((&w, &w)), &[1, 2], 5).unwrap();
         assert_eq!((t.k, t.vals.len()), (2, 0));
+    }
+}
+
+// ----------------------------------------------------------------------------- candidate_table
+
+/// One `candidate_table` case: `ld` rows of `vocab` logits, top-`c` per row, `k` children,
+/// a Markov head of rank `rank` or none, and where the anchor sits.
+struct UnionCase {
+    vocab: usize,
+    ld: usize,
+    c: usize,
+    k: usize,
+    rank: usize,
+    markov: bool,
+    anchor: Anchor,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Anchor {
+    /// Row 0's argmax: already in the top-C (the union must not duplicate it).
+    InTopC,
+    /// A token made the minimum of every row: never in a top-C (C < V), added by the union.
+    Outside,
+}
+
+/// Compare wgpu `candidate_table` with the CPU backend's (the default topk + host union +
+/// markov_table): candidates identical, slots identical, values within
+/// `TABLE_ABS + TABLE_REL·|val|`. Returns the largest |Δval| and the union size.
+fn check_union(g: &WgpuBackend, label: &str, c: &UnionCase, seed: u64) -> (f32, usize) {
+    let cpu = CpuBackend::new();
+    let mut r = Rng(seed);
+    let mut base = logits(&mut r, c.ld * c.vocab, 6.0);
+    let rank = c.rank.max(1);
+    let w1: Vec<f32> = r.vec(c.vocab * rank).iter().map(|v| v * 0.5).collect();
+    let w2: Vec<f32> = r.vec(c.vocab * rank).iter().map(|v| v * 0.5).collect();
+    let anchor = match c.anchor {
+        Anchor::InTopC if c.ld > 0 => (0..c.vocab).max_by(|&a, &b| base[a].total_cmp(&base[b]).then(b.cmp(&a))).unwrap() as u32,
+        _ => {
+            let a = (c.vocab * 2 / 3) as u32;
+            for d in 0..c.ld {
+                base[d * c.vocab + a as usize] = -100.0;
+            }
+            a
+        }
+    };
+    let (cb, c1, c2) = (cpu.upload(&base, c.ld, c.vocab).unwrap(), cpu.upload(&w1, c.vocab, rank).unwrap(), cpu.upload(&w2, c.vocab, rank).unwrap());
+    let want = cpu.candidate_table(&cb, c.markov.then_some((&c1, &c2)), c.c, anchor, c.k).unwrap();
+    let (gb, g1, g2) = (g.upload(&base, c.ld, c.vocab).unwrap(), g.upload(&w1, c.vocab, rank).unwrap(), g.upload(&w2, c.vocab, rank).unwrap());
+    // (The one-sync property is tests/syncs.rs's: these backends are shared by parallel tests.)
+    let got = g.candidate_table(&gb, c.markov.then_some((&g1, &g2)), c.c, anchor, c.k).unwrap();
+    let what = format!(
+        "candidate_table V={} ld={} C={} k={} r={} markov={} anchor {anchor} {:?} ({label})",
+        c.vocab, c.ld, c.c, c.k, rank, c.markov, c.anchor
+    );
+    assert_eq!(got.cand, want.cand, "{what}: candidates");
+    assert!(got.cand.binary_search(&anchor).is_ok(), "{what}: anchor missing");
+    assert_eq!(got.table.k, want.table.k, "{what}: k");
+    assert_eq!(got.table.k, c.k.min(want.cand.len()), "{what}: k clamped to n");
+    assert_eq!(got.table.slots.len(), c.ld * want.cand.len() * want.table.k, "{what}: table size");
+    assert_eq!(got.table.slots, want.table.slots, "{what}: slots");
+    assert_eq!(got.table.vals.len(), want.table.vals.len(), "{what}: vals length");
+    let mut worst = 0.0f32;
+    for (i, (a, b)) in got.table.vals.iter().zip(&want.table.vals).enumerate() {
+        let err = (a - b).abs();
+        let tol = TABLE_ABS + TABLE_REL * b.abs();
+        assert!(err <= tol, "{what}: value {i}: {a} vs {b} (error {err:e} > {tol:e})");
+        worst = worst.max(err);
+    }
+    (worst, want.cand.len())
+}
+
+#[test]
+fn candidate_table_matches_cpu() {
+    let paths = paths_or_skip!();
+    use Anchor::*;
+    let u = |vocab, ld, c, k, rank, markov, anchor| UnionCase { vocab, ld, c, k, rank, markov, anchor };
+    let cases = [
+        // ld = 1, C = 1: n = 1 (anchor = the top-1) or 2.
+        u(37, 1, 1, 4, 3, true, InTopC),
+        u(37, 1, 1, 4, 3, true, Outside),
+        u(37, 1, 1, 1, 3, false, Outside),
+        // V not a multiple of 32; a union that saturates (ld·C + 1 > V) and one that takes
+        // all but the anchor.
+        u(100, 4, 40, 16, 4, true, Outside),
+        u(100, 4, 99, 7, 4, false, Outside),
+        u(61, 7, 30, 64, 2, true, InTopC),
+        // C ≥ V: the whole vocabulary (host union path).
+        u(45, 3, 45, 5, 3, true, InTopC),
+        u(45, 3, 1000, 5, 3, false, Outside),
+        // ld = 0: the anchor alone, an empty table.
+        u(50, 0, 8, 4, 2, true, Outside),
+        // Model-like sizes: C > 256 (select scratch path), n > 2048 (global z path), V = 151936.
+        u(5003, 7, 300, 9, 16, true, Outside),
+        u(20000, 9, 250, 8, 8, false, InTopC),
+        u(49152, 16, 128, 64, 32, true, InTopC),
+        u(151936, 16, 128, 32, 8, true, Outside),
+    ];
+    for (label, g) in paths {
+        let mut worst = 0.0f32;
+        for (i, c) in cases.iter().enumerate() {
+            let t = std::time::Instant::now();
+            let (w, n) = check_union(g, label, c, 9100 + i as u64);
+            worst = worst.max(w);
+            eprintln!("candidate_table V={} ld={} C={} k={} markov={} ({label}): n = {n}, max |Δval| = {w:e} ({:.2} s)", c.vocab, c.ld, c.c, c.k, c.markov, t.elapsed().as_secs_f64());
+        }
+        eprintln!("candidate_table ({label}): candidates and slots identical to the CPU; max |Δval| = {worst:e} (tolerance {TABLE_ABS:e} + {TABLE_REL:e}·|val|)");
+    }
+}
+
+#[test]
+fn candidate_table_splits_parents_across_small_bindings() {
+    // 64 KiB bindings: the union of 4 × 50 ids + anchor (n_max = 201) is chunked 81 parents
+    // at a time, with chunks sized for n_max while the kernels see the actual n.
+    let Some(g) = open(&WgpuOptions { max_binding_bytes: Some(64 << 10), subgroups: Subgroups::Off, ..Default::default() }, "small bindings") else {
+        return;
+    };
+    for (i, anchor) in [Anchor::Outside, Anchor::InTopC].into_iter().enumerate() {
+        let (w, n) = check_union(&g, "64 KiB bindings", &UnionCase { vocab: 700, ld: 4, c: 50, k: 9, rank: 5, markov: true, anchor }, 78 + i as u64);
+        eprintln!("candidate_table with parent chunks: n = {n}, max |Δval| = {w:e}");
+    }
+    // Heavy overlap between rows (every row the same): n ≤ C + 1, far below n_max = ld·C + 1
+    // (buffers and the read-back are sized for n_max = 241; the table is packed for n).
+    let cpu = CpuBackend::new();
+    let mut r = Rng(79);
+    let row = logits(&mut r, 700, 6.0);
+    let base: Vec<f32> = (0..6).flat_map(|_| row.iter().copied()).collect();
+    let got = g.candidate_table(&g.upload(&base, 6, 700).unwrap(), None, 40, 3, 4).unwrap();
+    let want = cpu.candidate_table(&cpu.upload(&base, 6, 700).unwrap(), None, 40, 3, 4).unwrap();
+    assert!(want.cand.len() <= 41);
+    assert_eq!(got.cand, want.cand);
+    assert_eq!(got.table.slots, want.table.slots);
+    assert_close_vals("candidate_table overlapping rows", &got.table.vals, &want.table.vals);
+    // A table that cannot fit is a clear error, not a panic.
+    let base = g.upload(&vec![0.0; 2 * 700], 2, 700).unwrap();
+    let err = g.candidate_table(&base, None, 600, 0, 64).unwrap_err();
+    assert!(matches!(err, Error::Device(ref m) if m.contains("candidate_table")), "{err}");
+}
+
+fn assert_close_vals(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!((a - b).abs() <= TABLE_ABS + TABLE_REL * b.abs(), "{what}: value {i}: {a} vs {b}");
+    }
+}
+
+#[test]
+fn candidate_table_bad_input_is_an_error() {
+    let paths = paths_or_skip!();
+    let cpu = CpuBackend::new();
+    for (_, g) in paths {
+        let base = g.upload(&[0.0; 20], 2, 10).unwrap();
+        let w = g.upload(&[0.0; 30], 10, 3).unwrap();
+        let w_bad = g.upload(&[0.0; 27], 9, 3).unwrap();
+        let invalid = |r: sparkling_core::Result<sparkling_core::UnionTable>, arg: &str| match r {
+            Err(Error::Invalid(m)) => assert!(m.contains(arg), "{m} should name {arg}"),
+            other => panic!("expected Error::Invalid naming {arg}, got {other:?}"),
+        };
+        invalid(g.candidate_table(&base, None, 3, 1, 0), "k");
+        invalid(g.candidate_table(&base, None, 0, 1, 2), "candidates");
+        invalid(g.candidate_table(&base, None, 3, 10, 2), "anchor");
+        invalid(g.candidate_table(&base, None, 30, 10, 2), "anchor");
+        assert!(matches!(g.candidate_table(&base, Some((&w, &w_bad)), 3, 1, 2), Err(Error::Shape { .. })));
+        // The CPU default reports the same errors.
+        let cb = cpu.upload(&[0.0; 20], 2, 10).unwrap();
+        invalid(cpu.candidate_table(&cb, None, 3, 1, 0), "k");
+        invalid(cpu.candidate_table(&cb, None, 0, 1, 2), "candidates");
+        invalid(cpu.candidate_table(&cb, None, 3, 10, 2), "anchor");
+    }
+}
+
+/// Timing of the fused op vs the two-call path (topk + host union + markov_table) at
+/// SmolLM2-like draft sizes; prints, asserts nothing about wall-clock.
+/// Run: `cargo test --release -p sparkling-wgpu --test select -- --ignored --nocapture candidate_table_timing`.
+#[test]
+#[ignore]
+fn candidate_table_timing() {
+    let paths = paths_or_skip!();
+    let (ld, vocab, c, k) = (16usize, 49152usize, 128usize, 64usize);
+    let mut r = Rng(4242);
+    let base = logits(&mut r, ld * vocab, 6.0);
+    for (label, g) in paths {
+        let gb = g.upload(&base, ld, vocab).unwrap();
+        for rank in [32usize, 256] {
+            let w1 = g.upload(&r.vec(vocab * rank), vocab, rank).unwrap();
+            let w2 = g.upload(&r.vec(vocab * rank), vocab, rank).unwrap();
+            let m = Some((&w1, &w2));
+            let two = || {
+                let mut cand = g.topk(&gb, c).unwrap().ids;
+                cand.push(5);
+                cand.sort_unstable();
+                cand.dedup();
+                let t = g.markov_table(&gb, m, &cand, k.min(cand.len())).unwrap();
+                (cand, t)
+            };
+            let one = || g.candidate_table(&gb, m, c, 5, k).unwrap();
+            // Warm-up (pipelines, pool) and a check that both agree.
+            let (cand, t) = two();
+            let u = one();
+            assert_eq!((u.cand, u.table), (cand, t));
+            let reps = 3;
+            let time = |f: &dyn Fn()| {
+                let t0 = std::time::Instant::now();
+                for _ in 0..reps {
+                    f();
+                }
+                t0.elapsed().as_secs_f64() * 1e3 / reps as f64
+            };
+            let t_two = time(&|| {
+                two();
+            });
+            let t_one = time(&|| {
+                one();
+            });
+            eprintln!("TIMING ({label}) ld={ld} V={vocab} C={c} k={k} r={rank}: candidate_table {t_one:.1} ms (1 sync), topk + markov_table {t_two:.1} ms (2 syncs)");
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! read-back; no per-op `device.poll(Wait)` in the hot path"): a decoder-layer-shaped sequence
 //! of every non-read-back op — embedding, rms_norm, matmul, rope, KV write, tree attention,
 //! silu_mul, add_assign, concat, gather, compaction — makes the host wait zero times
-//! (`WgpuBackend::host_syncs`), and each read-back op (topk, markov_table, sample, argmax,
-//! download) waits exactly once, on both reduction paths. The backend is this test's own (a
+//! (`WgpuBackend::host_syncs`), and each read-back op (topk, markov_table, candidate_table,
+//! sample, argmax, download) waits exactly once, on both reduction paths — candidate_table
+//! (SparklingTree tree prep) once where topk + markov_table wait twice. The backend is this test's own (a
 //! counter shared with other tests would race).
 
 mod common;
@@ -71,6 +72,27 @@ fn only_read_back_ops_wait_for_the_gpu() {
         step("markov_table", &|| {
             g.markov_table(&logits, Some((&w1, &w2)), &[1, 5, 9, 200, 499], 3).unwrap();
         });
+        // SparklingTree tree prep fused: top-C → union → table in one wait (with and without
+        // a Markov head), where the two-call path (topk, host union, markov_table) waits twice.
+        let fused = |head: bool| g.candidate_table(&logits, head.then_some((&w1, &w2)), 16, 7, 5).unwrap();
+        step("candidate_table (Markov head)", &|| {
+            fused(true);
+        });
+        step("candidate_table (no head)", &|| {
+            fused(false);
+        });
+        for head in [true, false] {
+            let s0 = g.host_syncs();
+            let mut cand = g.topk(&logits, 16).unwrap().ids;
+            cand.push(7);
+            cand.sort_unstable();
+            cand.dedup();
+            let two = g.markov_table(&logits, head.then_some((&w1, &w2)), &cand, 5).unwrap();
+            assert_eq!(g.host_syncs(), s0 + 2, "{sg:?}: the two-call path waits twice");
+            let one = fused(head);
+            assert_eq!(one.cand, cand, "{sg:?} head {head}: fused candidates");
+            assert_eq!(one.table, two, "{sg:?} head {head}: fused table vs the two-call path (same kernels, bit for bit)");
+        }
         step("sample", &|| {
             g.sample(&logits, SampleParams { temperature: 0.8, top_k: 20, top_p: 0.9 }, &[0.3; 9]).unwrap();
         });

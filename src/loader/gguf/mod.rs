@@ -24,11 +24,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use memmap2::Mmap;
+use crate::loader::bytes::FileBytes;
 
 /// Error of the GGUF reader: a human-readable message that names the file path, tensor or
 /// metadata key at fault and what was expected.
@@ -299,7 +298,7 @@ pub struct GgufFile {
     alignment: u64,
     /// Name -> index into `tensors`.
     index: HashMap<String, usize>,
-    mmap: Mmap,
+    mmap: FileBytes,
 }
 
 /// Bounded little-endian reader over the mapped header; every failure names the file, the offset
@@ -426,15 +425,22 @@ impl GgufFile {
     /// The mapping assumes the file is not modified while the `GgufFile` lives (as for any
     /// memory-mapped model loader).
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
+        let mmap = FileBytes::open(path).map_err(|e| GgufError(format!("{}: cannot open GGUF file: {e}", path.display())))?;
+        GgufFile::parse(path, mmap)
+    }
+
+    /// Parse a GGUF file held in memory (e.g. fetched by a browser); `name` stands for the file
+    /// in error messages. Errors: as [`GgufFile::open`].
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
+        GgufFile::parse(Path::new(name), FileBytes::Owned(bytes))
+    }
+
+    fn parse(path: &Path, mmap: FileBytes) -> Result<GgufFile, GgufError> {
         let p = path.display();
-        let file = File::open(path).map_err(|e| GgufError(format!("{p}: cannot open GGUF file: {e}")))?;
-        let len = file.metadata().map_err(|e| GgufError(format!("{p}: cannot stat GGUF file: {e}")))?.len();
+        let len = mmap.len() as u64;
         if len < 24 {
             return err(format!("{p}: file is {len} bytes, too small to be a GGUF file (header alone is 24 bytes)"));
         }
-        // SAFETY: the mapping is read-only; like every mmap-based loader we rely on the file not
-        // being truncated or rewritten by another process while it is mapped.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| GgufError(format!("{p}: cannot memory-map file: {e}")))?;
         let buf: &[u8] = &mmap;
 
         if &buf[0..4] != MAGIC {
