@@ -22,8 +22,12 @@
 //!   requires.
 //! - Selection ops run on the device and read back only their result: `topk` (radix select +
 //!   log-sum-exp, `rows·(2k+1)` words), `markov_table` (Markov bias over the candidate union +
-//!   per-(depth, parent) log-softmax top-k, `ld·n·2k` words), `sample` (top-k / top-p filter +
-//!   inverse CDF in f32, one word per row), `argmax` (one word per row).
+//!   per-(depth, parent) log-softmax top-k, `ld·n·2k` words), `candidate_table` (top-C, the
+//!   union of candidate_union.wgsl and the table in one read-back sized for the largest
+//!   possible union), `sample` (top-k / top-p filter + inverse CDF in f32, one word per row),
+//!   `argmax` (one word per row).
+//! - Every read-back can be awaited instead of waited for (`Backend::*_async`): the browser
+//!   build (`web/`) cannot block on WebGPU, so there the decode loop awaits the buffer mapping.
 //! - Subgroups ([`Subgroups`], platform.md §1/§4): the reduction kernels (argmax, topk,
 //!   table_topk, sample) are built from `shaders/reduce.wgsl` (workgroup memory + barriers;
 //!   every adapter; always tested) or, only when the adapter reports

@@ -1,0 +1,344 @@
+//! SparklingTree in the browser (issue 4): the same engine, drafters, tree builders and
+//! tree-attention verify as the native build, on WebGPU through wgpu's browser backend, or on
+//! the CPU reference backend compiled to wasm (the fallback where WebGPU is missing;
+//! platform.md §4). WebGL is not used: it has no compute shaders.
+//!
+//! A browser cannot block on the GPU, so the engine runs its asynchronous entry point
+//! ([`sparkling::decode::Engine::generate_async`]): each round awaits its read-backs (tree
+//! prep and acceptance) instead of waiting on them.
+//!
+//! JavaScript API (built with `wasm-bindgen --target web`, see `web/README.md`):
+//!
+//! ```js
+//! import init, { Session } from "./pkg/sparkling_web.js";
+//! await init();
+//! const s = await Session.create("webgpu");          // or "cpu"
+//! s.load_target(configJsonText, new Uint8Array(await (await fetch(".../model.safetensors")).arrayBuffer()));
+//! // or: s.load_target_gguf(ggufBytes)  (also sets the tokenizer from the GGUF vocabulary)
+//! s.add_drafter(drafterConfigJsonText, drafterBytes); // DSpark and/or DFlash drafters
+//! s.set_tokenizer(tokenizerJsonText, tokenizerConfigJsonText);
+//! const r = await s.generate_text("Hello!", JSON.stringify({ method: "sparkling", max_new_tokens: 64 }), (ids, text) => ...);
+//! // r: { tokens, text, stopped, tau, tokens_per_s, rounds, prefill_ms, decode_ms, backend }
+//! ```
+//!
+//! Errors reach JavaScript as exceptions (rejected promises) whose message names the file,
+//! key or argument at fault, as on the command line.
+#![cfg(target_arch = "wasm32")]
+#![warn(missing_docs)]
+
+use serde_json::{json, Value};
+use sparkling::core::{Backend, SampleParams};
+use sparkling::cpu::CpuBackend;
+use sparkling::decode::propose::{TreeParams, TreePrep};
+use sparkling::decode::{Engine, GenParams, Method};
+use sparkling::loader::gguf_source::GgufSource;
+use sparkling::loader::safetensors_source::SafetensorsSource;
+use sparkling::loader::TensorSource;
+use sparkling::model::config::{DrafterConfig, TargetConfig};
+use sparkling::model::drafter::Drafter;
+use sparkling::model::target::Target;
+use sparkling::tokenizer::TextTokenizer;
+use sparkling_wgpu::{WgpuBackend, WgpuOptions};
+use std::cell::RefCell;
+use std::path::Path;
+use std::rc::Rc;
+use wasm_bindgen::prelude::*;
+
+/// Models loaded on one backend.
+struct Loaded<B: Backend> {
+    b: B,
+    target: Option<Target<B>>,
+    drafters: Vec<Drafter<B>>,
+}
+
+/// The backend a session runs on.
+enum Models {
+    Gpu(Loaded<WgpuBackend>),
+    Cpu(Loaded<CpuBackend>),
+}
+
+/// A SparklingTree session: one backend, a target, its drafters and an optional tokenizer.
+#[wasm_bindgen]
+pub struct Session {
+    models: Rc<RefCell<Models>>,
+    tokenizer: Rc<RefCell<Option<TextTokenizer>>>,
+}
+
+fn js_err(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+const BUSY: &str = "this session is generating; wait for generate() to finish before loading or generating again";
+
+#[wasm_bindgen]
+impl Session {
+    /// Open a session on `backend`: `"webgpu"` (the browser's WebGPU adapter) or `"cpu"`
+    /// (the CPU reference backend compiled to wasm, one thread).
+    /// Errors: an unknown backend name; no WebGPU adapter in this browser (the message says
+    /// how to enable it).
+    pub async fn create(backend: String) -> Result<Session, JsError> {
+        let models = match backend.as_str() {
+            "webgpu" | "wgpu" | "gpu" => {
+                let b = WgpuBackend::with_options_async(&WgpuOptions::default()).await.map_err(js_err)?;
+                Models::Gpu(Loaded { b, target: None, drafters: Vec::new() })
+            }
+            "cpu" => Models::Cpu(Loaded { b: CpuBackend::new(), target: None, drafters: Vec::new() }),
+            other => return Err(JsError::new(&format!("unknown backend `{other}` (expected \"webgpu\" or \"cpu\")"))),
+        };
+        Ok(Session { models: Rc::new(RefCell::new(models)), tokenizer: Rc::new(RefCell::new(None)) })
+    }
+
+    /// The backend and device in use (e.g. `wgpu: SwiftShader Device (BrowserWebGpu, Cpu, …)`).
+    pub fn backend_name(&self) -> Result<String, JsError> {
+        let m = self.models.try_borrow().map_err(|_| JsError::new(BUSY))?;
+        Ok(match &*m {
+            Models::Gpu(l) => l.b.name(),
+            Models::Cpu(l) => l.b.name(),
+        })
+    }
+
+    /// Load the target from the text of its `config.json` and the bytes of its
+    /// `model.safetensors` (HF layout; bf16, f16 or f32). Replaces any loaded target and
+    /// drops the drafters (they are tied to the target's geometry).
+    /// Errors: invalid config (the message names the key), missing or misshapen tensors
+    /// (named), a model larger than the adapter's limits.
+    pub fn load_target(&self, config_json: &str, weights: Vec<u8>) -> Result<(), JsError> {
+        let path = Path::new("target/config.json");
+        let v: Value = serde_json::from_str(config_json).map_err(|e| JsError::new(&format!("{}: invalid JSON: {e}", path.display())))?;
+        let cfg = TargetConfig::from_hf_json(path, &v).map_err(js_err)?;
+        let src = SafetensorsSource::from_bytes("target/model.safetensors", weights).map_err(js_err)?;
+        let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+        match &mut *m {
+            Models::Gpu(l) => load_target(l, &src, cfg),
+            Models::Cpu(l) => load_target(l, &src, cfg),
+        }
+        .map_err(js_err)
+    }
+
+    /// Load the target from a GGUF file's bytes (e.g. llama.cpp's
+    /// `smollm2-135m-instruct-f16.gguf`; F32, F16, BF16 and the Q4/Q5/Q8 block types are
+    /// dequantized at load). The file's vocabulary and chat template also become the session's
+    /// tokenizer unless [`Session::set_tokenizer`] set one. Replaces any loaded target and drops
+    /// the drafters.
+    /// Errors: not a GGUF file, an unsupported architecture or tensor type (named).
+    pub fn load_target_gguf(&self, bytes: Vec<u8>) -> Result<(), JsError> {
+        let src = GgufSource::from_bytes("target.gguf", bytes).map_err(js_err)?;
+        let cfg = TargetConfig::from_gguf(&src.file).map_err(js_err)?;
+        let tok = TextTokenizer::from_gguf(&src.file).ok();
+        let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+        match &mut *m {
+            Models::Gpu(l) => load_target(l, &src, cfg),
+            Models::Cpu(l) => load_target(l, &src, cfg),
+        }
+        .map_err(js_err)?;
+        let mut t = self.tokenizer.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+        if t.is_none() {
+            *t = tok;
+        }
+        Ok(())
+    }
+
+    /// Add a drafter (DFlash or DSpark, from its `config.json` text and `model.safetensors`
+    /// bytes) for the loaded target; a drafter of the same kind replaces the earlier one.
+    /// Errors: no target loaded yet; config or tensors that do not fit the target.
+    pub fn add_drafter(&self, config_json: &str, weights: Vec<u8>) -> Result<(), JsError> {
+        let path = Path::new("drafter/config.json");
+        let v: Value = serde_json::from_str(config_json).map_err(|e| JsError::new(&format!("{}: invalid JSON: {e}", path.display())))?;
+        let cfg = DrafterConfig::from_hf_json(path, &v).map_err(js_err)?;
+        let src = SafetensorsSource::from_bytes("drafter/model.safetensors", weights).map_err(js_err)?;
+        let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+        match &mut *m {
+            Models::Gpu(l) => add_drafter(l, &src, cfg),
+            Models::Cpu(l) => add_drafter(l, &src, cfg),
+        }
+        .map_err(js_err)
+    }
+
+    /// Use a tokenizer (`tokenizer.json` text; `tokenizer_config.json` text for the chat
+    /// template, optional) for [`Session::generate_text`] and for decoding tokens.
+    /// Errors: an invalid `tokenizer.json`.
+    pub fn set_tokenizer(&self, tokenizer_json: &str, tokenizer_config_json: Option<String>) -> Result<(), JsError> {
+        let t = TextTokenizer::from_json(tokenizer_json, tokenizer_config_json.as_deref()).map_err(js_err)?;
+        *self.tokenizer.try_borrow_mut().map_err(|_| JsError::new(BUSY))? = Some(t);
+        Ok(())
+    }
+
+    /// Generate from token ids. `options_json`: a JSON object with any of `method`
+    /// (`ar`, `dflash`, `ddtree`, `dspark`, `sparkling` (default), `treespark`), `budget`
+    /// (tree budget, default 64 on WebGPU and 8 on the CPU backend), `candidates` (128),
+    /// `max_fanout` (64), `treespark_k` (4), `max_new_tokens` (128), `temperature` (0 =
+    /// greedy), `top_k` (0 = off), `top_p` (1), `seed` (0), `stop` (token ids; default the
+    /// tokenizer's stop tokens, else the target's EOS). `on_tokens(ids, text)`, optional, is
+    /// called with each round's committed tokens (and their text when a tokenizer is set).
+    /// Resolves to `{ tokens, text, stopped, tau, tokens_per_s, rounds, prefill_ms, decode_ms,
+    /// backend }`.
+    /// Errors: no target loaded, a method whose drafter kind is not loaded, bad options (the
+    /// message names the key), a prompt beyond the context, device failures.
+    pub fn generate(&self, prompt_ids: Vec<u32>, options_json: &str, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
+        let (models, tokenizer) = (Rc::clone(&self.models), Rc::clone(&self.tokenizer));
+        let opts = options_json.to_string();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let out = run(&models, &tokenizer, prompt_ids, &opts, on_tokens).await.map_err(|e| JsValue::from(js_err(e)))?;
+            js_sys::JSON::parse(&out.to_string())
+        })
+    }
+
+    /// Like [`Session::generate`] from a user message, encoded with the tokenizer's chat
+    /// template. Errors: no tokenizer set, plus those of `generate`.
+    pub fn generate_text(&self, user: &str, options_json: &str, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
+        let ids = match self.tokenizer.try_borrow() {
+            Ok(t) => match t.as_ref() {
+                Some(t) => t.encode_chat(user, None).map_err(|e| e.to_string()),
+                None => Err("generate_text needs a tokenizer: call set_tokenizer first (or pass token ids to generate)".into()),
+            },
+            Err(_) => Err(BUSY.to_string()),
+        };
+        match ids {
+            Ok(ids) => self.generate(ids, options_json, on_tokens),
+            Err(m) => js_sys::Promise::reject(&JsValue::from(JsError::new(&m))),
+        }
+    }
+
+    /// Encode text with the tokenizer (no chat template). Errors: no tokenizer set.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, JsError> {
+        let t = self.tokenizer.try_borrow().map_err(|_| JsError::new(BUSY))?;
+        let t = t.as_ref().ok_or_else(|| JsError::new("no tokenizer: call set_tokenizer first"))?;
+        t.encode_raw(text).map_err(js_err)
+    }
+}
+
+fn load_target<B: Backend>(l: &mut Loaded<B>, src: &dyn TensorSource, cfg: TargetConfig) -> sparkling::Result<()> {
+    l.drafters.clear();
+    l.target = None;
+    l.target = Some(Target::load(&l.b, src, cfg, &|_, _| {})?);
+    Ok(())
+}
+
+fn add_drafter<B: Backend>(l: &mut Loaded<B>, src: &SafetensorsSource, cfg: DrafterConfig) -> sparkling::Result<()> {
+    let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("load the target before its drafters (load_target)".into()))?;
+    let d = Drafter::load(&l.b, src, cfg, &target.cfg)?;
+    l.drafters.retain(|x| x.cfg.kind != d.cfg.kind);
+    l.drafters.push(d);
+    Ok(())
+}
+
+/// Generation options parsed from the `generate` JSON (defaults as documented there).
+fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling::Result<GenParams> {
+    let bad = |k: &str, want: &str| sparkling::Error::Input(format!("generate option `{k}`: expected {want}"));
+    let uint = |k: &str, d: usize| -> sparkling::Result<usize> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(d),
+            Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| bad(k, "a non-negative integer")),
+        }
+    };
+    let float = |k: &str, d: f32| -> sparkling::Result<f32> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(d),
+            Some(x) => x.as_f64().map(|f| f as f32).ok_or_else(|| bad(k, "a number")),
+        }
+    };
+    if !v.is_object() {
+        return Err(sparkling::Error::Input("generate options must be a JSON object (e.g. {\"method\": \"sparkling\"})".into()));
+    }
+    let method = match v.get("method") {
+        None | Some(Value::Null) => Method::Sparkling,
+        Some(Value::String(s)) => Method::parse(s)?,
+        Some(_) => return Err(bad("method", "a string")),
+    };
+    let stop = match v.get("stop") {
+        None | Some(Value::Null) => default_stop,
+        Some(Value::Array(a)) => a.iter().map(|x| x.as_u64().map(|n| n as u32).ok_or_else(|| bad("stop", "an array of token ids"))).collect::<sparkling::Result<_>>()?,
+        Some(_) => return Err(bad("stop", "an array of token ids")),
+    };
+    let temperature = float("temperature", 0.0)?;
+    let top_p = float("top_p", 1.0)?;
+    if !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(sparkling::Error::Input(format!("generate options: temperature must be ≥ 0 (got {temperature}) and top_p in (0, 1] (got {top_p})")));
+    }
+    let budget = uint("budget", if host_memory { 8 } else { 64 })?;
+    if budget == 0 {
+        return Err(bad("budget", "at least 1"));
+    }
+    Ok(GenParams {
+        method,
+        tree: TreeParams {
+            budget,
+            candidates: uint("candidates", 128)?.max(1),
+            max_fanout: uint("max_fanout", 64)?.max(1),
+            treespark_k: uint("treespark_k", 4)?.max(1),
+            prep: if host_memory { TreePrep::Host } else { TreePrep::Device },
+        },
+        sampling: SampleParams { temperature, top_k: uint("top_k", 0)?, top_p },
+        seed: uint("seed", 0)? as u64,
+        max_new_tokens: uint("max_new_tokens", 128)?,
+        stop,
+    })
+}
+
+async fn run(
+    models: &RefCell<Models>,
+    tokenizer: &RefCell<Option<TextTokenizer>>,
+    prompt: Vec<u32>,
+    options_json: &str,
+    on_tokens: Option<js_sys::Function>,
+) -> Result<Value, String> {
+    let opts: Value = serde_json::from_str(if options_json.trim().is_empty() { "{}" } else { options_json })
+        .map_err(|e| format!("generate options: invalid JSON: {e}"))?;
+    let m = models.try_borrow().map_err(|_| BUSY.to_string())?;
+    let tok = tokenizer.try_borrow().map_err(|_| BUSY.to_string())?;
+    let r = match &*m {
+        Models::Gpu(l) => generate(l, tok.as_ref(), &prompt, &opts, on_tokens.as_ref()).await,
+        Models::Cpu(l) => generate(l, tok.as_ref(), &prompt, &opts, on_tokens.as_ref()).await,
+    };
+    r.map_err(|e| e.to_string())
+}
+
+async fn generate<B: Backend>(
+    l: &Loaded<B>,
+    tok: Option<&TextTokenizer>,
+    prompt: &[u32],
+    opts: &Value,
+    on_tokens: Option<&js_sys::Function>,
+) -> sparkling::Result<Value> {
+    let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target first".into()))?;
+    let default_stop = match tok {
+        Some(t) if !t.stop.is_empty() => t.stop.clone(),
+        _ => target.cfg.eos.clone(),
+    };
+    let p = gen_params(opts, l.b.host_memory(), default_stop)?;
+    let drafter = p.method.drafter_kind().and_then(|k| l.drafters.iter().find(|d| d.cfg.kind == k));
+    if let (Some(kind), None) = (p.method.drafter_kind(), drafter) {
+        let have: Vec<String> = l.drafters.iter().map(|d| format!("{:?}", d.cfg.kind)).collect();
+        return Err(sparkling::Error::Input(format!(
+            "method `{}` needs a {kind:?} drafter; loaded: [{}] (add_drafter)",
+            p.method.name(),
+            have.join(", ")
+        )));
+    }
+    let engine = Engine { backend: &l.b, target, drafter };
+    let mut cb = |ids: &[u32]| {
+        if let Some(f) = on_tokens {
+            let text = tok.and_then(|t| t.decode(ids, false).ok()).map(JsValue::from).unwrap_or(JsValue::NULL);
+            let arr = js_sys::Uint32Array::from(ids);
+            let _ = f.call2(&JsValue::NULL, &arr, &text);
+        }
+    };
+    let g = engine.generate_async(prompt, &p, &mut cb).await?;
+    let text = match tok {
+        Some(t) => Some(t.decode(&g.tokens, false)?),
+        None => None,
+    };
+    Ok(json!({
+        "tokens": g.tokens,
+        "text": text,
+        "stopped": g.stopped,
+        "tau": g.stats.tau(),
+        "tokens_per_s": g.stats.tokens_per_s(),
+        "rounds": g.stats.rounds,
+        "prefill_ms": g.stats.prefill_ms,
+        "decode_ms": g.stats.decode_ms,
+        "method": p.method.name(),
+        "budget": p.tree.budget,
+        "backend": l.b.name(),
+    }))
+}
