@@ -208,3 +208,9 @@ fn device_tree_prep_is_exact_on_wgpu() {
     }
     assert!(taus.iter().any(|&t| t > 1.3), "device-prep sparkling never accepted more than the bonus token (τ {taus:?}): compaction untested");
 }
+
+#[test]
+fn sparkling_tree_on_the_device_matches_the_host_heap() {
+    let Some(g) = gpu(WeightDtype::F32, "sparkling_tree_on_the_device_matches_the_host_heap") else { return };
+    assert!(common::conformance::sparkling_tree_matches_host_heap(&g), "the wgpu backend must build SparklingTree trees on the device");
+}

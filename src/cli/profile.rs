@@ -208,6 +208,16 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     })?));
     let n_nodes = tree.len();
 
+    // The same tree built on the device, where the backend offers it (one read-back of the
+    // nodes instead of the table; replaces candidate_table + heap in the decode loop).
+    if b.sparkling_tree(&logits, markov, a.candidates, root, a.max_fanout.min(a.budget), a.budget)?.is_some() {
+        rows.push(("device_tree", format!("sparkling_tree: candidate_table + heap on the device, {} nodes read back", a.budget), time_ms(w, r, || {
+            let t0 = Instant::now();
+            b.sparkling_tree(&logits, markov, a.candidates, root, a.max_fanout.min(a.budget), a.budget)?;
+            Ok(ms_since(t0))
+        })?));
+    }
+
     // Verify forward of the real tree (taps as the engine requests them), cache cropped back.
     let tpos: Vec<u32> = tree.depths.iter().map(|&dp| p as u32 + dp).collect();
     let mut last_verify = None;

@@ -14,10 +14,11 @@ pub enum TreePrep {
     /// path: SparklingTree uses the lazy-row builder, cheapest on a CPU).
     Host,
     /// Select on the device and download only what the heap reads: `ddtree` per-depth
-    /// [`Backend::topk`]; `sparkling` [`Backend::candidate_table`] (top-C per depth → candidate
-    /// union with the anchor → Markov table; one read-back on the wgpu backend, `topk` +
-    /// `markov_table` on backends using the default) → precompute heap (reference §5.2 c);
-    /// `dflash` device argmax.
+    /// [`Backend::topk`]; `sparkling` the whole tree from [`Backend::sparkling_tree`] where the
+    /// backend offers it (wgpu: top-C → union → Markov table → best-first heap on the device,
+    /// one read-back of the `budget` nodes), else [`Backend::candidate_table`] (one read-back
+    /// on a device, `topk` + `markov_table` with the default) → host precompute heap (reference
+    /// §5.2 c); `dflash` device argmax.
     /// `dspark` and `treespark` still read the full logits (sequential Markov chain / TreeSpark
     /// policy run on the host). The GPU backends' default.
     Device,
@@ -139,8 +140,18 @@ pub async fn propose_device<B: Backend>(
             if depth == 0 || k == 0 {
                 return Ok((DraftTree::root(anchor), 0.0, 0.0));
             }
-            // Top-C per depth → union with the anchor → Markov table, one Backend op (one
-            // read-back on the wgpu backend; topk + markov_table with the default).
+            // The whole tree on the device where the backend offers it (wgpu: only the tree
+            // comes back; the heap time is part of prep).
+            if let Some(t) = b.sparkling_tree_async(logits, markov_dev, p.candidates.max(1), anchor, k, p.budget).await? {
+                let mut tr = DraftTree::root(anchor);
+                tr.tokens.extend(t.tokens);
+                tr.parents.extend(t.parents);
+                tr.depths.extend(t.depths);
+                tr.scores.extend(t.scores);
+                return Ok((tr, ms(t0), 0.0));
+            }
+            // Else top-C per depth → union with the anchor → Markov table, one Backend op (one
+            // read-back on a device; topk + markov_table with the default), heap on the host.
             let u = b.candidate_table_async(logits, markov_dev, p.candidates.max(1), anchor, k).await?;
             let t = u.table;
             let table = CandidateTable { cand: u.cand, ld: depth, k: t.k, vals: t.vals, slots: t.slots };

@@ -573,3 +573,69 @@ pub fn target_logits_match_cpu<B: Backend>(g: &B) {
         }
     }
 }
+
+/// [`Backend::sparkling_tree`] (the best-first heap run on the device) builds the tree that the
+/// host precompute heap builds from the same backend's [`Backend::candidate_table`]: same
+/// tokens, parents and depths, scores within f32 accumulation error. The device accumulates
+/// path weights in f32, the host in f64, so a divergence is accepted only at a near-tie (the
+/// two competing weights within 1e-5), and reported. Returns false when `g` does not offer
+/// the op (the default `None`).
+pub fn sparkling_tree_matches_host_heap<B: Backend>(g: &B) -> bool {
+    use sparkling::tree::{build_sparkling_precompute, CandidateTable};
+    let mut r = Rng(915);
+    let (mut compared, mut near_ties) = (0usize, 0usize);
+    // (ld, vocab, rank, C, k, budget, head)
+    for (ld, vocab, rank, c, k, budget, head) in [
+        (1usize, 37usize, 3usize, 1usize, 4usize, 3usize, true),
+        (4, 100, 4, 40, 16, 16, true),
+        (4, 100, 4, 40, 16, 200, false),
+        (7, 5003, 16, 300, 9, 64, true),
+        (16, 49152, 32, 128, 64, 64, true),
+        (16, 49152, 32, 128, 8, 8, true),
+        (5, 2000, 8, 20, 1, 12, true),
+    ] {
+        let base: Vec<f32> = r.vec(ld * vocab).iter().map(|v| v * 6.0).collect();
+        let anchor = (r.below(vocab)) as u32;
+        let (w1, w2) = (r.vec(vocab * rank), r.vec(vocab * rank));
+        let gb = g.upload(&base, ld, vocab).unwrap();
+        let (gw1, gw2) = (g.upload(&w1, vocab, rank).unwrap(), g.upload(&w2, vocab, rank).unwrap());
+        let m = head.then_some((&gw1, &gw2));
+        let what = format!("sparkling_tree ld {ld} V {vocab} C {c} k {k} budget {budget} head {head}");
+        let Some(dev) = g.sparkling_tree(&gb, m, c, anchor, k, budget).unwrap() else {
+            eprintln!("{}: sparkling_tree not offered (host heap used); skipped", g.name());
+            return false;
+        };
+        let u = g.candidate_table(&gb, m, c, anchor, k).unwrap();
+        let table = CandidateTable { cand: u.cand.clone(), ld, k: u.table.k, vals: u.table.vals, slots: u.table.slots };
+        let host = build_sparkling_precompute(&table, anchor, budget);
+        let n = dev.tokens.len();
+        assert_eq!(n, host.num_nodes(), "{what}: node count");
+        // Structural validity of the device tree on its own.
+        for j in 0..n {
+            let (par, node) = (dev.parents[j] as usize, j + 1);
+            assert!(par < node, "{what}: node {node} parent {par}");
+            let pd = if par == 0 { 0 } else { dev.depths[par - 1] };
+            assert_eq!(dev.depths[j], pd + 1, "{what}: node {node} depth");
+            assert!(u.cand.binary_search(&dev.tokens[j]).is_ok(), "{what}: node {node} token not a candidate");
+        }
+        match (0..n).find(|&j| (dev.tokens[j], dev.parents[j], dev.depths[j]) != (host.tokens[j + 1], host.parents[j + 1], host.depths[j + 1])) {
+            None => {
+                let tol = |s: f32| 1e-5 * (1.0 + s.abs());
+                for j in 0..n {
+                    assert!((dev.scores[j] - host.scores[j + 1]).abs() <= tol(host.scores[j + 1]), "{what}: node {} score {} vs {}", j + 1, dev.scores[j], host.scores[j + 1]);
+                }
+            }
+            Some(j) => {
+                let gap = (dev.scores[j] - host.scores[j + 1]).abs();
+                assert!(gap <= 1e-5 * (1.0 + host.scores[j + 1].abs()), "{what}: trees differ at node {} (device {:?}, host {:?}) without a near-tie (weights {} vs {})",
+                    j + 1, (dev.tokens[j], dev.parents[j], dev.depths[j]), (host.tokens[j + 1], host.parents[j + 1], host.depths[j + 1]), dev.scores[j], host.scores[j + 1]);
+                eprintln!("{what}: near-tie at node {} (weights {} vs {}): trees diverge from there, both valid", j + 1, dev.scores[j], host.scores[j + 1]);
+                near_ties += 1;
+            }
+        }
+        compared += 1;
+    }
+    eprintln!("sparkling_tree on {}: {compared} trees compared with the host heap ({near_ties} near-tie divergences)", g.name());
+    assert!(near_ties <= 1, "{near_ties} near-ties in {compared} random cases is not chance");
+    true
+}

@@ -133,6 +133,22 @@ pub struct UnionTable {
     pub table: MarkovTable,
 }
 
+/// A SparklingTree draft tree built on the device ([`Backend::sparkling_tree`]): the non-root
+/// nodes in creation (pop) order. Node `i` of the tree is entry `i - 1` here; node 0 is the
+/// anchor. `parents[j]` is a node index (`0` = the anchor, else `< j + 1`), `depths[j] =
+/// depths[parent] + 1`, `scores[j]` the path log-weight (f32).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceTree {
+    /// Token id of each non-root node.
+    pub tokens: Vec<u32>,
+    /// Parent node index of each non-root node.
+    pub parents: Vec<u32>,
+    /// Depth of each non-root node (≥ 1).
+    pub depths: Vec<u32>,
+    /// Path log-weight of each non-root node.
+    pub scores: Vec<f32>,
+}
+
 /// Argument checks of [`Backend::candidate_table`], shared by every implementation:
 /// `k ≥ 1`, `candidates ≥ 1` and `anchor < vocab`, else [`Error::Invalid`] naming the argument.
 pub fn check_candidate_table_args(vocab: usize, candidates: usize, anchor: u32, k: usize) -> Result<()> {
@@ -302,6 +318,31 @@ pub trait Backend: Send + Sync {
         Ok(UnionTable { cand, table })
     }
 
+    /// SparklingTree's whole tree prep on the device: [`Backend::candidate_table`] with
+    /// `candidates`, `anchor` and `k` children per row, then the best-first precompute heap of
+    /// reference §5.2 c (`build_sparkling_precompute` in `src/tree`: pop the heaviest path,
+    /// push its next sibling and its first child) for `budget` nodes, so only the tree comes
+    /// back (`4·budget + 1` words) instead of the `[ld, n, k]` table. Path weights accumulate in
+    /// f32 on the device (f64 on the host), so on a near-tie (≈ 1e-7 relative) the two may pick
+    /// different nodes; either tree is a valid draft and verification stays exact.
+    ///
+    /// `Ok(None)` — the default — means the backend does not offer it: build the tree on the
+    /// host from [`Backend::candidate_table`].
+    /// Errors: as [`Backend::candidate_table`].
+    #[allow(clippy::too_many_arguments)]
+    fn sparkling_tree(
+        &self,
+        base: &Self::Tensor,
+        markov: Option<(&Self::Tensor, &Self::Tensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+        budget: usize,
+    ) -> Result<Option<DeviceTree>> {
+        let _ = (base, markov, candidates, anchor, k, budget);
+        Ok(None)
+    }
+
     // Asynchronous read-backs. A browser cannot block on WebGPU, so the decode loop
     // (`Engine::generate_async`) awaits these instead of calling the blocking ops above. Each
     // has exactly its blocking twin's semantics, results and errors; the defaults simply call
@@ -338,5 +379,19 @@ pub trait Backend: Send + Sync {
         k: usize,
     ) -> Result<UnionTable> {
         self.candidate_table(base, markov, candidates, anchor, k)
+    }
+
+    /// [`Backend::sparkling_tree`], awaiting the read-back.
+    #[allow(clippy::too_many_arguments)]
+    async fn sparkling_tree_async(
+        &self,
+        base: &Self::Tensor,
+        markov: Option<(&Self::Tensor, &Self::Tensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+        budget: usize,
+    ) -> Result<Option<DeviceTree>> {
+        self.sparkling_tree(base, markov, candidates, anchor, k, budget)
     }
 }

@@ -5,7 +5,7 @@ use crate::ctx::{Bind, Pending};
 use crate::pipelines::Kernel;
 use crate::tensor::{WgpuTensor, WgpuWeight};
 use crate::WgpuBackend;
-use sparkling_core::{AttnMask, AttnShape, Backend, MarkovTable, Result, SampleParams, TopK, UnionTable};
+use sparkling_core::{AttnMask, AttnShape, Backend, DeviceTree, MarkovTable, Result, SampleParams, TopK, UnionTable};
 
 impl WgpuBackend {
     /// Row-wise argmax on the device (shaders/argmax.wgsl), then a read-back of one `u32` per
@@ -149,6 +149,30 @@ impl Backend for WgpuBackend {
         k: usize,
     ) -> Result<UnionTable> {
         self.gpu.wait(self.op_candidate_table(base, markov, candidates, anchor, k)?)
+    }
+
+    fn sparkling_tree(
+        &self,
+        base: &WgpuTensor,
+        markov: Option<(&WgpuTensor, &WgpuTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+        budget: usize,
+    ) -> Result<Option<DeviceTree>> {
+        self.gpu.wait(self.op_sparkling_tree(base, markov, candidates, anchor, k, budget)?)
+    }
+
+    async fn sparkling_tree_async(
+        &self,
+        base: &WgpuTensor,
+        markov: Option<(&WgpuTensor, &WgpuTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+        budget: usize,
+    ) -> Result<Option<DeviceTree>> {
+        self.gpu.wait_async(self.op_sparkling_tree(base, markov, candidates, anchor, k, budget)?).await
     }
 
     async fn download_async(&self, t: &WgpuTensor) -> Result<Vec<f32>> {

@@ -48,15 +48,17 @@
 //! one place, `Gpu::finish_read` / `Gpu::finish_read_async` (ctx.rs; the browser awaits the
 //! buffer mapping instead of polling), reached only from the ops that return host data —
 //! `download`, `download_rows`, `argmax`, `sample`, `topk`, `markov_table`, `candidate_table`,
+//! `sparkling_tree`,
 //! each with one submit and one wait for just its result — and from [`WgpuBackend::synchronize`]
 //! (benchmarks). Every other op (matmul, attention, norms, KV writes and compaction, …) only
 //! records commands; the batch is submitted without waiting every `FLUSH_EVERY` dispatches.
 //! Buffer-pool misses and first-use pipeline compilation pop a wgpu error scope (a host-side
 //! check, no GPU wait).
 //! Per decoding round the engine (src/decode) therefore syncs at: `topk` (DDTree) or
-//! `candidate_table` (SparklingTree device prep: top-C, union and Markov table on the device,
-//! one read-back), or one draft-logits `download` (host prep, DSpark, TreeSpark), plus the
-//! acceptance read-back (`argmax` / `sample` of the verify rows) — at most two per round.
+//! `sparkling_tree` (SparklingTree device prep: top-C, union, Markov table and the best-first
+//! heap on the device, one read-back of the `budget` nodes), or one draft-logits `download`
+//! (host prep, DSpark, TreeSpark), plus the acceptance read-back (`argmax` / `sample` of the
+//! verify rows) — at most two per round.
 
 #![warn(missing_docs)]
 

@@ -39,6 +39,7 @@ const MARKOV_GATHER: &str = include_str!("../../../shaders/markov_gather.wgsl");
 const MARKOV_BIAS: &str = include_str!("../../../shaders/markov_bias.wgsl");
 const TABLE_TOPK: &str = include_str!("../../../shaders/table_topk.wgsl");
 const CANDIDATE_UNION: &str = include_str!("../../../shaders/candidate_union.wgsl");
+const TREE_HEAP: &str = include_str!("../../../shaders/tree_heap.wgsl");
 const SAMPLE: &str = include_str!("../../../shaders/sample.wgsl");
 
 /// Invocations per workgroup of argmax.wgsl and topk.wgsl (one workgroup per row).
@@ -150,6 +151,8 @@ pub(crate) enum Kernel {
     TableTopK(Reduce),
     /// candidate_union.wgsl (always on the workgroup-memory scan: one prefix sum per call).
     CandidateUnion,
+    /// tree_heap.wgsl: the SparklingTree best-first heap over the candidate table (one invocation).
+    TreeHeap,
     Sample(Reduce),
 }
 
@@ -173,6 +176,7 @@ impl Kernel {
             Kernel::MarkovGather,
             Kernel::MarkovBias,
             Kernel::CandidateUnion,
+            Kernel::TreeHeap,
         ]);
         let mut reds = vec![Reduce::Workgroup];
         if reduce == Reduce::Subgroup {
@@ -250,6 +254,7 @@ impl Kernel {
                 s.push_str(&Kernel::reduction(Reduce::Workgroup, UNION_WG, 1));
                 s.push_str(CANDIDATE_UNION);
             }
+            Kernel::TreeHeap => s.push_str(TREE_HEAP),
             Kernel::Sample(r) => {
                 s.push_str(&Kernel::reduction(r, SAMPLE_WG, SAMPLE_BINS));
                 s.push_str(SAMPLE);

@@ -6,13 +6,14 @@
 //! the open batch and ends with one read-back of only its result (a sync point): `rows·(2k+1)`
 //! words for top-k, `ld·n·2k` for the table, `1 + n_max + ld·n_max·2k` for candidate_table
 //! (sized for the largest possible union `n_max = min(ld·C + 1, V)`, since the actual n is
-//! known only on the device), `rows` for sampling.
+//! known only on the device), `1 + 4·budget` for `sparkling_tree` (the same pipeline plus
+//! shaders/tree_heap.wgsl: the best-first tree built on the device), `rows` for sampling.
 
 use crate::ctx::{Batch, Bind, Pending};
 use crate::pipelines::{Kernel, BIAS_COLS, BIAS_ROWS, GATHER_PER_GROUP};
 use crate::tensor::WgpuTensor;
 use crate::WgpuBackend;
-use sparkling_core::{check_candidate_table_args, Error, MarkovTable, Result, SampleParams, TopK, UnionTable};
+use sparkling_core::{check_candidate_table_args, DeviceTree, Error, MarkovTable, Result, SampleParams, TopK, UnionTable};
 
 /// Buffers and parent chunking of one candidate-table computation
 /// ([`WgpuBackend::plan_markov_table`]).
@@ -29,6 +30,20 @@ struct TablePlan {
     bias: Option<WgpuTensor>,
     e2t: Option<WgpuTensor>,
     scratch: WgpuTensor,
+}
+
+/// Buffers of the fused top-C → union → table pipeline ([`WgpuBackend::plan_union_table`]).
+struct UnionPlan {
+    /// Candidates per depth row (C).
+    c: usize,
+    /// Largest possible union: `min(ld·C + 1, V)`.
+    n_max: usize,
+    top: WgpuTensor,
+    top_scratch: WgpuTensor,
+    bitmap: WgpuTensor,
+    /// `[n, ascending ids]`, capacity `1 + n_max`.
+    cand: WgpuTensor,
+    table: TablePlan,
 }
 
 /// Split `[rows, 2k]` table words (`[slots: k][vals: k]` per row) into a [`MarkovTable`].
@@ -243,21 +258,11 @@ impl WgpuBackend {
         if ld == 0 {
             return Ok(Pending::ready(UnionTable { cand: vec![anchor], table: MarkovTable { k: 1, vals: Vec::new(), slots: Vec::new() } }));
         }
-        let c = candidates;
-        let n_max = ld.saturating_mul(c).saturating_add(1).min(vocab);
-        let k_max = k.min(n_max);
-        let top_words = 2 * c + 1;
-        let top = g.alloc("candidate_table (top-C ids, values, lse)", ld, top_words)?;
-        let top_scratch = g.alloc("candidate_table (top-C scratch)", ld, 2 * c)?;
-        let bitmap = g.alloc("candidate_table (union bitmap)", 1, vocab.div_ceil(32))?;
-        let cand = g.alloc("candidate_table (candidate union)", 1, 1 + n_max)?;
-        let plan = self.plan_markov_table("candidate_table", ld, n_max, k_max, markov)?;
+        let u = self.plan_union_table("candidate_table", ld, vocab, candidates, k, markov)?;
         let mut b = g.batch();
-        g.dispatch(&mut b, Kernel::TopK(g.reduce), &[ld as u32, vocab as u32, c as u32], &[Bind::t(base), Bind::t(&top), Bind::t(&top_scratch)], ld as u64)?;
-        let params = [ld as u32, c as u32, top_words as u32, vocab as u32, anchor];
-        g.dispatch(&mut b, Kernel::CandidateUnion, &params, &[Bind::t(&top), Bind::t(&bitmap), Bind::t(&cand)], 1)?;
-        self.record_markov_table(&mut b, &plan, base, markov, Bind::t(&cand))?;
+        self.record_union_table(&mut b, &u, base, markov, anchor)?;
         g.submit(b);
+        let (cand, plan, n_max) = (&u.cand, &u.table, u.n_max);
         let r = g.start_read(&[(cand.buffer(), 0, cand.bytes()), (plan.out.buffer(), 0, plan.out.bytes())])?;
         Ok(Pending::new(r, move |parts| {
             let cw: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[0]);
@@ -270,6 +275,94 @@ impl WgpuBackend {
             let tw: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[1]);
             let table = unpack_table(&tw[..ld * n * 2 * k_eff], k_eff);
             Ok(UnionTable { cand, table })
+        }))
+    }
+
+    /// Buffers of the fused top-C → union → table pipeline for `ld` depth rows of `vocab`
+    /// logits, `c` candidates per row and `k` children: top-C `[ld, 2c+1]` + scratch, the
+    /// union bitmap `ceil(V/32)` words, the candidate buffer `[1 + n_max]` and the table plan,
+    /// all sized for `n_max = min(ld·c + 1, V)`. Errors: buffers beyond one storage binding.
+    fn plan_union_table(&self, op: &str, ld: usize, vocab: usize, c: usize, k: usize, markov: Option<(&WgpuTensor, &WgpuTensor)>) -> Result<UnionPlan> {
+        let g = &self.gpu;
+        let n_max = ld.saturating_mul(c).saturating_add(1).min(vocab);
+        let top_words = 2 * c + 1;
+        Ok(UnionPlan {
+            c,
+            n_max,
+            top: g.alloc(&format!("{op} (top-C ids, values, lse)"), ld, top_words)?,
+            top_scratch: g.alloc(&format!("{op} (top-C scratch)"), ld, 2 * c)?,
+            bitmap: g.alloc(&format!("{op} (union bitmap)"), 1, vocab.div_ceil(32))?,
+            cand: g.alloc(&format!("{op} (candidate union)"), 1, 1 + n_max)?,
+            table: self.plan_markov_table(op, ld, n_max, k.min(n_max), markov)?,
+        })
+    }
+
+    /// Record topk.wgsl (top-C per row, kept on the device), candidate_union.wgsl and the
+    /// table kernels of `u` into the open batch.
+    fn record_union_table(&self, b: &mut Batch, u: &UnionPlan, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, anchor: u32) -> Result<()> {
+        let g = &self.gpu;
+        let (ld, vocab, c) = (base.rows, base.cols, u.c);
+        g.dispatch(b, Kernel::TopK(g.reduce), &[ld as u32, vocab as u32, c as u32], &[Bind::t(base), Bind::t(&u.top), Bind::t(&u.top_scratch)], ld as u64)?;
+        let params = [ld as u32, c as u32, (2 * c + 1) as u32, vocab as u32, anchor];
+        g.dispatch(b, Kernel::CandidateUnion, &params, &[Bind::t(&u.top), Bind::t(&u.bitmap), Bind::t(&u.cand)], 1)?;
+        self.record_markov_table(b, &u.table, base, markov, Bind::t(&u.cand))
+    }
+
+    /// SparklingTree's whole tree prep on the device ([`sparkling_core::Backend::sparkling_tree`]):
+    /// the pipeline of [`WgpuBackend::op_candidate_table`], then tree_heap.wgsl runs the
+    /// best-first precompute heap over the table on the device; the read-back is only the tree,
+    /// `1 + 4·budget` words, instead of the n_max-sized table. `None` when `candidates ≥ V`
+    /// (the union is then the whole vocabulary: use `candidate_table`).
+    /// Errors: as `op_candidate_table`; the anchor missing from the device's union (a device
+    /// fault: it is always inserted) is [`Error::Device`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn op_sparkling_tree(
+        &self,
+        base: &WgpuTensor,
+        markov: Option<(&WgpuTensor, &WgpuTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+        budget: usize,
+    ) -> Result<Pending<Option<DeviceTree>>> {
+        let g = &self.gpu;
+        let (ld, vocab) = (base.rows, base.cols);
+        check_candidate_table_args(vocab, candidates, anchor, k)?;
+        sparkling_cpu::check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)?;
+        g.check()?;
+        if candidates >= vocab {
+            return Ok(Pending::ready(None));
+        }
+        if ld == 0 || budget == 0 {
+            return Ok(Pending::ready(Some(DeviceTree::default())));
+        }
+        let u = self.plan_union_table("sparkling_tree", ld, vocab, candidates, k, markov)?;
+        let heap = g.alloc("sparkling_tree (heap)", 2 * budget + 1, 5)?;
+        let slots = g.alloc("sparkling_tree (node slots)", budget + 1, 1)?;
+        let out = g.alloc("sparkling_tree (nodes)", 1 + 4 * budget, 1)?;
+        let mut b = g.batch();
+        self.record_union_table(&mut b, &u, base, markov, anchor)?;
+        let params = [ld as u32, u.table.k as u32, budget as u32, anchor];
+        g.dispatch(&mut b, Kernel::TreeHeap, &params, &[Bind::t(&u.cand), Bind::t(&u.table.out), Bind::t(&heap), Bind::t(&slots), Bind::t(&out)], 1)?;
+        g.submit(b);
+        let r = g.start_read(&[(out.buffer(), 0, out.bytes())])?;
+        Ok(Pending::new(r, move |parts| {
+            let w: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[0]);
+            let count = w[0] as usize;
+            if count == u32::MAX as usize {
+                return Err(Error::Device("sparkling_tree: the anchor is missing from the device's candidate union".into()));
+            }
+            if count > budget {
+                return Err(Error::Device(format!("sparkling_tree: the device reported {count} nodes for a budget of {budget}")));
+            }
+            let mut t = DeviceTree::default();
+            for node in w[1..1 + 4 * count].chunks_exact(4) {
+                t.tokens.push(node[0]);
+                t.parents.push(node[1]);
+                t.depths.push(node[2]);
+                t.scores.push(f32::from_bits(node[3]));
+            }
+            Ok(Some(t))
         }))
     }
 

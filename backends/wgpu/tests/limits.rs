@@ -154,7 +154,7 @@ fn every_kernel_variant_compiles_on_this_adapter() {
     for sg in [Subgroups::Auto, Subgroups::Off] {
         let Some(g) = common::open(&WgpuOptions { subgroups: sg, ..Default::default() }, "every kernel") else { return };
         let n = g.compile_kernels().unwrap();
-        let want = if g.uses_subgroups() { 27 } else { 23 };
+        let want = if g.uses_subgroups() { 28 } else { 24 };
         assert_eq!(n, want, "kernel variants listed with subgroups={}", g.uses_subgroups());
     }
 }

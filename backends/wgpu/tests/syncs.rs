@@ -2,7 +2,7 @@
 //! read-back; no per-op `device.poll(Wait)` in the hot path"): a decoder-layer-shaped sequence
 //! of every non-read-back op — embedding, rms_norm, matmul, rope, KV write, tree attention,
 //! silu_mul, add_assign, concat, gather, compaction — makes the host wait zero times
-//! (`WgpuBackend::host_syncs`), and each read-back op (topk, markov_table, candidate_table,
+//! (`WgpuBackend::host_syncs`), and each read-back op (topk, markov_table, candidate_table, sparkling_tree,
 //! sample, argmax, download) waits exactly once, on both reduction paths — candidate_table
 //! (SparklingTree tree prep) once where topk + markov_table wait twice. The backend is this test's own (a
 //! counter shared with other tests would race).
@@ -80,6 +80,10 @@ fn only_read_back_ops_wait_for_the_gpu() {
         });
         step("candidate_table (no head)", &|| {
             fused(false);
+        });
+        step("sparkling_tree (the tree built on the device)", &|| {
+            let t = g.sparkling_tree(&logits, Some((&w1, &w2)), 16, 7, 5, 12).unwrap().expect("wgpu builds the tree on the device");
+            assert_eq!(t.tokens.len(), 12);
         });
         for head in [true, false] {
             let s0 = g.host_syncs();
