@@ -247,10 +247,7 @@ impl WgpuBackend {
     ) -> Result<Pending<UnionTable>> {
         let g = &self.gpu;
         let (ld, vocab) = (base.rows, base.cols);
-        check_candidate_table_args(vocab, candidates, anchor, k)?;
-        // W1/W2 shapes (the anchor alone is a valid candidate list).
-        sparkling_cpu::check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)?;
-        g.check()?;
+        self.check_union_args(base, markov, candidates, anchor, k)?;
         if candidates >= vocab {
             let cand: Vec<u32> = (0..vocab as u32).collect();
             return Ok(self.op_markov_table(base, markov, &cand, k)?.map(move |table| UnionTable { cand, table }));
@@ -276,6 +273,15 @@ impl WgpuBackend {
             let table = unpack_table(&tw[..ld * n * 2 * k_eff], k_eff);
             Ok(UnionTable { cand, table })
         }))
+    }
+
+    /// The argument checks of the fused ops: `candidates`, `anchor`, `k`
+    /// (`check_candidate_table_args`), W1/W2 shapes (the anchor alone is a valid candidate
+    /// list for `check_markov_table_args`), and the device's health.
+    fn check_union_args(&self, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<()> {
+        check_candidate_table_args(base.cols, candidates, anchor, k)?;
+        sparkling_cpu::check_markov_table_args(base.cols, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)?;
+        self.gpu.check()
     }
 
     /// Buffers of the fused top-C → union → table pipeline for `ld` depth rows of `vocab`
@@ -327,9 +333,7 @@ impl WgpuBackend {
     ) -> Result<Pending<Option<DeviceTree>>> {
         let g = &self.gpu;
         let (ld, vocab) = (base.rows, base.cols);
-        check_candidate_table_args(vocab, candidates, anchor, k)?;
-        sparkling_cpu::check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)?;
-        g.check()?;
+        self.check_union_args(base, markov, candidates, anchor, k)?;
         if candidates >= vocab {
             return Ok(Pending::ready(None));
         }
