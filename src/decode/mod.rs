@@ -274,6 +274,11 @@ impl<'a, B: Backend> Engine<'a, B> {
             stats.compact_ms += ms(t);
             root_pos += accepted.len();
             root = bonus;
+            if b.host_memory() {
+                // Host backends never await a device, so without this a browser page would
+                // freeze for the whole generation (GPU backends yield at every read-back).
+                yield_to_host().await;
+            }
         }
         stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
         stats.new_tokens = out.len();
@@ -312,3 +317,25 @@ async fn pick<B: Backend>(b: &B, logits: &B::Tensor, p: &GenParams, positions: &
         Ok(b.sample_async(logits, p.sampling, &u).await?)
     }
 }
+
+/// Give the host's event loop a turn: in a browser, resolve on a `setTimeout(0)` (a macrotask,
+/// so the page repaints, streams the committed tokens and handles input between rounds);
+/// natively a no-op.
+#[cfg(target_arch = "wasm32")]
+async fn yield_to_host() {
+    use wasm_bindgen::{JsCast, JsValue};
+    let p = js_sys::Promise::new(&mut |resolve, _| {
+        let set_timeout = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("setTimeout"))
+            .ok()
+            .and_then(|f| f.dyn_into::<js_sys::Function>().ok());
+        let _ = match set_timeout {
+            Some(f) => f.call2(&JsValue::NULL, &resolve, &JsValue::from(0)),
+            None => resolve.call0(&JsValue::NULL),
+        };
+    });
+    let _ = wasm_bindgen_futures::JsFuture::from(p).await;
+}
+
+/// Give the host's event loop a turn (a no-op outside the browser).
+#[cfg(not(target_arch = "wasm32"))]
+async fn yield_to_host() {}

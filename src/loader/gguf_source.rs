@@ -84,24 +84,21 @@ pub fn unpermute_rows(data: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
 impl GgufSource {
     /// Open and index a GGUF file.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = GgufFile::open(path).map_err(|e| Error::file(path, e.to_string()))?;
+        let file = GgufFile::open(path)?;
         GgufSource::from_file(file)
     }
 
     /// Index a GGUF file held in memory (a browser's fetch); `name` stands for the file in
     /// error messages. Errors: an invalid GGUF file or missing architecture keys (named).
     pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
-        let file = GgufFile::from_bytes(name, bytes).map_err(|e| Error::file(Path::new(name), e.to_string()))?;
+        let file = GgufFile::from_bytes(name, bytes)?;
         GgufSource::from_file(file)
     }
 
     /// Index a parsed GGUF file.
     pub fn from_file(file: GgufFile) -> Result<Self> {
-        let path = file.path.clone();
-        let path = path.as_path();
-        let arch = file.get_str("general.architecture").map_err(|e| Error::file(path, e.to_string()))?.to_string();
-        let n_heads = file.get_u64(&format!("{arch}.attention.head_count")).map_err(|e| Error::file(path, e.to_string()))?
-            as usize;
+        let arch = file.get_str("general.architecture")?.to_string();
+        let n_heads = file.get_u64(&format!("{arch}.attention.head_count"))? as usize;
         let n_kv_heads =
             file.get_u64(&format!("{arch}.attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_heads);
         Ok(GgufSource { file, arch, n_heads, n_kv_heads })

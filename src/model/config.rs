@@ -241,7 +241,7 @@ impl TargetConfig {
     /// Read the config from GGUF metadata (`{arch}.block_count`, `.embedding_length`, ...).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let path = g.path.as_path();
-        let ge = |e: crate::loader::gguf::GgufError| Error::file(path, e.to_string());
+        let ge = Error::from;
         let arch_name = g.get_str("general.architecture").map_err(ge)?;
         let arch = Arch::parse(arch_name).ok_or_else(|| {
             Error::config(path, "general.architecture", format!("`{arch_name}` is not supported (llama, qwen2, qwen3)"))

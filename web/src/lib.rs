@@ -68,7 +68,7 @@ fn js_err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
 }
 
-const BUSY: &str = "this session is generating; wait for generate() to finish before loading or generating again";
+const BUSY: &str = "this session is generating: models and the tokenizer can be (re)loaded only after generate() has finished";
 
 #[wasm_bindgen]
 impl Session {
@@ -159,42 +159,54 @@ impl Session {
     /// Errors: an invalid `tokenizer.json`.
     pub fn set_tokenizer(&self, tokenizer_json: &str, tokenizer_config_json: Option<String>) -> Result<(), JsError> {
         let t = TextTokenizer::from_json(tokenizer_json, tokenizer_config_json.as_deref()).map_err(js_err)?;
+        let vocab = match &*self.models.try_borrow().map_err(|_| JsError::new(BUSY))? {
+            Models::Gpu(l) => l.target.as_ref().map(|t| t.cfg.vocab),
+            Models::Cpu(l) => l.target.as_ref().map(|t| t.cfg.vocab),
+        };
+        if let Some(v) = vocab.filter(|&v| t.vocab_size() > v) {
+            return Err(JsError::new(&format!(
+                "set_tokenizer: the tokenizer has {} tokens but the loaded target's vocabulary has {v}: it belongs to another model",
+                t.vocab_size()
+            )));
+        }
         *self.tokenizer.try_borrow_mut().map_err(|_| JsError::new(BUSY))? = Some(t);
         Ok(())
     }
 
-    /// Generate from token ids. `options_json`: a JSON object with any of `method`
+    /// Generate from token ids. `options`: an object (or its JSON text) with any of `method`
     /// (`ar`, `dflash`, `ddtree`, `dspark`, `sparkling` (default), `treespark`), `budget`
     /// (tree budget, default 64 on WebGPU and 8 on the CPU backend), `candidates` (128),
     /// `max_fanout` (64), `treespark_k` (4), `max_new_tokens` (128), `temperature` (0 =
     /// greedy), `top_k` (0 = off), `top_p` (1), `seed` (0), `stop` (token ids; default the
-    /// tokenizer's stop tokens, else the target's EOS). `on_tokens(ids, text)`, optional, is
+    /// tokenizer's stop tokens, else the target's EOS), `tree_prep` (`"device"` on WebGPU,
+    /// `"host"` on the CPU backend). `prompt_ids`: a `Uint32Array` or an array of ids;
+    /// `options`: an object or its JSON text. Unknown keys are an error. `on_tokens(ids, text)`, optional, is
     /// called with each round's committed tokens (and their text when a tokenizer is set).
     /// Resolves to `{ tokens, text, stopped, tau, tokens_per_s, rounds, prefill_ms, decode_ms,
     /// backend }`.
     /// Errors: no target loaded, a method whose drafter kind is not loaded, bad options (the
     /// message names the key), a prompt beyond the context, device failures.
-    pub fn generate(&self, prompt_ids: Vec<u32>, options_json: &str, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
-        let (models, tokenizer) = (Rc::clone(&self.models), Rc::clone(&self.tokenizer));
-        let opts = options_json.to_string();
-        wasm_bindgen_futures::future_to_promise(async move {
-            let out = run(&models, &tokenizer, prompt_ids, &opts, on_tokens).await.map_err(|e| JsValue::from(js_err(e)))?;
-            js_sys::JSON::parse(&out.to_string())
-        })
+    pub fn generate(&self, prompt_ids: JsValue, options: JsValue, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
+        let args = token_ids(&prompt_ids).and_then(|ids| Ok((ids, options_text(&options)?)));
+        match args {
+            Ok((ids, opts)) => self.start(ids, opts, on_tokens),
+            Err(m) => js_sys::Promise::reject(&JsValue::from(JsError::new(&m))),
+        }
     }
 
-    /// Like [`Session::generate`] from a user message, encoded with the tokenizer's chat
-    /// template. Errors: no tokenizer set, plus those of `generate`.
-    pub fn generate_text(&self, user: &str, options_json: &str, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
-        let ids = match self.tokenizer.try_borrow() {
-            Ok(t) => match t.as_ref() {
-                Some(t) => t.encode_chat(user, None).map_err(|e| e.to_string()),
-                None => Err("generate_text needs a tokenizer: call set_tokenizer first (or pass token ids to generate)".into()),
-            },
-            Err(_) => Err(BUSY.to_string()),
-        };
-        match ids {
-            Ok(ids) => self.generate(ids, options_json, on_tokens),
+    /// Like [`Session::generate`] from a user message (a string), encoded with the tokenizer's
+    /// chat template. Errors: no tokenizer set, a message that is not a string, plus those of
+    /// `generate`.
+    pub fn generate_text(&self, user: JsValue, options: JsValue, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
+        let args = (|| -> Result<(Vec<u32>, String), String> {
+            let user = user.as_string().ok_or("generate_text: the message must be a string")?;
+            let opts = options_text(&options)?;
+            let t = self.tokenizer.try_borrow().map_err(|_| BUSY.to_string())?;
+            let t = t.as_ref().ok_or("generate_text needs a tokenizer: call set_tokenizer (or load_target_gguf) first, or pass token ids to generate")?;
+            Ok((t.encode_chat(&user, None).map_err(|e| e.to_string())?, opts))
+        })();
+        match args {
+            Ok((ids, opts)) => self.start(ids, opts, on_tokens),
             Err(m) => js_sys::Promise::reject(&JsValue::from(JsError::new(&m))),
         }
     }
@@ -207,6 +219,63 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Run one generation as a promise (the session's models stay borrowed until it settles).
+    fn start(&self, ids: Vec<u32>, opts: String, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
+        let (models, tokenizer) = (Rc::clone(&self.models), Rc::clone(&self.tokenizer));
+        wasm_bindgen_futures::future_to_promise(async move {
+            let out = run(&models, &tokenizer, ids, &opts, on_tokens).await.map_err(|e| JsValue::from(js_err(e)))?;
+            js_sys::JSON::parse(&out.to_string())
+        })
+    }
+}
+
+/// Prompt ids from JavaScript: a `Uint32Array`, or an array of non-negative integers.
+fn token_ids(v: &JsValue) -> Result<Vec<u32>, String> {
+    if let Some(a) = v.dyn_ref::<js_sys::Uint32Array>() {
+        return Ok(a.to_vec());
+    }
+    let Some(a) = v.dyn_ref::<js_sys::Array>() else {
+        return Err("generate: prompt_ids must be a Uint32Array or an array of token ids".into());
+    };
+    a.iter()
+        .enumerate()
+        .map(|(i, x)| match x.as_f64() {
+            Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u32::MAX as f64 => Ok(f as u32),
+            _ => Err(format!("generate: prompt_ids[{i}] is {x:?}, expected a non-negative integer token id")),
+        })
+        .collect()
+}
+
+/// Generation options from JavaScript: an object, a JSON string, or `undefined` / `null`.
+fn options_text(v: &JsValue) -> Result<String, String> {
+    if v.is_undefined() || v.is_null() {
+        return Ok("{}".into());
+    }
+    if let Some(s) = v.as_string() {
+        return Ok(s);
+    }
+    if v.is_object() {
+        return js_sys::JSON::stringify(v).map(String::from).map_err(|_| "generate options: the object cannot be converted to JSON".to_string());
+    }
+    Err(format!("generate options must be an object or a JSON string, got {v:?}"))
+}
+
+/// Option keys `generate` understands.
+const OPTION_KEYS: [&str; 12] =
+    ["method", "budget", "candidates", "max_fanout", "treespark_k", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "tree_prep"];
+
+/// An error for an unknown option key, suggesting the key it probably meant.
+fn unknown_key(k: &str) -> sparkling::Error {
+    let norm = |s: &str| s.to_lowercase().replace(['_', '-'], "");
+    let guess = match norm(k).as_str() {
+        "maxtokens" | "maxnew" | "newtokens" | "ntokens" => Some("max_new_tokens"),
+        n => OPTION_KEYS.iter().copied().find(|o| norm(o) == n || (n.len() >= 4 && norm(o).contains(n))),
+    };
+    let hint = guess.map(|g| format!(" (did you mean `{g}`?)")).unwrap_or_default();
+    sparkling::Error::Input(format!("generate: unknown option `{k}`{hint}; options: {}", OPTION_KEYS.join(", ")))
+}
+
 fn load_target<B: Backend>(l: &mut Loaded<B>, src: &dyn TensorSource, cfg: TargetConfig) -> sparkling::Result<()> {
     l.drafters.clear();
     l.target = None;
@@ -215,7 +284,7 @@ fn load_target<B: Backend>(l: &mut Loaded<B>, src: &dyn TensorSource, cfg: Targe
 }
 
 fn add_drafter<B: Backend>(l: &mut Loaded<B>, src: &SafetensorsSource, cfg: DrafterConfig) -> sparkling::Result<()> {
-    let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("load the target before its drafters (load_target)".into()))?;
+    let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("load the target before its drafters (load_target or load_target_gguf)".into()))?;
     let d = Drafter::load(&l.b, src, cfg, &target.cfg)?;
     l.drafters.retain(|x| x.cfg.kind != d.cfg.kind);
     l.drafters.push(d);
@@ -237,8 +306,11 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
             Some(x) => x.as_f64().map(|f| f as f32).ok_or_else(|| bad(k, "a number")),
         }
     };
-    if !v.is_object() {
+    let Some(obj) = v.as_object() else {
         return Err(sparkling::Error::Input("generate options must be a JSON object (e.g. {\"method\": \"sparkling\"})".into()));
+    };
+    if let Some(k) = obj.keys().find(|k| !OPTION_KEYS.contains(&k.as_str())) {
+        return Err(unknown_key(k));
     }
     let method = match v.get("method") {
         None | Some(Value::Null) => Method::Sparkling,
@@ -266,7 +338,17 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
             candidates: uint("candidates", 128)?.max(1),
             max_fanout: uint("max_fanout", 64)?.max(1),
             treespark_k: uint("treespark_k", 4)?.max(1),
-            prep: if host_memory { TreePrep::Host } else { TreePrep::Device },
+            prep: match v.get("tree_prep") {
+                None | Some(Value::Null) => {
+                    if host_memory {
+                        TreePrep::Host
+                    } else {
+                        TreePrep::Device
+                    }
+                }
+                Some(Value::String(s)) => TreePrep::parse(s).ok_or_else(|| bad("tree_prep", "\"host\" or \"device\""))?,
+                Some(_) => return Err(bad("tree_prep", "\"host\" or \"device\"")),
+            },
         },
         sampling: SampleParams { temperature, top_k: uint("top_k", 0)?, top_p },
         seed: uint("seed", 0)? as u64,
@@ -300,7 +382,7 @@ async fn generate<B: Backend>(
     opts: &Value,
     on_tokens: Option<&js_sys::Function>,
 ) -> sparkling::Result<Value> {
-    let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target first".into()))?;
+    let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target or load_target_gguf first".into()))?;
     let default_stop = match tok {
         Some(t) if !t.stop.is_empty() => t.stop.clone(),
         _ => target.cfg.eos.clone(),
@@ -316,14 +398,21 @@ async fn generate<B: Backend>(
         )));
     }
     let engine = Engine { backend: &l.b, target, drafter };
+    // The first exception thrown by `on_tokens` rejects the promise once the generation ends.
+    let mut thrown: Option<String> = None;
     let mut cb = |ids: &[u32]| {
         if let Some(f) = on_tokens {
             let text = tok.and_then(|t| t.decode(ids, false).ok()).map(JsValue::from).unwrap_or(JsValue::NULL);
             let arr = js_sys::Uint32Array::from(ids);
-            let _ = f.call2(&JsValue::NULL, &arr, &text);
+            if let Err(e) = f.call2(&JsValue::NULL, &arr, &text) {
+                thrown.get_or_insert_with(|| format!("{e:?}"));
+            }
         }
     };
     let g = engine.generate_async(prompt, &p, &mut cb).await?;
+    if let Some(e) = thrown {
+        return Err(sparkling::Error::Input(format!("the on_tokens callback threw: {e}")));
+    }
     let text = match tok {
         Some(t) => Some(t.decode(&g.tokens, false)?),
         None => None,

@@ -21,6 +21,8 @@ $("load").onclick = async () => {
   $("go").disabled = true;
   try {
     await init();
+    session?.free();  // a new Session per Load: release the previous one's wasm memory
+    session = null;
     session = await Session.create($("backend").value);
     log(`backend: ${session.backend_name()}`);
     const t = $("target").value.replace(/\/$/, "");
@@ -49,9 +51,12 @@ $("load").onclick = async () => {
 $("go").onclick = async () => {
   $("out").textContent = "";
   $("go").disabled = true;
-  const opts = { method: $("method").value, budget: +$("budget").value, max_new_tokens: +$("maxnew").value };
+  // Empty fields are left out so the engine's defaults apply (budget: 64 on WebGPU, 8 on the CPU).
+  const opts = { method: $("method").value };
+  if ($("budget").value !== "") opts.budget = +$("budget").value;
+  if ($("maxnew").value !== "") opts.max_new_tokens = +$("maxnew").value;
   try {
-    const r = await session.generate_text($("prompt").value, JSON.stringify(opts), (_ids, piece) => {
+    const r = await session.generate_text($("prompt").value, opts, (_ids, piece) => {
       if (piece !== null) $("out").textContent += piece;
     });
     $("out").textContent = r.text;

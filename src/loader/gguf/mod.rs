@@ -34,6 +34,14 @@ use crate::loader::bytes::FileBytes;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GgufError(pub String);
 
+/// GGUF errors already name the file (and the offset, key or tensor), so they convert to an
+/// engine error without a second path prefix.
+impl From<GgufError> for crate::error::Error {
+    fn from(e: GgufError) -> Self {
+        crate::error::Error::Input(e.0)
+    }
+}
+
 impl fmt::Display for GgufError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

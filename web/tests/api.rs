@@ -1,0 +1,86 @@
+//! The JavaScript API (`Session`) as a page uses it: byte loaders, options as an object or as
+//! JSON text, token ids as an array, streamed tokens, and the errors of common mistakes (a
+//! misspelt option, a non-numeric id, a throwing callback, a drafter before its target).
+#![cfg(target_arch = "wasm32")]
+
+use js_sys::{Array, Function, Object, Reflect, Uint32Array};
+use sparkling::model::config::{Arch, DrafterKind};
+use sparkling::model::synth::{random_drafter_bytes, random_target_bytes, tiny_target_config, DrafterInit, StoreDtype};
+use sparkling_web::Session;
+use wasm_bindgen::{JsCast, JsValue};
+use wasm_bindgen_futures::JsFuture;
+use wasm_bindgen_test::*;
+
+wasm_bindgen_test_configure!(run_in_browser);
+
+async fn cpu_session_with_models() -> Session {
+    let s = Session::create("cpu".into()).await.unwrap_or_else(|_| panic!("cpu session"));
+    let cfg = tiny_target_config(Arch::Qwen3, 48);
+    let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 7, markov_rank: 8, taps: 2, mask_token_id: None, confidence_head: true };
+    let (dcfg, dbytes) = random_drafter_bytes(&cfg, &init, 6, StoreDtype::Bf16).unwrap();
+    // A drafter before its target is refused with a message naming both load calls.
+    let early = s.add_drafter(&dcfg.to_hf_json(cfg.layers).to_string(), dbytes.clone());
+    assert!(early.is_err(), "a drafter before the target must be an error");
+    s.load_target(&cfg.to_hf_json().to_string(), random_target_bytes(&cfg, 21, StoreDtype::F32).unwrap()).unwrap_or_else(|_| panic!("load_target"));
+    s.add_drafter(&dcfg.to_hf_json(cfg.layers).to_string(), dbytes).unwrap_or_else(|_| panic!("add_drafter"));
+    s
+}
+
+fn ids(v: &[u32]) -> JsValue {
+    v.iter().map(|&x| JsValue::from(x)).collect::<Array>().into()
+}
+
+fn field(o: &JsValue, k: &str) -> JsValue {
+    Reflect::get(o, &JsValue::from_str(k)).unwrap()
+}
+
+fn tokens(r: &JsValue) -> Vec<u32> {
+    field(r, "tokens").dyn_into::<Array>().unwrap().iter().map(|x| x.as_f64().unwrap() as u32).collect()
+}
+
+async fn message_of(p: js_sys::Promise) -> String {
+    let e = JsFuture::from(p).await.expect_err("the promise must reject");
+    let m = field(&e, "message");
+    m.as_string().unwrap_or_else(|| format!("{e:?}"))
+}
+
+#[wasm_bindgen_test]
+async fn options_as_object_or_json_give_the_same_tokens() {
+    let s = cpu_session_with_models().await;
+    let prompt = [3u32, 17, 5, 9, 22, 1];
+    let ar = JsFuture::from(s.generate(ids(&prompt), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 12}"#), None)).await.unwrap();
+    let opts = Object::new();
+    Reflect::set(&opts, &"method".into(), &"sparkling".into()).unwrap();
+    Reflect::set(&opts, &"budget".into(), &JsValue::from(8)).unwrap();
+    Reflect::set(&opts, &"max_new_tokens".into(), &JsValue::from(12)).unwrap();
+    // Streamed tokens arrive through the callback, round by round.
+    let streamed = Array::new();
+    let push = Function::new_with_args("ids, text", "this.push(...ids)").bind0(&streamed);
+    let sp = JsFuture::from(s.generate(Uint32Array::from(&prompt[..]).into(), opts.into(), Some(push))).await.unwrap();
+    assert_eq!(tokens(&ar).len(), 12);
+    assert_eq!(tokens(&sp), tokens(&ar), "sparkling must emit the ar tokens");
+    let got: Vec<u32> = streamed.iter().map(|x| x.as_f64().unwrap() as u32).collect();
+    assert_eq!(got, tokens(&ar), "the callback streams exactly the committed tokens");
+    assert!(field(&sp, "tau").as_f64().unwrap() >= 1.0);
+    assert_eq!(field(&sp, "method").as_string().unwrap(), "sparkling");
+}
+
+#[wasm_bindgen_test]
+async fn mistakes_give_messages_not_crashes() {
+    let s = cpu_session_with_models().await;
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"maxNewTokens": 4}"#), None)).await;
+    assert!(m.contains("unknown option `maxNewTokens`") && m.contains("did you mean `max_new_tokens`"), "{m}");
+    let bad_ids: JsValue = ["a", "b"].iter().map(|x| JsValue::from_str(x)).collect::<Array>().into();
+    let m = message_of(s.generate(bad_ids, JsValue::UNDEFINED, None)).await;
+    assert!(m.contains("prompt_ids[0]"), "{m}");
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from(42), None)).await;
+    assert!(m.contains("options must be an object or a JSON string"), "{m}");
+    let m = message_of(s.generate_text(JsValue::from(42), JsValue::UNDEFINED, None)).await;
+    assert!(m.contains("must be a string"), "{m}");
+    let thrower = Function::new_with_args("ids, text", "throw new Error('boom from callback')");
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 3}"#), Some(thrower))).await;
+    assert!(m.contains("on_tokens callback threw") && m.contains("boom from callback"), "{m}");
+    // The session still works after every one of them.
+    let r = JsFuture::from(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 3}"#), None)).await.unwrap();
+    assert_eq!(tokens(&r).len(), 3);
+}
