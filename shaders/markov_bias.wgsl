@@ -17,7 +17,6 @@ struct Params {
     r: u32,
     p0: u32,
     pc: u32,
-    col_groups: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -30,8 +29,10 @@ struct Params {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n = cand[0];
     let g = linear_group(wid, nwg);
-    let pb = g / p.col_groups;
-    let c = (g % p.col_groups) * 64u + li;
+    // Candidate groups per parent block, from the actual n (the grid is ceil(rows/4)·this).
+    let col_groups = (n + 63u) / 64u;
+    let pb = g / col_groups;
+    let c = (g % col_groups) * 64u + li;
     let pl0 = pb * PB;
     // Parents of this chunk that exist (p0 + pc may pass n when pc was sized for n_max).
     let pc = min(p.pc, max(n, p.p0) - p.p0);

@@ -79,11 +79,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         wg_n = cand[0];
     }
     let n = workgroupUniformLoad(&wg_n);
-    let d = g / p.pc;
-    let pl = g % p.pc;
-    if (p.p0 + pl >= n) {
+    // Parents of this chunk that exist (the chunk holds up to pc from p0; the grid is
+    // ld·rows workgroups, or more when sized for n_max — those exit here).
+    if (p.p0 >= n) {
         return;
     }
+    let rows = min(p.pc, n - p.p0);
+    if (g >= p.ld * rows) {
+        return;
+    }
+    let d = g / rows;
+    let pl = g % rows;
     let k = min(p.k, n);
     row_n = n;
     row_k = k;

@@ -33,6 +33,10 @@ pub(crate) struct Gpu {
     pub(crate) max_binding: u64,
     /// Effective workgroups per dispatch dimension (adapter limit, or a lower test override).
     pub(crate) max_groups: u32,
+    /// Whether the adapter executes indirect dispatches (`DownlevelFlags::INDIRECT_EXECUTION`;
+    /// every Vulkan, Metal, DX12 and WebGPU adapter): the fused candidate-table ops then size
+    /// their grids by the union's actual size instead of its upper bound.
+    pub(crate) indirect: bool,
     pub(crate) pool: Arc<Pool>,
     pub(crate) pipelines: Pipelines,
     /// Reduction library of the argmax / topk / table / sample kernels (subgroups or not).
@@ -60,6 +64,14 @@ impl<'a> Bind<'a> {
     pub(crate) fn b(buffer: &'a wgpu::Buffer, bytes: u64) -> Bind<'a> {
         Bind { buffer, bytes }
     }
+}
+
+/// The workgroup grid of one dispatch.
+enum Grid<'a> {
+    /// `(x, y)` workgroups, known on the host.
+    Direct(u32, u32),
+    /// Three u32 `(x, y, z)` at a byte offset of a buffer, written on the device.
+    Indirect(&'a wgpu::Buffer, u64),
 }
 
 /// A command encoder plus the pooled temporaries its commands use (released after submit).
@@ -220,6 +232,17 @@ impl Gpu {
             return Ok(());
         }
         let (gx, gy) = self.fold(groups)?;
+        self.encode(batch, kernel, params, binds, Grid::Direct(gx, gy))
+    }
+
+    /// Encode one dispatch whose grid `(x, y, z)` a kernel wrote into `args` at byte `offset`
+    /// (three u32; e.g. sized by a count known only on the device). Kernels index workgroups
+    /// with `linear_group`, as for [`Gpu::dispatch`]; the writer folds large grids into 2-D.
+    pub(crate) fn dispatch_indirect(&self, batch: &mut Batch, kernel: Kernel, params: &[u32], binds: &[Bind<'_>], args: &wgpu::Buffer, offset: u64) -> Result<()> {
+        self.encode(batch, kernel, params, binds, Grid::Indirect(args, offset))
+    }
+
+    fn encode(&self, batch: &mut Batch, kernel: Kernel, params: &[u32], binds: &[Bind<'_>], grid: Grid<'_>) -> Result<()> {
         let pipe = self.pipelines.get(&self.device, kernel)?;
         debug_assert!(params.len() * 4 <= UNIFORM_BYTES as usize);
         let uni = self.pool.get(Kind::Uniform, UNIFORM_BYTES)?;
@@ -249,7 +272,10 @@ impl Gpu {
             let mut pass = batch.enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
             pass.set_pipeline(&pipe.pipeline);
             pass.set_bind_group(0, &bg, &[]);
-            pass.dispatch_workgroups(gx, gy, 1);
+            match grid {
+                Grid::Direct(gx, gy) => pass.dispatch_workgroups(gx, gy, 1),
+                Grid::Indirect(args, offset) => pass.dispatch_workgroups_indirect(args, offset),
+            }
         }
         batch.dispatches += 1;
         batch.keep(uni);

@@ -224,6 +224,7 @@ impl WgpuBackend {
             limits,
             max_binding,
             max_groups,
+            indirect: adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::INDIRECT_EXECUTION),
             health,
             open: std::sync::Mutex::new(None),
             syncs: std::sync::atomic::AtomicU64::new(0),

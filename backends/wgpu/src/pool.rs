@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 /// What a pooled buffer is used for (each kind has its own usage flags and free lists).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
-    /// Activation tensors: `STORAGE | COPY_SRC | COPY_DST`.
+    /// Activation tensors and scratch: `STORAGE | COPY_SRC | COPY_DST | INDIRECT`.
     Storage,
     /// Readback: `MAP_READ | COPY_DST`.
     Staging,
@@ -27,7 +27,8 @@ impl Kind {
     fn usage(self) -> wgpu::BufferUsages {
         use wgpu::BufferUsages as U;
         match self {
-            Kind::Storage => U::STORAGE | U::COPY_SRC | U::COPY_DST,
+            // INDIRECT: kernels may write dispatch grids (candidate_union.wgsl).
+            Kind::Storage => U::STORAGE | U::COPY_SRC | U::COPY_DST | U::INDIRECT,
             Kind::Staging => U::MAP_READ | U::COPY_DST,
             Kind::Uniform => U::UNIFORM | U::COPY_DST,
         }

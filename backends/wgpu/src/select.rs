@@ -43,6 +43,9 @@ struct UnionPlan {
     bitmap: WgpuTensor,
     /// `[n, ascending ids]`, capacity `1 + n_max`.
     cand: WgpuTensor,
+    /// Dispatch grids of the table kernels for the actual n (candidate_union.wgsl writes them):
+    /// gather, then (bias, table) per parent chunk, three words each.
+    grids: WgpuTensor,
     table: TablePlan,
 }
 
@@ -130,7 +133,7 @@ impl WgpuBackend {
         words.extend_from_slice(cand);
         let cand_buf = g.upload_u32(&words)?;
         let mut b = g.batch();
-        self.record_markov_table(&mut b, &plan, base, markov, Bind::b(cand_buf.buffer(), words.len() as u64 * 4))?;
+        self.record_markov_table(&mut b, &plan, base, markov, Bind::b(cand_buf.buffer(), words.len() as u64 * 4), None)?;
         b.keep(cand_buf);
         g.submit(b);
         let r = g.start_read(&[(plan.out.buffer(), 0, plan.out.bytes())])?;
@@ -180,40 +183,37 @@ impl WgpuBackend {
         base: &WgpuTensor,
         markov: Option<(&WgpuTensor, &WgpuTensor)>,
         cand: Bind<'_>,
+        grids: Option<&WgpuTensor>,
     ) -> Result<()> {
         let g = &self.gpu;
         let TablePlan { ld, n_max, k, pc, .. } = *plan;
         let cand_bind = || Bind::b(cand.buffer, cand.bytes);
+        // Grid `i` (three words at 12·i bytes) of candidate_union.wgsl, else `groups` sized for n_max.
+        let run = |b: &mut Batch, kernel: Kernel, params: &[u32], binds: &[Bind<'_>], i: u64, groups: u64| match grids {
+            Some(t) => g.dispatch_indirect(b, kernel, params, binds, t.buffer(), 12 * i),
+            None => g.dispatch(b, kernel, params, binds, groups),
+        };
         // W2's candidate rows, transposed: e2t [r, n].
         if let (Some((_, w2)), Some(e2t)) = (markov, plan.e2t.as_ref()) {
             let total = (w2.cols * n_max) as u64;
-            g.dispatch(b, Kernel::MarkovGather, &[w2.cols as u32], &[Bind::t(w2), cand_bind(), Bind::t(e2t)], total.div_ceil(GATHER_PER_GROUP))?;
+            run(b, Kernel::MarkovGather, &[w2.cols as u32], &[Bind::t(w2), cand_bind(), Bind::t(e2t)], 0, total.div_ceil(GATHER_PER_GROUP))?;
         }
-        for p0 in (0..n_max).step_by(pc) {
+        for (i, p0) in (0..n_max).step_by(pc).enumerate() {
             let rows = pc.min(n_max - p0);
+            let i = i as u64;
             if let (Some((w1, _)), Some(bias), Some(e2t)) = (markov, plan.bias.as_ref(), plan.e2t.as_ref()) {
                 let col_groups = (n_max as u64).div_ceil(BIAS_COLS);
-                let params = [w1.cols as u32, p0 as u32, rows as u32, col_groups as u32];
-                g.dispatch(
-                    b,
-                    Kernel::MarkovBias,
-                    &params,
-                    &[Bind::t(w1), Bind::t(e2t), cand_bind(), Bind::t(bias)],
-                    (rows as u64).div_ceil(BIAS_ROWS) * col_groups,
-                )?;
+                let params = [w1.cols as u32, p0 as u32, rows as u32];
+                let binds = [Bind::t(w1), Bind::t(e2t), cand_bind(), Bind::t(bias)];
+                run(b, Kernel::MarkovBias, &params, &binds, 1 + 2 * i, (rows as u64).div_ceil(BIAS_ROWS) * col_groups)?;
             }
             let bias_bind = match plan.bias.as_ref() {
                 Some(t) => Bind::t(t),
                 None => Bind::b(&self.dummy, 16),
             };
             let params = [ld as u32, k as u32, base.cols as u32, p0 as u32, rows as u32, plan.bias.is_some() as u32];
-            g.dispatch(
-                b,
-                Kernel::TableTopK(g.reduce),
-                &params,
-                &[Bind::t(base), cand_bind(), bias_bind, Bind::t(&plan.out), Bind::t(&plan.scratch)],
-                (ld * rows) as u64,
-            )?;
+            let binds = [Bind::t(base), cand_bind(), bias_bind, Bind::t(&plan.out), Bind::t(&plan.scratch)];
+            run(b, Kernel::TableTopK(g.reduce), &params, &binds, 2 + 2 * i, (ld * rows) as u64)?;
         }
         Ok(())
     }
@@ -225,11 +225,13 @@ impl WgpuBackend {
     /// that header word; then the candidate buffer and the packed table come back together
     /// (`Gpu::read_back_parts`, one map and one wait).
     ///
-    /// Trade: n is only known on the device, so every buffer, grid and the read-back are
-    /// sized for `n_max = min(ld·C + 1, V)` — the read-back is `1 + n_max + ld·n_max·2k'`
-    /// words (`k' = min(k, n_max)`) instead of the `ld·n·2·min(k, n)` of the two-call path, and
-    /// table workgroups of parents ≥ n exit at once. With distinct per-depth top-C sets n is
-    /// close to n_max anyway; heavy overlap costs transfer, not a second sync.
+    /// Trade: n is only known on the device, so buffers and the read-back are sized for
+    /// `n_max = min(ld·C + 1, V)` — the read-back is `1 + n_max + ld·n_max·2k'` words
+    /// (`k' = min(k, n_max)`) instead of the `ld·n·2·min(k, n)` of the two-call path. The
+    /// table kernels' grids, though, follow the actual n: candidate_union.wgsl writes them and
+    /// they run as indirect dispatches (adapters without indirect execution fall back to grids
+    /// sized for n_max whose extra workgroups exit at once). The decode loop avoids the large
+    /// read-back altogether with [`WgpuBackend::op_sparkling_tree`].
     ///
     /// `candidates ≥ V`: the union is the whole vocabulary, built on the host, and the table is
     /// [`WgpuBackend::op_markov_table`] (also one read-back). `ld == 0`: `cand = [anchor]`, an
@@ -292,6 +294,7 @@ impl WgpuBackend {
         let g = &self.gpu;
         let n_max = ld.saturating_mul(c).saturating_add(1).min(vocab);
         let top_words = 2 * c + 1;
+        let table = self.plan_markov_table(op, ld, n_max, k.min(n_max), markov)?;
         Ok(UnionPlan {
             c,
             n_max,
@@ -299,7 +302,8 @@ impl WgpuBackend {
             top_scratch: g.alloc(&format!("{op} (top-C scratch)"), ld, 2 * c)?,
             bitmap: g.alloc(&format!("{op} (union bitmap)"), 1, vocab.div_ceil(32))?,
             cand: g.alloc(&format!("{op} (candidate union)"), 1, 1 + n_max)?,
-            table: self.plan_markov_table(op, ld, n_max, k.min(n_max), markov)?,
+            grids: g.alloc(&format!("{op} (table dispatch grids)"), 1, 3 + 6 * n_max.div_ceil(table.pc))?,
+            table,
         })
     }
 
@@ -309,9 +313,12 @@ impl WgpuBackend {
         let g = &self.gpu;
         let (ld, vocab, c) = (base.rows, base.cols, u.c);
         g.dispatch(b, Kernel::TopK(g.reduce), &[ld as u32, vocab as u32, c as u32], &[Bind::t(base), Bind::t(&u.top), Bind::t(&u.top_scratch)], ld as u64)?;
-        let params = [ld as u32, c as u32, (2 * c + 1) as u32, vocab as u32, anchor];
-        g.dispatch(b, Kernel::CandidateUnion, &params, &[Bind::t(&u.top), Bind::t(&u.bitmap), Bind::t(&u.cand)], 1)?;
-        self.record_markov_table(b, &u.table, base, markov, Bind::t(&u.cand))
+        let t = &u.table;
+        let rank = markov.map_or(0, |(w1, _)| w1.cols);
+        let chunks = t.n_max.div_ceil(t.pc);
+        let params = [ld as u32, c as u32, (2 * c + 1) as u32, vocab as u32, anchor, rank as u32, t.pc as u32, chunks as u32, g.max_groups];
+        g.dispatch(b, Kernel::CandidateUnion, &params, &[Bind::t(&u.top), Bind::t(&u.bitmap), Bind::t(&u.cand), Bind::t(&u.grids)], 1)?;
+        self.record_markov_table(b, t, base, markov, Bind::t(&u.cand), g.indirect.then_some(&u.grids))
     }
 
     /// SparklingTree's whole tree prep on the device ([`sparkling_core::Backend::sparkling_tree`]):

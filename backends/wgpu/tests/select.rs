@@ -444,6 +444,20 @@ fn candidate_table_splits_parents_across_small_bindings() {
     assert!(matches!(err, Error::Device(ref m) if m.contains("candidate_table")), "{err}");
 }
 
+#[test]
+fn candidate_table_grids_fold_within_small_dispatch_limits() {
+    // The table kernels' grids are written on the device (candidate_union.wgsl) for the actual
+    // union size; with a 5-workgroup limit per dimension they fold into 2-D grids (x ≤ 5,
+    // y = the rest: real limits are ≥ 65 535, so y never exceeds them) and the kernels'
+    // linear workgroup index must still cover every (depth, parent) row, chunks included.
+    let opts = WgpuOptions { max_binding_bytes: Some(64 << 10), max_workgroups_per_dim: Some(5), subgroups: Subgroups::Off, ..Default::default() };
+    let Some(g) = open(&opts, "5 workgroups per dimension") else { return };
+    for (i, anchor) in [Anchor::Outside, Anchor::InTopC].into_iter().enumerate() {
+        let (w, n) = check_union(&g, "folded grids", &UnionCase { vocab: 700, ld: 4, c: 50, k: 9, rank: 5, markov: true, anchor }, 90 + i as u64);
+        eprintln!("candidate_table with folded indirect grids: n = {n}, max |Δval| = {w:e}");
+    }
+}
+
 fn assert_close_vals(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
