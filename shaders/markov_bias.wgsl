@@ -9,7 +9,9 @@
 // there) exit; strides use the actual n.
 // A workgroup covers 64 consecutive candidates c × PB parents (each W1 value is read once per
 // workgroup row and reused across the 64 candidates; each e2t value feeds PB outputs).
-// Grid: ceil(pc / PB) × col_groups workgroups (col_groups = ceil(n_max / 64)), linearised.
+// Grid: at least ceil(rows / PB) × ceil(n / 64) workgroups, linearised and decoded with
+// col_groups = ceil(n / 64) from the actual n (indirect grids are exactly that; host grids
+// sized for n_max are larger and their extra workgroups exit).
 
 const PB: u32 = 4u;
 

@@ -125,10 +125,18 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// Blocks on the backend's read-backs (runs [`Engine::generate_async`] to completion; on
     /// native backends its futures are ready when polled).
     /// Errors: empty prompt, prompt + max-new-tokens beyond the context, missing or wrong-kind
-    /// drafter for the method, backend failures (in a browser, the wgpu backend's blocking
-    /// read-backs are an error: use `generate_async`).
+    /// drafter for the method, backend failures; in a browser (wasm32) always an error, since
+    /// a page cannot block: use `generate_async`.
     pub fn generate(&self, prompt: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> Result<Generation> {
-        pollster::block_on(self.generate_async(prompt, p, on_tokens))
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (prompt, p, on_tokens);
+            Err(Error::Input("Engine::generate cannot block in a browser: use Engine::generate_async".into()))
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            pollster::block_on(self.generate_async(prompt, p, on_tokens))
+        }
     }
 
     /// [`Engine::generate`] for hosts that cannot block on the device (WebGPU in a browser):
@@ -160,10 +168,12 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
         };
         let max_tree = match drafter {
-            Some(d) => 1 + p.tree.budget.max(d.cfg.block_size),
+            Some(d) => p.tree.budget.max(d.cfg.block_size).saturating_add(1),
             None => 1,
         };
-        let capacity = prompt.len() + p.max_new_tokens + max_tree + 1;
+        // Saturating: a huge budget or token count (e.g. from JavaScript) must fail this check,
+        // not wrap around it.
+        let capacity = prompt.len().saturating_add(p.max_new_tokens).saturating_add(max_tree).saturating_add(1);
         if capacity > tcfg.max_positions {
             return Err(Error::Input(format!(
                 "prompt of {} tokens + {} new tokens (+{} tree rows) exceeds the target context of {} positions",

@@ -99,7 +99,8 @@ impl Session {
 
     /// Load the target from the text of its `config.json` and the bytes of its
     /// `model.safetensors` (HF layout; bf16, f16 or f32). Replaces any loaded target and
-    /// drops the drafters (they are tied to the target's geometry).
+    /// drops the drafters (they are tied to the target's geometry) and a tokenizer whose
+    /// vocabulary is larger than the target's.
     /// Errors: invalid config (the message names the key), missing or misshapen tensors
     /// (named), a model larger than the adapter's limits.
     pub fn load_target(&self, config_json: &str, weights: Vec<u8>) -> Result<(), JsError> {
@@ -107,19 +108,26 @@ impl Session {
         let v: Value = serde_json::from_str(config_json).map_err(|e| JsError::new(&format!("{}: invalid JSON: {e}", path.display())))?;
         let cfg = TargetConfig::from_hf_json(path, &v).map_err(js_err)?;
         let src = SafetensorsSource::from_bytes("target/model.safetensors", weights).map_err(js_err)?;
+        let vocab = cfg.vocab;
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
         match &mut *m {
             Models::Gpu(l) => load_target(l, &src, cfg),
             Models::Cpu(l) => load_target(l, &src, cfg),
         }
-        .map_err(js_err)
+        .map_err(js_err)?;
+        // A tokenizer set for another model does not fit this one: drop it.
+        let mut t = self.tokenizer.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
+        if t.as_ref().is_some_and(|t| t.vocab_size() > vocab) {
+            *t = None;
+        }
+        Ok(())
     }
 
     /// Load the target from a GGUF file's bytes (e.g. llama.cpp's
     /// `smollm2-135m-instruct-f16.gguf`; F32, F16, BF16 and the Q4/Q5/Q8 block types are
-    /// dequantized at load). The file's vocabulary and chat template also become the session's
-    /// tokenizer unless [`Session::set_tokenizer`] set one. Replaces any loaded target and drops
-    /// the drafters.
+    /// dequantized at load). The file's vocabulary and chat template become the session's
+    /// tokenizer (call [`Session::set_tokenizer`] afterwards to use another). Replaces any
+    /// loaded target and drops the drafters.
     /// Errors: not a GGUF file, an unsupported architecture or tensor type (named).
     pub fn load_target_gguf(&self, bytes: Vec<u8>) -> Result<(), JsError> {
         let src = GgufSource::from_bytes("target.gguf", bytes).map_err(js_err)?;
@@ -131,10 +139,7 @@ impl Session {
             Models::Cpu(l) => load_target(l, &src, cfg),
         }
         .map_err(js_err)?;
-        let mut t = self.tokenizer.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
-        if t.is_none() {
-            *t = tok;
-        }
+        *self.tokenizer.try_borrow_mut().map_err(|_| JsError::new(BUSY))? = tok;
         Ok(())
     }
 
@@ -183,7 +188,8 @@ impl Session {
     /// `options`: an object or its JSON text. Unknown keys are an error. `on_tokens(ids, text)`, optional, is
     /// called with each round's committed tokens (and their text when a tokenizer is set).
     /// Resolves to `{ tokens, text, stopped, tau, tokens_per_s, rounds, prefill_ms, decode_ms,
-    /// backend }`.
+    /// backend }`. Several generations may run at once on one session (their rounds
+    /// interleave); loading waits until none is running.
     /// Errors: no target loaded, a method whose drafter kind is not loaded, bad options (the
     /// message names the key), a prompt beyond the context, device failures.
     pub fn generate(&self, prompt_ids: JsValue, options: JsValue, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
@@ -297,13 +303,13 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
     let uint = |k: &str, d: usize| -> sparkling::Result<usize> {
         match v.get(k) {
             None | Some(Value::Null) => Ok(d),
-            Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| bad(k, "a non-negative integer")),
+            Some(x) => x.as_u64().and_then(|n| usize::try_from(n).ok()).ok_or_else(|| bad(k, "a non-negative integer below 2^32")),
         }
     };
     let float = |k: &str, d: f32| -> sparkling::Result<f32> {
         match v.get(k) {
             None | Some(Value::Null) => Ok(d),
-            Some(x) => x.as_f64().map(|f| f as f32).ok_or_else(|| bad(k, "a number")),
+            Some(x) => x.as_f64().map(|f| f as f32).filter(|f| f.is_finite()).ok_or_else(|| bad(k, "a finite number")),
         }
     };
     let Some(obj) = v.as_object() else {
@@ -319,7 +325,10 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
     };
     let stop = match v.get("stop") {
         None | Some(Value::Null) => default_stop,
-        Some(Value::Array(a)) => a.iter().map(|x| x.as_u64().map(|n| n as u32).ok_or_else(|| bad("stop", "an array of token ids"))).collect::<sparkling::Result<_>>()?,
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad("stop", "an array of token ids")))
+            .collect::<sparkling::Result<_>>()?,
         Some(_) => return Err(bad("stop", "an array of token ids")),
     };
     let temperature = float("temperature", 0.0)?;
@@ -351,7 +360,10 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
             },
         },
         sampling: SampleParams { temperature, top_k: uint("top_k", 0)?, top_p },
-        seed: uint("seed", 0)? as u64,
+        seed: match v.get("seed") {
+            None | Some(Value::Null) => 0,
+            Some(x) => x.as_u64().ok_or_else(|| bad("seed", "a non-negative integer"))?,
+        },
         max_new_tokens: uint("max_new_tokens", 128)?,
         stop,
     })

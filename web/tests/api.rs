@@ -77,6 +77,13 @@ async fn mistakes_give_messages_not_crashes() {
     assert!(m.contains("options must be an object or a JSON string"), "{m}");
     let m = message_of(s.generate_text(JsValue::from(42), JsValue::UNDEFINED, None)).await;
     assert!(m.contains("must be a string"), "{m}");
+    // Huge numbers fail the context check instead of wrapping around it (usize is 32 bits here).
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "sparkling", "budget": 4294967295}"#), None)).await;
+    assert!(m.contains("exceeds the target context"), "{m}");
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"budget": 4294967296}"#), None)).await;
+    assert!(m.contains("budget") && m.contains("below 2^32"), "{m}");
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "temperature": 1e39}"#), None)).await;
+    assert!(m.contains("temperature") && m.contains("finite"), "{m}");
     let thrower = Function::new_with_args("ids, text", "throw new Error('boom from callback')");
     let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 3}"#), Some(thrower))).await;
     assert!(m.contains("on_tokens callback threw") && m.contains("boom from callback"), "{m}");

@@ -4,7 +4,8 @@
 //! Ops record into one shared command encoder (the open batch), which is submitted every
 //! [`FLUSH_EVERY`] dispatches and at each read-back, so a decode step costs a handful of
 //! `queue.submit`s, not one per op. Ops that return host data (`download*`, `argmax`,
-//! `sample`, `topk`, `markov_table`, `candidate_table`) end with [`Gpu::start_read`] and hand
+//! `sample`, `topk`, `markov_table`, `candidate_table`, `sparkling_tree`) end with
+//! [`Gpu::start_read`] and hand
 //! back a [`Pending`] result; [`Gpu::wait`] (native: `device.poll(Wait)`) or [`Gpu::wait_async`]
 //! (awaits the mapping: the browser) finishes it. Those are the only places the host waits for
 //! the GPU (see the crate docs).
@@ -333,12 +334,19 @@ impl Gpu {
         #[cfg(not(target_arch = "wasm32"))]
         {
             self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
-            let mapped = match rx.try_recv() {
-                Ok(Some(m)) => m,
-                _ => return Err(Error::Device("buffer map callback never ran".into())),
+            let waited = self.device.poll(wgpu::PollType::wait_indefinitely());
+            let mapped = match (waited, rx.try_recv()) {
+                (Ok(_), Ok(Some(m))) => m,
+                (w, _) => {
+                    // Leave no pending or live mapping on a buffer that goes back to the pool.
+                    if let Some(s) = &r.staging {
+                        s.buffer().unmap();
+                    }
+                    return Err(Error::Device(match w {
+                        Err(e) => format!("waiting for the GPU failed: {e}"),
+                        Ok(_) => "buffer map callback never ran".into(),
+                    }));
+                }
             };
             self.collect(r.staging, &r.sizes, mapped)
         }
@@ -350,22 +358,40 @@ impl Gpu {
     pub(crate) async fn finish_read_async(&self, r: Reading) -> Result<Vec<Vec<u8>>> {
         let Some(rx) = r.rx else { return Ok(r.sizes.iter().map(|_| Vec::new()).collect()) };
         self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let unmap = |r: &Option<PooledBuffer>| {
+            if let Some(s) = r {
+                s.buffer().unmap();
+            }
+        };
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
-        let mapped = rx.await.map_err(|_| Error::Device("buffer map callback never ran (device lost?)".into()))?;
+        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+            unmap(&r.staging);
+            return Err(Error::Device(format!("waiting for the GPU failed: {e}")));
+        }
+        let Ok(mapped) = rx.await else {
+            unmap(&r.staging);
+            return Err(Error::Device("buffer map callback never ran (device lost?)".into()));
+        };
         self.collect(r.staging, &r.sizes, mapped)
     }
 
     /// Split a mapped staging buffer into the parts' bytes and unmap it.
     fn collect(&self, staging: Option<PooledBuffer>, sizes: &[u64], mapped: std::result::Result<(), wgpu::BufferAsyncError>) -> Result<Vec<Vec<u8>>> {
-        mapped.map_err(|e| Error::Device(format!("mapping a read-back buffer failed: {e}")))?;
         let staging = staging.ok_or_else(|| Error::Device("read-back without a staging buffer".into()))?;
+        if let Err(e) = mapped {
+            staging.buffer().unmap();
+            return Err(Error::Device(format!("mapping a read-back buffer failed: {e}")));
+        }
         let total: u64 = sizes.iter().sum();
         let slice = staging.buffer().slice(0..total);
         let out = {
-            let view = slice.get_mapped_range().map_err(|e| Error::Device(format!("reading a mapped buffer failed: {e:?}")))?;
+            let view = match slice.get_mapped_range() {
+                Ok(v) => v,
+                Err(e) => {
+                    staging.buffer().unmap();
+                    return Err(Error::Device(format!("reading a mapped buffer failed: {e:?}")));
+                }
+            };
             let mut out = Vec::with_capacity(sizes.len());
             let mut at = 0usize;
             for &bytes in sizes {

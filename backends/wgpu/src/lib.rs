@@ -99,6 +99,10 @@ pub struct WgpuOptions {
     pub matmul_kernel: MatmulKernel,
     /// Whether the reduction kernels may use subgroup operations.
     pub subgroups: Subgroups,
+    /// Never use indirect dispatch, as on adapters without `INDIRECT_EXECUTION` (some GL
+    /// drivers): the candidate-table kernels then run grids sized for the largest possible
+    /// union. For testing that path.
+    pub no_indirect: bool,
 }
 
 /// Subgroup use of the reduction kernels (argmax, topk, markov_table, sample; platform.md §1/§4).
@@ -214,8 +218,9 @@ impl WgpuBackend {
             g.clamp(1, limits.max_compute_workgroups_per_dimension)
         });
         let dummy = pool::create_buffer(&device, wgpu::BufferUsages::STORAGE, 16, "sparkling dummy")?;
+        let indirect = !opts.no_indirect && adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::INDIRECT_EXECUTION);
         let gpu = Gpu {
-            pool: pool::Pool::new(device.clone()),
+            pool: pool::Pool::new(device.clone(), indirect),
             pipelines: pipelines::Pipelines::new(info.backend),
             reduce: if subgroups { pipelines::Reduce::Subgroup } else { pipelines::Reduce::Workgroup },
             device,
@@ -224,7 +229,7 @@ impl WgpuBackend {
             limits,
             max_binding,
             max_groups,
-            indirect: adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::INDIRECT_EXECUTION),
+            indirect,
             health,
             open: std::sync::Mutex::new(None),
             syncs: std::sync::atomic::AtomicU64::new(0),

@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 /// What a pooled buffer is used for (each kind has its own usage flags and free lists).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kind {
-    /// Activation tensors and scratch: `STORAGE | COPY_SRC | COPY_DST | INDIRECT`.
+    /// Activation tensors and scratch: `STORAGE | COPY_SRC | COPY_DST` (`| INDIRECT` where the
+    /// adapter supports indirect dispatch).
     Storage,
     /// Readback: `MAP_READ | COPY_DST`.
     Staging,
@@ -24,11 +25,14 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn usage(self) -> wgpu::BufferUsages {
+    /// Usage flags; `indirect`: storage buffers may also hold dispatch grids written by a
+    /// kernel (candidate_union.wgsl) — only where the adapter executes indirect dispatches
+    /// (wgpu refuses `INDIRECT` buffers otherwise).
+    fn usage(self, indirect: bool) -> wgpu::BufferUsages {
         use wgpu::BufferUsages as U;
         match self {
-            // INDIRECT: kernels may write dispatch grids (candidate_union.wgsl).
-            Kind::Storage => U::STORAGE | U::COPY_SRC | U::COPY_DST | U::INDIRECT,
+            Kind::Storage if indirect => U::STORAGE | U::COPY_SRC | U::COPY_DST | U::INDIRECT,
+            Kind::Storage => U::STORAGE | U::COPY_SRC | U::COPY_DST,
             Kind::Staging => U::MAP_READ | U::COPY_DST,
             Kind::Uniform => U::UNIFORM | U::COPY_DST,
         }
@@ -65,13 +69,15 @@ struct State {
 /// The pool. Shared (`Arc`) by every [`PooledBuffer`] it hands out.
 pub(crate) struct Pool {
     device: wgpu::Device,
+    /// Storage buffers get `INDIRECT` usage (the adapter executes indirect dispatches).
+    indirect: bool,
     state: Mutex<State>,
 }
 
 impl Pool {
-    /// An empty pool for `device`.
-    pub(crate) fn new(device: wgpu::Device) -> Arc<Pool> {
-        Arc::new(Pool { device, state: Mutex::new(State { free: HashMap::new(), idle_bytes: 0, retired: Vec::new(), batch_open: false }) })
+    /// An empty pool for `device`; `indirect`: give storage buffers `INDIRECT` usage.
+    pub(crate) fn new(device: wgpu::Device, indirect: bool) -> Arc<Pool> {
+        Arc::new(Pool { device, indirect, state: Mutex::new(State { free: HashMap::new(), idle_bytes: 0, retired: Vec::new(), batch_open: false }) })
     }
 
     /// A buffer of at least `bytes` bytes (contents unspecified: a recycled buffer keeps old
@@ -88,7 +94,7 @@ impl Pool {
         };
         let buffer = match reused {
             Some(b) => b,
-            None => create_buffer(&self.device, kind.usage(), size, "sparkling pooled buffer")?,
+            None => create_buffer(&self.device, kind.usage(self.indirect), size, "sparkling pooled buffer")?,
         };
         Ok(PooledBuffer { buffer, kind, size, pool: Arc::clone(self) })
     }

@@ -458,6 +458,18 @@ fn candidate_table_grids_fold_within_small_dispatch_limits() {
     }
 }
 
+#[test]
+fn candidate_table_without_indirect_dispatch_gives_the_same_table() {
+    // Adapters without indirect execution run the table kernels on grids sized for n_max
+    // (extra workgroups exit); the result must not change.
+    let opts = WgpuOptions { no_indirect: true, max_binding_bytes: Some(64 << 10), subgroups: Subgroups::Off, ..Default::default() };
+    let Some(g) = open(&opts, "no indirect dispatch") else { return };
+    for (i, anchor) in [Anchor::Outside, Anchor::InTopC].into_iter().enumerate() {
+        let (w, n) = check_union(&g, "n_max-sized grids", &UnionCase { vocab: 700, ld: 4, c: 50, k: 9, rank: 5, markov: true, anchor }, 95 + i as u64);
+        eprintln!("candidate_table without indirect dispatch: n = {n}, max |Δval| = {w:e}");
+    }
+}
+
 fn assert_close_vals(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
