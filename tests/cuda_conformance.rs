@@ -94,6 +94,12 @@ fn selection_ops_match_cpu() {
 }
 
 #[test]
+fn sparkling_tree_on_the_device_matches_the_host_heap() {
+    let Some(g) = cuda(WeightDtype::F32, "sparkling_tree_on_the_device_matches_the_host_heap") else { return };
+    assert!(conf::sparkling_tree_matches_host_heap(&g), "the CUDA backend must build SparklingTree trees on the device");
+}
+
+#[test]
 fn target_logits_match_cpu() {
     let Some(g) = cuda(WeightDtype::F32, "target_logits_match_cpu") else { return };
     conf::target_logits_match_cpu(&g);

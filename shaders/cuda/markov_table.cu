@@ -12,6 +12,13 @@
 //   parent row of a depth is the same, so one block per depth writes all n parent rows.
 //   z is kept in dynamic shared memory when it fits (markov_rows_shared) and recomputed from
 //   global memory otherwise (markov_rows_global); both give identical results.
+//
+// The candidate list is a header-word buffer cand = [n, id_0, ..., id_{n-1}] (the layout of
+// candidate_union.cu; the host markov_table op uploads it), so n may be known only on the
+// device. Grids are sized by the host for a capacity n_max >= n: markov_bias tiles over
+// n_max × n_max and markov_rows over ld·n_max rows (ld with no head); blocks past n exit at
+// once, and every stride uses the actual n and k' = min(k, n), so bias [n, n] and the outputs
+// [ld, n, k'] are packed at the front of their (n_max-sized) buffers.
 
 #define MB_TILE 16
 #define MB_KCHUNK 32
@@ -19,11 +26,14 @@
 
 extern "C" __global__ void __launch_bounds__(MB_TILE * MB_TILE) markov_bias(
     const float* __restrict__ w1, const float* __restrict__ w2, u32 r,
-    const u32* __restrict__ cand, u32 n, float* __restrict__ bias) {
+    const u32* __restrict__ cand_hdr, float* __restrict__ bias) {
     __shared__ float a[MB_TILE][MB_KCHUNK + 1];
     __shared__ float b[MB_TILE][MB_KCHUNK + 1];
+    const u32 n = cand_hdr[0];
+    const u32* cand = cand_hdr + 1;
     const u32 tx = threadIdx.x % MB_TILE, ty = threadIdx.x / MB_TILE;
     const u32 p0 = blockIdx.y * MB_TILE, c0 = blockIdx.x * MB_TILE;
+    if (p0 >= n || c0 >= n) return;  // the whole tile is past n (uniform over the block)
     const u32 p = p0 + ty, c = c0 + tx;
     float acc = 0.0f;
     for (u32 j0 = 0; j0 < r; j0 += MB_KCHUNK) {
@@ -87,23 +97,27 @@ __device__ void markov_row(const Src& src, u32 n, u32 k, u32 d, u32 p_first, u32
     }
 }
 
-// Row of block b: with a head (has_bias = 1) b = d * n + p; without, b = d and the block
-// writes every parent row p = 0..n of depth d.
-__device__ __forceinline__ void markov_row_of(u32 b, u32 n, u32 has_bias, u32* d, u32* p) {
-    *d = has_bias ? b / n : b;
-    *p = has_bias ? b % n : 0u;
+// Row of block b: with a head (has_bias = 1) b = d * n_max + p (blocks with p >= n exit);
+// without, b = d and the block writes every parent row p = 0..n of depth d.
+__device__ __forceinline__ void markov_row_of(u32 b, u32 n_max, u32 has_bias, u32* d, u32* p) {
+    *d = has_bias ? b / n_max : b;
+    *p = has_bias ? b % n_max : 0u;
 }
 
 extern "C" __global__ void __launch_bounds__(MARKOV_THREADS) markov_rows_shared(
-    const float* __restrict__ base, u32 vocab, const u32* __restrict__ cand, u32 n,
-    const float* __restrict__ bias, u32 has_bias, u32 k,
+    const float* __restrict__ base, u32 vocab, const u32* __restrict__ cand_hdr, u32 n_max,
+    const float* __restrict__ bias, u32 has_bias, u32 k_req,
     float* __restrict__ out_val, u32* __restrict__ out_slot) {
     extern __shared__ float zs[];
     __shared__ TopkShared sh;
     __shared__ float fscratch[32];
     __shared__ double dscratch[32];
+    const u32 n = cand_hdr[0];
+    const u32* cand = cand_hdr + 1;
+    const u32 k = umin32(k_req, n);
     u32 d, p;
-    markov_row_of(blockIdx.x, n, has_bias, &d, &p);
+    markov_row_of(blockIdx.x, n_max, has_bias, &d, &p);
+    if (p >= n) return;  // a parent slot past the actual n (uniform over the block)
     const float* u = base + (u64)d * vocab;
     const float* brow = has_bias ? bias + (u64)p * n : 0;
     MarkovGlobalSrc g{u, cand, brow};
@@ -113,14 +127,18 @@ extern "C" __global__ void __launch_bounds__(MARKOV_THREADS) markov_rows_shared(
 }
 
 extern "C" __global__ void __launch_bounds__(MARKOV_THREADS) markov_rows_global(
-    const float* __restrict__ base, u32 vocab, const u32* __restrict__ cand, u32 n,
-    const float* __restrict__ bias, u32 has_bias, u32 k,
+    const float* __restrict__ base, u32 vocab, const u32* __restrict__ cand_hdr, u32 n_max,
+    const float* __restrict__ bias, u32 has_bias, u32 k_req,
     float* __restrict__ out_val, u32* __restrict__ out_slot) {
     __shared__ TopkShared sh;
     __shared__ float fscratch[32];
     __shared__ double dscratch[32];
+    const u32 n = cand_hdr[0];
+    const u32* cand = cand_hdr + 1;
+    const u32 k = umin32(k_req, n);
     u32 d, p;
-    markov_row_of(blockIdx.x, n, has_bias, &d, &p);
+    markov_row_of(blockIdx.x, n_max, has_bias, &d, &p);
+    if (p >= n) return;  // a parent slot past the actual n (uniform over the block)
     const float* u = base + (u64)d * vocab;
     const float* brow = has_bias ? bias + (u64)p * n : 0;
     markov_row(MarkovGlobalSrc{u, cand, brow}, n, k, d, p, has_bias ? 1u : n, out_val, out_slot, sh, fscratch, dscratch);

@@ -3,7 +3,7 @@
 
 use crate::tensor::{CudaTensor, CudaWeight};
 use crate::CudaBackend;
-use sparkling_core::{AttnMask, AttnShape, Backend, MarkovTable, Result, SampleParams, TopK};
+use sparkling_core::{AttnMask, AttnShape, Backend, DeviceTree, MarkovTable, Result, SampleParams, TopK, UnionTable};
 
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
@@ -120,5 +120,21 @@ impl Backend for CudaBackend {
 
     fn markov_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
         self.op_markov_table(base, markov, cand, k)
+    }
+
+    fn candidate_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<UnionTable> {
+        self.op_candidate_table(base, markov, candidates, anchor, k)
+    }
+
+    fn sparkling_tree(
+        &self,
+        base: &CudaTensor,
+        markov: Option<(&CudaTensor, &CudaTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+        budget: usize,
+    ) -> Result<Option<DeviceTree>> {
+        self.op_sparkling_tree(base, markov, candidates, anchor, k, budget)
     }
 }

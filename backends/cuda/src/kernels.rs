@@ -42,6 +42,8 @@ pub const OPS: &[KernelSource] = &[
     KernelSource { name: "argmax.cu", source: include_str!("../../../shaders/cuda/argmax.cu") },
     KernelSource { name: "topk.cu", source: include_str!("../../../shaders/cuda/topk.cu") },
     KernelSource { name: "markov_table.cu", source: include_str!("../../../shaders/cuda/markov_table.cu") },
+    KernelSource { name: "candidate_union.cu", source: include_str!("../../../shaders/cuda/candidate_union.cu") },
+    KernelSource { name: "tree_heap.cu", source: include_str!("../../../shaders/cuda/tree_heap.cu") },
     KernelSource { name: "sample.cu", source: include_str!("../../../shaders/cuda/sample.cu") },
 ];
 
@@ -66,6 +68,8 @@ pub const KERNEL_NAMES: &[&str] = &[
     "markov_bias",
     "markov_rows_shared",
     "markov_rows_global",
+    "candidate_union",
+    "tree_heap",
     "sample_rows",
 ];
 
