@@ -45,8 +45,9 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 4)]
     pub treespark_k: usize,
     /// Where draft candidates are selected: `host` (download the draft logits), `device`
-    /// (top-k and the Markov candidate table on the backend, download only the table), or
-    /// `auto` (host on the cpu backend, device otherwise).
+    /// (top-k, the Markov candidate table and — on wgpu and CUDA — the whole SparklingTree
+    /// tree built on the backend; only the selection comes back), or `auto` (host on the cpu
+    /// backend, device otherwise).
     #[arg(long, default_value = "auto")]
     pub tree_prep: String,
     /// Sampling temperature (0 = greedy; every method then emits the target's greedy tokens).
