@@ -149,6 +149,35 @@ pub struct DeviceTree {
     pub scores: Vec<f32>,
 }
 
+impl DeviceTree {
+    /// Decode the output of the device tree kernels (`shaders/tree_heap.wgsl`,
+    /// `shaders/cuda/tree_heap.cu`): `words[0]` = node count c (`0xffffffff` when the anchor
+    /// is not in the candidate union), then 4 words per node in pop order — token, parent node
+    /// index, depth, f32 bits of the path log-weight. `words` holds at least `1 + 4·c` words.
+    /// Errors: [`Error::Device`] naming `op` for the anchor flag, a count above `budget`, or
+    /// a buffer too short for the count (device faults: the kernels never produce them).
+    pub fn from_words(op: &str, words: &[u32], budget: usize) -> Result<DeviceTree> {
+        let Some(&c) = words.first() else {
+            return Err(Error::Device(format!("{op}: empty tree read-back")));
+        };
+        if c == u32::MAX {
+            return Err(Error::Device(format!("{op}: the anchor is missing from the device's candidate union")));
+        }
+        let count = c as usize;
+        if count > budget || words.len() < 1 + 4 * count {
+            return Err(Error::Device(format!("{op}: the device reported {count} nodes for a budget of {budget} ({} words read)", words.len())));
+        }
+        let mut t = DeviceTree::default();
+        for node in words[1..1 + 4 * count].chunks_exact(4) {
+            t.tokens.push(node[0]);
+            t.parents.push(node[1]);
+            t.depths.push(node[2]);
+            t.scores.push(f32::from_bits(node[3]));
+        }
+        Ok(t)
+    }
+}
+
 /// Argument checks of [`Backend::candidate_table`], shared by every implementation:
 /// `k ≥ 1`, `candidates ≥ 1` and `anchor < vocab`, else [`Error::Invalid`] naming the argument.
 pub fn check_candidate_table_args(vocab: usize, candidates: usize, anchor: u32, k: usize) -> Result<()> {
@@ -393,5 +422,21 @@ pub trait Backend: Send + Sync {
         budget: usize,
     ) -> Result<Option<DeviceTree>> {
         self.sparkling_tree(base, markov, candidates, anchor, k, budget)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_tree_words_decode_and_faults_are_errors() {
+        let w = [2, 7, 0, 1, (-0.5f32).to_bits(), 9, 1, 2, (-1.25f32).to_bits(), 99];
+        let t = DeviceTree::from_words("tree", &w, 4).unwrap();
+        assert_eq!(t, DeviceTree { tokens: vec![7, 9], parents: vec![0, 1], depths: vec![1, 2], scores: vec![-0.5, -1.25] });
+        assert!(matches!(DeviceTree::from_words("tree", &[u32::MAX], 4), Err(Error::Device(m)) if m.contains("anchor")));
+        assert!(matches!(DeviceTree::from_words("tree", &w, 1), Err(Error::Device(m)) if m.contains("budget of 1")));
+        assert!(matches!(DeviceTree::from_words("tree", &w[..5], 4), Err(Error::Device(_))));
+        assert!(DeviceTree::from_words("tree", &[], 4).is_err());
     }
 }

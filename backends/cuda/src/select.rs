@@ -383,20 +383,6 @@ impl CudaBackend {
         // ever live), node_slot budget + 1, out 1 + 4·budget.
         unsafe { b.launch(cfg(1, 1)) }.map_err(dev(OP))?;
         let w = self.read(OP, &out, 1 + 4 * budget)?;
-        let count = w[0] as usize;
-        if w[0] == u32::MAX {
-            return Err(Error::Device(format!("{OP}: the anchor is missing from the device's candidate union")));
-        }
-        if count > budget {
-            return Err(Error::Device(format!("{OP}: the device reported {count} nodes for a budget of {budget}")));
-        }
-        let mut t = DeviceTree::default();
-        for node in w[1..1 + 4 * count].chunks_exact(4) {
-            t.tokens.push(node[0]);
-            t.parents.push(node[1]);
-            t.depths.push(node[2]);
-            t.scores.push(f32::from_bits(node[3]));
-        }
-        Ok(Some(t))
+        Ok(Some(DeviceTree::from_words(OP, &w, budget)?))
     }
 }

@@ -359,21 +359,7 @@ impl WgpuBackend {
         let r = g.start_read(&[(out.buffer(), 0, out.bytes())])?;
         Ok(Pending::new(r, move |parts| {
             let w: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[0]);
-            let count = w[0] as usize;
-            if count == u32::MAX as usize {
-                return Err(Error::Device("sparkling_tree: the anchor is missing from the device's candidate union".into()));
-            }
-            if count > budget {
-                return Err(Error::Device(format!("sparkling_tree: the device reported {count} nodes for a budget of {budget}")));
-            }
-            let mut t = DeviceTree::default();
-            for node in w[1..1 + 4 * count].chunks_exact(4) {
-                t.tokens.push(node[0]);
-                t.parents.push(node[1]);
-                t.depths.push(node[2]);
-                t.scores.push(f32::from_bits(node[3]));
-            }
-            Ok(Some(t))
+            Ok(Some(DeviceTree::from_words("sparkling_tree", &w, budget)?))
         }))
     }
 
