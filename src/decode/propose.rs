@@ -3,7 +3,7 @@
 
 use super::Method;
 use crate::error::Result;
-use crate::tree::{self, CandidateTable, DepthTopK, DraftTree, MarkovHead};
+use crate::tree::{self, DraftTree, MarkovHead};
 use sparkling_core::Backend;
 use web_time::Instant;
 
@@ -128,8 +128,6 @@ pub async fn propose_device<B: Backend>(
         }
         Method::DDTree => {
             let top = b.topk_async(logits, p.budget.min(vocab).max(1)).await?;
-            let logp = top.vals.iter().enumerate().map(|(i, &v)| v - top.lse[i / top.k.max(1)]).collect();
-            let top = DepthTopK { k: top.k, ids: top.ids, logp };
             let prep = ms(t0);
             let t1 = Instant::now();
             let tr = tree::build_ddtree(&top, anchor, p.budget);
@@ -142,19 +140,12 @@ pub async fn propose_device<B: Backend>(
             }
             // The whole tree on the device where the backend offers it (wgpu: only the tree
             // comes back; the heap time is part of prep).
-            if let Some(t) = b.sparkling_tree_async(logits, markov_dev, p.candidates.max(1), anchor, k, p.budget).await? {
-                let mut tr = DraftTree::root(anchor);
-                tr.tokens.extend(t.tokens);
-                tr.parents.extend(t.parents);
-                tr.depths.extend(t.depths);
-                tr.scores.extend(t.scores);
+            if let Some(tr) = b.sparkling_tree_async(logits, markov_dev, p.candidates.max(1), anchor, k, p.budget).await? {
                 return Ok((tr, ms(t0), 0.0));
             }
             // Else top-C per depth → union with the anchor → Markov table, one Backend op (one
             // read-back on a device; topk + markov_table with the default), heap on the host.
-            let u = b.candidate_table_async(logits, markov_dev, p.candidates.max(1), anchor, k).await?;
-            let t = u.table;
-            let table = CandidateTable { cand: u.cand, ld: depth, k: t.k, vals: t.vals, slots: t.slots };
+            let table = b.candidate_table_async(logits, markov_dev, p.candidates.max(1), anchor, k).await?;
             let prep = ms(t0);
             let t1 = Instant::now();
             let tr = tree::build_sparkling_precompute(&table, anchor, p.budget);

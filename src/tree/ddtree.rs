@@ -1,6 +1,6 @@
 //! DDTree best-first heap (reference spec §5.1; verify layout §4.8; worked example §9.2).
 
-use super::{DepthTopK, DraftTree, Heap};
+use super::{DraftTree, Heap, TopK};
 use std::cmp::Ordering;
 
 #[derive(Clone, Copy)]
@@ -18,7 +18,7 @@ struct Entry {
 /// Build the DDTree draft tree (§5.1): the `budget` highest-scoring prefixes under the
 /// factorised per-depth marginals `q(u) = prod_i q_i(u_i)`, admitted best-first.
 ///
-/// - `top`: per-depth top-K log-probabilities ([`super::depth_topk`]); `Ld = top.depths()`.
+/// - `top`: per-depth top-K log-probabilities ([`super::depth_topk`]); `Ld = top.rows()`.
 ///   Precondition for exactness: `top.k >= min(budget, V)` (the heap uses
 ///   `K = min(budget, top.k)` ranks per depth; restricting to top-`min(B, V)` is lossless,
 ///   §5.1 Lemma 1).
@@ -33,18 +33,19 @@ struct Entry {
 /// `budget == 0`, `Ld == 0` or `top.k == 0` → root only.
 ///
 /// # Panics
-/// Never, for a `top` whose `ids`/`logp` have equal lengths that are a multiple of `k` (as
-/// produced by [`super::depth_topk`]); a shorter `logp` is an out-of-bounds precondition
-/// violation.
-pub fn build_ddtree(top: &DepthTopK, anchor: u32, budget: usize) -> DraftTree {
-    let ld = top.depths();
+/// Never, for a `top` whose `ids`/`vals` have equal lengths that are a multiple of `k` and
+/// with one `lse` per row (as produced by [`super::depth_topk`] and `Backend::topk`); shorter
+/// ones are an out-of-bounds precondition violation.
+pub fn build_ddtree(top: &TopK, anchor: u32, budget: usize) -> DraftTree {
+    let ld = top.rows();
     let kk = budget.min(top.k);
     let mut tree = DraftTree::root(anchor);
     if budget == 0 || ld == 0 || kk == 0 {
         return tree;
     }
     let stride = top.k;
-    let lp = |d: u32, r: u32| top.logp[(d as usize - 1) * stride + r as usize] as f64;
+    // log-probability of rank r at depth d: TopK::logp without the division.
+    let lp = |d: u32, r: u32| (top.vals[(d as usize - 1) * stride + r as usize] - top.lse[d as usize - 1]) as f64;
 
     tree.tokens.reserve(budget);
     tree.parents.reserve(budget);
@@ -127,11 +128,7 @@ mod tests {
     #[test]
     fn toy_heap_spec_9_2() {
         // V = 2, depth limit 2, budget 3; depth1 = [0.60, 0.25], depth2 = [0.50, 0.30].
-        let top = DepthTopK {
-            k: 2,
-            ids: vec![0, 1, 0, 1],
-            logp: vec![0.60f32.ln(), 0.25f32.ln(), 0.50f32.ln(), 0.30f32.ln()],
-        };
+        let top = TopK::from_logp(2, vec![0, 1, 0, 1], vec![0.60f32.ln(), 0.25f32.ln(), 0.50f32.ln(), 0.30f32.ln()]);
         let anchor = 42;
         let t = build_ddtree(&top, anchor, 3);
         assert!(t.is_well_formed());
@@ -174,9 +171,9 @@ mod tests {
 
     #[test]
     fn empty_budget_and_depth() {
-        let top = DepthTopK { k: 2, ids: vec![0, 1], logp: vec![-0.1, -2.0] };
+        let top = TopK::from_logp(2, vec![0, 1], vec![-0.1, -2.0]);
         assert_eq!(build_ddtree(&top, 7, 0), DraftTree::root(7));
-        let none = DepthTopK { k: 2, ids: vec![], logp: vec![] };
+        let none = TopK::from_logp(2, vec![], vec![]);
         assert_eq!(build_ddtree(&none, 7, 5), DraftTree::root(7));
         // Budget larger than the reachable tree (2 nodes at depth 1).
         let t = build_ddtree(&top, 7, 10);
@@ -211,7 +208,7 @@ mod tests {
     fn exact_tie_prefers_smaller_rank_tuple() {
         // Depth 1: two tokens with equal log-prob; depth 2: log-prob 0 for both ranks, so
         // every prefix has logw = -1 and the pop order is decided by rank tuples alone.
-        let top = DepthTopK { k: 2, ids: vec![5, 6, 7, 8], logp: vec![-1.0, -1.0, 0.0, 0.0] };
+        let top = TopK::from_logp(2, vec![5, 6, 7, 8], vec![-1.0, -1.0, 0.0, 0.0]);
         let t = build_ddtree(&top, 0, 6);
         // logw: (0,)=-1, (1,)=-1, (0,0)=-1, (0,1)=-1, (1,0)=-1, (1,1)=-1 — all tied.
         // Pop order by rank tuple: (0,), (0,0), (0,1), (1,), (1,0), (1,1).

@@ -32,200 +32,13 @@ pub mod sparkling_table;
 pub use ddtree::build_ddtree;
 pub use pctree::build_treespark;
 pub use sparkling::{build_sparkling_reference, markov_greedy_chain, MarkovHead};
-pub use sparkling_table::{build_sparkling_precompute, candidate_table, candidate_union, CandidateTable};
+pub use sparkling_table::{build_sparkling_precompute, candidate_table, candidate_union};
 pub use sparkling_lazy::{build_sparkling_lazy, LazyCandidates};
+/// The tree types are defined once, next to the Backend trait (design §3).
+pub use sparkling_core::tree::{CandidateTable, ChildMap, DraftTree, TopK, NO_PARENT};
 
-/// Sentinel parent of the root (`parents[0]` of every [`DraftTree`]).
-pub const NO_PARENT: u32 = u32::MAX;
-
-/// A draft tree in verify order (§4.8).
-///
-/// All four vectors have the same length `len() = 1 + num_nodes()`. Index 0 is the root
-/// (anchor/bonus token, depth 0, parent [`NO_PARENT`], score 0); nodes `1..len` are in the
-/// order the builder admitted them, and `parents[i] < i` for `i >= 1`. Siblings carry
-/// distinct tokens, which makes the acceptance walk (§4.9.1) unambiguous.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DraftTree {
-    /// Token id of every node (`tokens[0]` = anchor).
-    pub tokens: Vec<u32>,
-    /// Parent index of every node (`parents[0]` = [`NO_PARENT`], else `< i`).
-    pub parents: Vec<u32>,
-    /// Depth of every node (root 0; `depths[i] = depths[parents[i]] + 1`). Position id = `S + depth`.
-    pub depths: Vec<u32>,
-    /// Path log-score of every node (natural log; 0 for the root). Its meaning depends on the
-    /// builder: sum of per-depth log-marginals (DDTree) or of Markov-conditioned
-    /// log-probabilities (SparklingTree, TreeSpark/PCTree); 0 for [`DraftTree::chain`].
-    pub scores: Vec<f32>,
-}
-
-impl DraftTree {
-    /// A tree made of the root only (`len() == 1`): token `anchor`, depth 0, score 0.
-    pub fn root(anchor: u32) -> Self {
-        DraftTree { tokens: vec![anchor], parents: vec![NO_PARENT], depths: vec![0], scores: vec![0.0] }
-    }
-
-    /// A chain-shaped tree: root `anchor` followed by `drafts[0], drafts[1], ...`, node `i`
-    /// having parent `i - 1` and depth `i`. Scores are all 0 (a chain carries no log-scores).
-    pub fn chain(anchor: u32, drafts: &[u32]) -> Self {
-        let n = drafts.len() + 1;
-        let mut t = DraftTree {
-            tokens: Vec::with_capacity(n),
-            parents: Vec::with_capacity(n),
-            depths: Vec::with_capacity(n),
-            scores: vec![0.0; n],
-        };
-        t.tokens.push(anchor);
-        t.tokens.extend_from_slice(drafts);
-        t.parents.push(NO_PARENT);
-        t.parents.extend(0..drafts.len() as u32);
-        t.depths.extend(0..n as u32);
-        t
-    }
-
-    /// Number of nodes including the root (= number of verify positions).
-    pub fn len(&self) -> usize {
-        self.tokens.len()
-    }
-
-    /// Always false for a tree built by this module (the root is always present); provided
-    /// for API completeness (`len() == 0` only for `DraftTree::default()`).
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
-
-    /// Number of non-root nodes (`len() - 1`; 0 for an empty/default tree).
-    pub fn num_nodes(&self) -> usize {
-        self.tokens.len().saturating_sub(1)
-    }
-
-    /// Child lookup for the acceptance walk (§4.9.1): the index of the child of `node` whose
-    /// token is `tok`, or `None`. Scans indices `node+1..len` (children always follow their
-    /// parent), i.e. O(len) per call with no allocation — a few ns for verify-sized trees.
-    /// For strict O(children) lookups build a [`ChildMap`] once with [`DraftTree::child_map`].
-    /// `node >= len()` yields `None`.
-    pub fn child_with_token(&self, node: usize, tok: u32) -> Option<usize> {
-        let n = self.tokens.len();
-        (node.saturating_add(1)..n).find(|&i| self.parents[i] as usize == node && self.tokens[i] == tok)
-    }
-
-    /// Build the CSR child map of this tree (O(len)); see [`ChildMap`].
-    pub fn child_map(&self) -> ChildMap {
-        ChildMap::new(self)
-    }
-
-    /// True iff the tree is structurally valid: all four vectors have the same non-zero
-    /// length, the root has parent [`NO_PARENT`] and depth 0, every other node `i` has
-    /// `parents[i] < i` and `depths[i] == depths[parents[i]] + 1`, and siblings carry
-    /// distinct tokens.
-    pub fn is_well_formed(&self) -> bool {
-        let n = self.tokens.len();
-        if n == 0 || self.parents.len() != n || self.depths.len() != n || self.scores.len() != n {
-            return false;
-        }
-        if self.parents[0] != NO_PARENT || self.depths[0] != 0 {
-            return false;
-        }
-        for i in 1..n {
-            let p = self.parents[i] as usize;
-            if p >= i || self.depths[i] != self.depths[p].wrapping_add(1) {
-                return false;
-            }
-        }
-        let cm = self.child_map();
-        (0..n).all(|p| {
-            let toks = cm.child_tokens(p);
-            toks.iter().enumerate().all(|(a, t)| !toks[a + 1..].contains(t))
-        })
-    }
-}
-
-/// Compressed child lists of a [`DraftTree`] (children of `p` in ascending index order),
-/// for O(children) lookups in the acceptance walk (§4.9.1). Snapshot: rebuild it if the tree
-/// is modified.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ChildMap {
-    offsets: Vec<u32>,
-    children: Vec<u32>,
-    tokens: Vec<u32>,
-}
-
-impl ChildMap {
-    /// Build from `tree` in O(len). Nodes whose parent is out of range are ignored.
-    pub fn new(tree: &DraftTree) -> Self {
-        let n = tree.tokens.len();
-        let mut offsets = vec![0u32; n + 1];
-        for i in 1..n {
-            let p = tree.parents[i] as usize;
-            if p < n {
-                offsets[p + 1] += 1;
-            }
-        }
-        for i in 0..n {
-            offsets[i + 1] += offsets[i];
-        }
-        let m = offsets[n] as usize;
-        let mut fill = offsets.clone();
-        let mut children = vec![0u32; m];
-        let mut tokens = vec![0u32; m];
-        for i in 1..n {
-            let p = tree.parents[i] as usize;
-            if p < n {
-                let at = fill[p] as usize;
-                children[at] = i as u32;
-                tokens[at] = tree.tokens[i];
-                fill[p] += 1;
-            }
-        }
-        ChildMap { offsets, children, tokens }
-    }
-
-    /// Child indices of `node`, ascending (empty if `node` is out of range).
-    pub fn children(&self, node: usize) -> &[u32] {
-        match (self.offsets.get(node), self.offsets.get(node + 1)) {
-            (Some(&a), Some(&b)) => &self.children[a as usize..b as usize],
-            _ => &[],
-        }
-    }
-
-    /// Tokens of the children of `node`, aligned with [`ChildMap::children`].
-    pub fn child_tokens(&self, node: usize) -> &[u32] {
-        match (self.offsets.get(node), self.offsets.get(node + 1)) {
-            (Some(&a), Some(&b)) => &self.tokens[a as usize..b as usize],
-            _ => &[],
-        }
-    }
-
-    /// The child of `node` with token `tok`, in O(children of `node`).
-    pub fn child_with_token(&self, node: usize, tok: u32) -> Option<usize> {
-        let toks = self.child_tokens(node);
-        toks.iter().position(|&t| t == tok).map(|j| self.children(node)[j] as usize)
-    }
-}
-
-/// Per-depth top-K of a log-softmax over the full vocabulary: the DDTree input (§5.1 step 2).
-///
-/// Row `d` (0-based) describes depth `d + 1`. `ids[d*k + j]` is the token of rank `j` at that
-/// depth and `logp[d*k + j]` its log-probability (natural log, normalised over the **full**
-/// vocabulary), sorted descending per depth (ties: lower id first). The number of depths is
-/// `ids.len() / k` (see [`DepthTopK::depths`]).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DepthTopK {
-    /// Entries per depth (K).
-    pub k: usize,
-    /// Token ids, `[depths * k]` row-major.
-    pub ids: Vec<u32>,
-    /// Log-probabilities, `[depths * k]` row-major, descending within each depth.
-    pub logp: Vec<f32>,
-}
-
-impl DepthTopK {
-    /// Number of depth rows (`ids.len() / k`; 0 when `k == 0`).
-    pub fn depths(&self) -> usize {
-        self.ids.len().checked_div(self.k).unwrap_or(0)
-    }
-}
-
-/// Compute [`DepthTopK`] from draft logits (§5.1 step 2).
+/// Compute the host [`TopK`] of draft logits (§5.1 step 2), normalised: `vals` are
+/// log-probabilities and `lse` is 0 ([`TopK::from_logp`]).
 ///
 /// `logits` is `[depths, vocab]` row-major `f32` (finite values). Per row: log-sum-exp over
 /// the **full** vocabulary (max shift, `f32` exponentials summed in `f64` blocks), then the
@@ -234,7 +47,7 @@ impl DepthTopK {
 ///
 /// # Panics
 /// If `logits.len() < depths * vocab` (precondition).
-pub fn depth_topk(logits: &[f32], depths: usize, vocab: usize, k: usize) -> DepthTopK {
+pub fn depth_topk(logits: &[f32], depths: usize, vocab: usize, k: usize) -> TopK {
     assert!(logits.len() >= depths * vocab, "depth_topk: logits shorter than depths*vocab");
     let k = k.min(vocab);
     let mut ids = Vec::with_capacity(depths * k);
@@ -249,7 +62,7 @@ pub fn depth_topk(logits: &[f32], depths: usize, vocab: usize, k: usize) -> Dept
             logp.push(log_prob(v, lse));
         }
     }
-    DepthTopK { k, ids, logp }
+    TopK::from_logp(k, ids, logp)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -656,19 +469,20 @@ mod tests {
         let logits = [1.0f32, 3.0, 2.0, 3.0, /* */ 0.0, -1.0, 5.0, 0.5];
         let t = depth_topk(&logits, 2, 4, 3);
         assert_eq!(t.k, 3);
-        assert_eq!(t.depths(), 2);
+        assert_eq!(t.rows(), 2);
         assert_eq!(t.ids, vec![1, 3, 2, 2, 3, 0]); // tie 3.0 at ids 1 and 3: lower id first
         let lz0 = (1f64.exp() + 2.0 * 3f64.exp() + 2f64.exp()).ln();
         let lz1 = (1.0 + (-1f64).exp() + 5f64.exp() + 0.5f64.exp()).ln();
         let want = [3.0 - lz0, 3.0 - lz0, 2.0 - lz0, 5.0 - lz1, 0.5 - lz1, 0.0 - lz1];
-        for (g, w) in t.logp.iter().zip(want) {
-            assert!((*g as f64 - w).abs() < 1e-6, "{g} vs {w}");
+        for (i, w) in want.into_iter().enumerate() {
+            let g = t.logp(i);
+            assert!((g as f64 - w).abs() < 1e-6, "{g} vs {w}");
         }
         // k > vocab clamps.
         let t = depth_topk(&logits, 2, 4, 10);
         assert_eq!(t.k, 4);
         assert_eq!(t.ids.len(), 8);
-        assert_eq!(depth_topk(&logits, 2, 4, 0).depths(), 0);
+        assert_eq!(depth_topk(&logits, 2, 4, 0).rows(), 0);
     }
 
     #[test]

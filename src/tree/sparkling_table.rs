@@ -4,38 +4,7 @@
 //! `sparkling_lazy.rs`, which yields the same tree.
 
 use super::sparkling::{check_inputs, MarkovHead};
-use super::{exp_nonpos, log_prob, log_sum_exp, row_max, topk_desc, DraftTree, Heap};
-
-/// Precomputed per-(depth, parent-candidate) top-k table for [`build_sparkling_precompute`]
-/// (§5.2 (c)).
-///
-/// `n = cand.len()`. For depth row `d in 0..ld` (feeding depth `d + 1` nodes) and parent slot
-/// `p in 0..n`, entries `j in 0..k` at flat index `(d * n + p) * k + j` hold the `j`-th best
-/// child: `slots[..]` is the child's slot in `cand` and `vals[..]` its log-probability
-/// `T[d,p,c] - logsumexp_c T[d,p,·]` with `T[d,p,c] = U[d, cand[c]] + B(cand[p])[cand[c]]`,
-/// i.e. normalised over the candidate union (not the full vocabulary). Descending per row;
-/// ties: lower slot first.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct CandidateTable {
-    /// Candidate token ids: the union of per-depth top-C of `U` plus the anchor, sorted
-    /// ascending and deduplicated.
-    pub cand: Vec<u32>,
-    /// Number of depth rows.
-    pub ld: usize,
-    /// Children kept per (depth, parent): `min(max_fanout, budget, n)`.
-    pub k: usize,
-    /// Log-probabilities, `[ld, n, k]` row-major.
-    pub vals: Vec<f32>,
-    /// Child slots into `cand`, `[ld, n, k]` row-major.
-    pub slots: Vec<u32>,
-}
-
-impl CandidateTable {
-    /// Number of candidates `n = cand.len()`.
-    pub fn n(&self) -> usize {
-        self.cand.len()
-    }
-}
+use super::{exp_nonpos, log_prob, log_sum_exp, row_max, topk_desc, CandidateTable, DraftTree, Heap};
 
 /// Build the SparklingTree precompute table (§5.2 (c), the expensive part).
 ///

@@ -375,9 +375,9 @@ pub fn candidate_table_matches_cpu<B: Backend>(g: &B) {
         let what = format!("candidate_table ld {ld} V {vocab} C {c} k {k} head {head} anchor {anchor}");
         assert_eq!(got.cand, want.cand, "{what}: candidates");
         assert!(want.cand.binary_search(&anchor).is_ok(), "{what}: anchor in the union");
-        assert_eq!(got.table.k, want.table.k, "{what}: k");
-        assert_eq!(got.table.slots, want.table.slots, "{what}: slots");
-        assert_close(&format!("{what}: vals (n {})", want.cand.len()), &got.table.vals, &want.table.vals, 1e-5, 0.0);
+        assert_eq!(got.k, want.k, "{what}: k");
+        assert_eq!(got.slots, want.slots, "{what}: slots");
+        assert_close(&format!("{what}: vals (n {})", want.cand.len()), &got.vals, &want.vals, 1e-5, 0.0);
     }
     let gb = g.upload(&[0.0; 20], 2, 10).unwrap();
     assert!(matches!(g.candidate_table(&gb, None, 3, 1, 0), Err(Error::Invalid(_))), "k = 0");
@@ -581,7 +581,7 @@ pub fn target_logits_match_cpu<B: Backend>(g: &B) {
 /// two competing weights within 1e-5), and reported. Returns false when `g` does not offer
 /// the op (the default `None`).
 pub fn sparkling_tree_matches_host_heap<B: Backend>(g: &B) -> bool {
-    use sparkling::tree::{build_sparkling_precompute, CandidateTable};
+    use sparkling::tree::build_sparkling_precompute;
     let mut r = Rng(915);
     let (mut compared, mut near_ties) = (0usize, 0usize);
     // (ld, vocab, rank, C, k, budget, head)
@@ -605,31 +605,30 @@ pub fn sparkling_tree_matches_host_heap<B: Backend>(g: &B) -> bool {
             eprintln!("{}: sparkling_tree not offered (host heap used); skipped", g.name());
             return false;
         };
-        let u = g.candidate_table(&gb, m, c, anchor, k).unwrap();
-        let table = CandidateTable { cand: u.cand.clone(), ld, k: u.table.k, vals: u.table.vals, slots: u.table.slots };
+        let table = g.candidate_table(&gb, m, c, anchor, k).unwrap();
         let host = build_sparkling_precompute(&table, anchor, budget);
-        let n = dev.tokens.len();
+        let n = dev.num_nodes();
         assert_eq!(n, host.num_nodes(), "{what}: node count");
         // Structural validity of the device tree on its own.
-        for j in 0..n {
-            let (par, node) = (dev.parents[j] as usize, j + 1);
+        assert_eq!((dev.tokens[0], dev.parents[0], dev.depths[0]), (anchor, NO_PARENT, 0), "{what}: root");
+        for node in 1..=n {
+            let par = dev.parents[node] as usize;
             assert!(par < node, "{what}: node {node} parent {par}");
-            let pd = if par == 0 { 0 } else { dev.depths[par - 1] };
-            assert_eq!(dev.depths[j], pd + 1, "{what}: node {node} depth");
-            assert!(u.cand.binary_search(&dev.tokens[j]).is_ok(), "{what}: node {node} token not a candidate");
+            assert_eq!(dev.depths[node], dev.depths[par] + 1, "{what}: node {node} depth");
+            assert!(table.cand.binary_search(&dev.tokens[node]).is_ok(), "{what}: node {node} token not a candidate");
         }
-        match (0..n).find(|&j| (dev.tokens[j], dev.parents[j], dev.depths[j]) != (host.tokens[j + 1], host.parents[j + 1], host.depths[j + 1])) {
+        match (1..=n).find(|&j| (dev.tokens[j], dev.parents[j], dev.depths[j]) != (host.tokens[j], host.parents[j], host.depths[j])) {
             None => {
                 let tol = |s: f32| 1e-5 * (1.0 + s.abs());
-                for j in 0..n {
-                    assert!((dev.scores[j] - host.scores[j + 1]).abs() <= tol(host.scores[j + 1]), "{what}: node {} score {} vs {}", j + 1, dev.scores[j], host.scores[j + 1]);
+                for j in 1..=n {
+                    assert!((dev.scores[j] - host.scores[j]).abs() <= tol(host.scores[j]), "{what}: node {j} score {} vs {}", dev.scores[j], host.scores[j]);
                 }
             }
             Some(j) => {
-                let gap = (dev.scores[j] - host.scores[j + 1]).abs();
-                assert!(gap <= 1e-5 * (1.0 + host.scores[j + 1].abs()), "{what}: trees differ at node {} (device {:?}, host {:?}) without a near-tie (weights {} vs {})",
-                    j + 1, (dev.tokens[j], dev.parents[j], dev.depths[j]), (host.tokens[j + 1], host.parents[j + 1], host.depths[j + 1]), dev.scores[j], host.scores[j + 1]);
-                eprintln!("{what}: near-tie at node {} (weights {} vs {}): trees diverge from there, both valid", j + 1, dev.scores[j], host.scores[j + 1]);
+                let gap = (dev.scores[j] - host.scores[j]).abs();
+                assert!(gap <= 1e-5 * (1.0 + host.scores[j].abs()), "{what}: trees differ at node {j} (device {:?}, host {:?}) without a near-tie (weights {} vs {})",
+                    (dev.tokens[j], dev.parents[j], dev.depths[j]), (host.tokens[j], host.parents[j], host.depths[j]), dev.scores[j], host.scores[j]);
+                eprintln!("{what}: near-tie at node {j} (weights {} vs {}): trees diverge from there, both valid", dev.scores[j], host.scores[j]);
                 near_ties += 1;
             }
         }

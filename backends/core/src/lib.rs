@@ -12,6 +12,12 @@
 
 use std::fmt;
 
+pub mod select;
+pub mod tree;
+
+pub use select::check_candidate_table_args;
+pub use tree::{CandidateTable, ChildMap, DraftTree, TopK, NO_PARENT};
+
 /// The one error type of the engine's backends.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Error {
@@ -41,9 +47,6 @@ impl std::error::Error for Error {}
 /// Result alias used by every backend op.
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Sentinel parent of a tree root in [`AttnMask::Tree`].
-pub const NO_PARENT: u32 = u32::MAX;
-
 /// Which keys a query row may see in [`Backend::attention`].
 ///
 /// The query block is always the *last* `q_rows` entries of the key range `0..kv_len`
@@ -56,7 +59,7 @@ pub enum AttnMask<'a> {
     /// Tree verify (DDTree §4.8): query `i` sees block keys that are ancestors of `i` or `i`
     /// itself. `parents[i] < i` for `i ≥ 1`, `parents[0] == NO_PARENT` (the root). Visible keys
     /// are visited in ascending slot order, so a chain-shaped tree gives bit-identical results
-    /// to [`AttnMask::Causal`].
+    /// to [`AttnMask::Causal`]. [`select::ancestor_table`] lists each row's visible block keys.
     Tree { parents: &'a [u32] },
     /// Every key visible (the drafter's non-causal context + block attention, DFlash §2.4).
     Full,
@@ -82,115 +85,6 @@ pub struct SampleParams {
     pub top_k: usize,
     /// Nucleus mass (1.0 = off).
     pub top_p: f32,
-}
-
-/// Per-row top-k of a logits tensor with the row's log-sum-exp ([`Backend::topk`]).
-///
-/// For `rows` input rows and `k` kept entries (`k = min(requested, cols)`): `ids` and `vals`
-/// are `[rows, k]` row-major, sorted by value descending, ties broken by the lower id; `vals`
-/// are the raw logits (so `vals - lse` are log-probabilities over the full row); `lse[i]` is
-/// `ln Σ_j exp(logits[i, j])` over the whole row (max-shifted; f32 on the device is within
-/// ~1e-6 relative of the CPU's f64 sum).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct TopK {
-    /// Entries per row.
-    pub k: usize,
-    /// Token ids, `[rows, k]`.
-    pub ids: Vec<u32>,
-    /// Logit values, `[rows, k]`, descending per row.
-    pub vals: Vec<f32>,
-    /// Log-sum-exp of each full row, `[rows]`.
-    pub lse: Vec<f32>,
-}
-
-/// The SparklingTree candidate-union transition table (reference §5.2 c), as computed by
-/// [`Backend::markov_table`]: `n` candidates, `ld` depth rows, `k` children per row.
-///
-/// Entry `(d, p, j)` at flat index `(d * n + p) * k + j` is the `j`-th best child of parent
-/// slot `p` at depth row `d`: `slots[..]` the child's slot in the candidate list and `vals[..]`
-/// its log-probability `T[d,p,c] - ln Σ_c' exp T[d,p,c']` with
-/// `T[d,p,c] = U[d, cand[c]] + B(cand[p])[cand[c]]` (normalised over the candidate union).
-/// Descending per row; ties: lower slot first.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct MarkovTable {
-    /// Children per (depth, parent) row.
-    pub k: usize,
-    /// Log-probabilities, `[ld, n, k]`.
-    pub vals: Vec<f32>,
-    /// Child slots into the candidate list, `[ld, n, k]`.
-    pub slots: Vec<u32>,
-}
-
-/// The result of [`Backend::candidate_table`]: the SparklingTree candidate union (reference
-/// §5.2 b) and its Markov transition table (§5.2 c).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct UnionTable {
-    /// Candidate token ids, ascending and distinct: the union of the per-row top-`candidates`
-    /// ids of `base [ld, V]` plus the anchor token (all of `0..V` when `candidates ≥ V`).
-    /// `n = cand.len()` with `1 ≤ n ≤ min(ld·candidates + 1, V)`.
-    pub cand: Vec<u32>,
-    /// The `[ld, n, k]` table over `cand` ([`MarkovTable`]), `k = min(requested k, n)`.
-    pub table: MarkovTable,
-}
-
-/// A SparklingTree draft tree built on the device ([`Backend::sparkling_tree`]): the non-root
-/// nodes in creation (pop) order. Node `i` of the tree is entry `i - 1` here; node 0 is the
-/// anchor. `parents[j]` is a node index (`0` = the anchor, else `< j + 1`), `depths[j] =
-/// depths[parent] + 1`, `scores[j]` the path log-weight (f32).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DeviceTree {
-    /// Token id of each non-root node.
-    pub tokens: Vec<u32>,
-    /// Parent node index of each non-root node.
-    pub parents: Vec<u32>,
-    /// Depth of each non-root node (≥ 1).
-    pub depths: Vec<u32>,
-    /// Path log-weight of each non-root node.
-    pub scores: Vec<f32>,
-}
-
-impl DeviceTree {
-    /// Decode the output of the device tree kernels (`shaders/tree_heap.wgsl`,
-    /// `shaders/cuda/tree_heap.cu`): `words[0]` = node count c (`0xffffffff` when the anchor
-    /// is not in the candidate union), then 4 words per node in pop order — token, parent node
-    /// index, depth, f32 bits of the path log-weight. `words` holds at least `1 + 4·c` words.
-    /// Errors: [`Error::Device`] naming `op` for the anchor flag, a count above `budget`, or
-    /// a buffer too short for the count (device faults: the kernels never produce them).
-    pub fn from_words(op: &str, words: &[u32], budget: usize) -> Result<DeviceTree> {
-        let Some(&c) = words.first() else {
-            return Err(Error::Device(format!("{op}: empty tree read-back")));
-        };
-        if c == u32::MAX {
-            return Err(Error::Device(format!("{op}: the anchor is missing from the device's candidate union")));
-        }
-        let count = c as usize;
-        if count > budget || words.len() < 1 + 4 * count {
-            return Err(Error::Device(format!("{op}: the device reported {count} nodes for a budget of {budget} ({} words read)", words.len())));
-        }
-        let mut t = DeviceTree::default();
-        for node in words[1..1 + 4 * count].chunks_exact(4) {
-            t.tokens.push(node[0]);
-            t.parents.push(node[1]);
-            t.depths.push(node[2]);
-            t.scores.push(f32::from_bits(node[3]));
-        }
-        Ok(t)
-    }
-}
-
-/// Argument checks of [`Backend::candidate_table`], shared by every implementation:
-/// `k ≥ 1`, `candidates ≥ 1` and `anchor < vocab`, else [`Error::Invalid`] naming the argument.
-pub fn check_candidate_table_args(vocab: usize, candidates: usize, anchor: u32, k: usize) -> Result<()> {
-    if k == 0 {
-        return Err(Error::Invalid("candidate_table: k (children per row) must be at least 1".into()));
-    }
-    if candidates == 0 {
-        return Err(Error::Invalid("candidate_table: candidates (top-C per depth row) must be at least 1".into()));
-    }
-    if anchor as usize >= vocab {
-        return Err(Error::Invalid(format!("candidate_table: anchor token {anchor} is outside the vocabulary of {vocab}")));
-    }
-    Ok(())
 }
 
 /// A compute backend: buffers plus the coarse ops of design §3.
@@ -295,15 +189,16 @@ pub trait Backend: Send + Sync {
     /// - `cand`: candidate token ids (`n ≥ 1`, each `< V`, ascending, distinct);
     /// - `k`: children kept per row, clamped to `n`.
     ///
-    /// Returns the `[ld, n, k]` table described at [`MarkovTable`]. Errors: a candidate id
-    /// `≥ V`, empty `cand`, `k == 0`, or W1/W2 shapes that are not `[V, r]`.
+    /// Returns the `[ld, n, k]` table described at [`CandidateTable`] (with `cand` copied into
+    /// it and `ld` the rows of `base`). Errors: a candidate id `≥ V`, empty `cand`, `k == 0`,
+    /// or W1/W2 shapes that are not `[V, r]` ([`select::check_markov_table_args`]).
     fn markov_table(
         &self,
         base: &Self::Tensor,
         markov: Option<(&Self::Tensor, &Self::Tensor)>,
         cand: &[u32],
         k: usize,
-    ) -> Result<MarkovTable>;
+    ) -> Result<CandidateTable>;
 
     /// SparklingTree device tree prep in one op (reference §5.2 b–c, design §3): the candidate
     /// union of the per-row top-`candidates` ids of `base` plus `anchor`, then the Markov
@@ -316,7 +211,7 @@ pub trait Backend: Send + Sync {
     /// - `k`: children kept per row, clamped to the union size `n`.
     ///
     /// Returns `cand` (ascending, distinct; `n ≤ min(ld·C + 1, V)`) and the `[ld, n, k]` table
-    /// of [`MarkovTable`] — exactly what [`Backend::topk`] + host union + [`Backend::markov_table`]
+    /// of [`CandidateTable`] — exactly what [`Backend::topk`] + host union + [`Backend::markov_table`]
     /// give. Errors: `k == 0`, `candidates == 0` or `anchor ≥ V` ([`Error::Invalid`], naming the
     /// argument); W1/W2 not `[V, r]` ([`Error::Shape`]); device failures.
     ///
@@ -331,27 +226,23 @@ pub trait Backend: Send + Sync {
         candidates: usize,
         anchor: u32,
         k: usize,
-    ) -> Result<UnionTable> {
+    ) -> Result<CandidateTable> {
         let vocab = self.shape(base).1;
         check_candidate_table_args(vocab, candidates, anchor, k)?;
-        let mut cand: Vec<u32> = if candidates >= vocab {
+        let cand: Vec<u32> = if candidates >= vocab {
             (0..vocab as u32).collect()
         } else {
-            let mut c = self.topk(base, candidates)?.ids;
-            c.push(anchor);
-            c
+            select::candidate_union(self.topk(base, candidates)?.ids, anchor)
         };
-        cand.sort_unstable();
-        cand.dedup();
-        let table = self.markov_table(base, markov, &cand, k.min(cand.len()))?;
-        Ok(UnionTable { cand, table })
+        self.markov_table(base, markov, &cand, k.min(cand.len()))
     }
 
     /// SparklingTree's whole tree prep on the device: [`Backend::candidate_table`] with
     /// `candidates`, `anchor` and `k` children per row, then the best-first precompute heap of
     /// reference §5.2 c (`build_sparkling_precompute` in `src/tree`: pop the heaviest path,
     /// push its next sibling and its first child) for `budget` nodes, so only the tree comes
-    /// back (`4·budget + 1` words) instead of the `[ld, n, k]` table. Path weights accumulate in
+    /// back (`4·budget + 1` words, decoded by [`DraftTree::from_device_words`] into a tree rooted
+    /// at `anchor`) instead of the `[ld, n, k]` table. Path weights accumulate in
     /// f32 on the device (f64 on the host), so on a near-tie (≈ 1e-7 relative) the two may pick
     /// different nodes; either tree is a valid draft and verification stays exact.
     ///
@@ -367,7 +258,7 @@ pub trait Backend: Send + Sync {
         anchor: u32,
         k: usize,
         budget: usize,
-    ) -> Result<Option<DeviceTree>> {
+    ) -> Result<Option<DraftTree>> {
         let _ = (base, markov, candidates, anchor, k, budget);
         Ok(None)
     }
@@ -406,7 +297,7 @@ pub trait Backend: Send + Sync {
         candidates: usize,
         anchor: u32,
         k: usize,
-    ) -> Result<UnionTable> {
+    ) -> Result<CandidateTable> {
         self.candidate_table(base, markov, candidates, anchor, k)
     }
 
@@ -420,23 +311,7 @@ pub trait Backend: Send + Sync {
         anchor: u32,
         k: usize,
         budget: usize,
-    ) -> Result<Option<DeviceTree>> {
+    ) -> Result<Option<DraftTree>> {
         self.sparkling_tree(base, markov, candidates, anchor, k, budget)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn device_tree_words_decode_and_faults_are_errors() {
-        let w = [2, 7, 0, 1, (-0.5f32).to_bits(), 9, 1, 2, (-1.25f32).to_bits(), 99];
-        let t = DeviceTree::from_words("tree", &w, 4).unwrap();
-        assert_eq!(t, DeviceTree { tokens: vec![7, 9], parents: vec![0, 1], depths: vec![1, 2], scores: vec![-0.5, -1.25] });
-        assert!(matches!(DeviceTree::from_words("tree", &[u32::MAX], 4), Err(Error::Device(m)) if m.contains("anchor")));
-        assert!(matches!(DeviceTree::from_words("tree", &w, 1), Err(Error::Device(m)) if m.contains("budget of 1")));
-        assert!(matches!(DeviceTree::from_words("tree", &w[..5], 4), Err(Error::Device(_))));
-        assert!(DeviceTree::from_words("tree", &[], 4).is_err());
     }
 }

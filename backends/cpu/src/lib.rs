@@ -10,7 +10,8 @@ pub mod select;
 
 use kernels::dot;
 use rayon::prelude::*;
-use sparkling_core::{AttnMask, AttnShape, Backend, Error, MarkovTable, Result, SampleParams, TopK, NO_PARENT};
+use sparkling_core::select::{ancestor_table, check_markov_table_args};
+use sparkling_core::{AttnMask, AttnShape, Backend, CandidateTable, Error, Result, SampleParams, TopK};
 
 /// An `f32 [rows, cols]` row-major host tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -319,20 +320,12 @@ impl Backend for CpuBackend {
                 if parents.len() != t {
                     return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
                 }
+                let table = ancestor_table(parents)?;
+                let (offs, entries) = table.split_at(t + 1);
                 let mut rows = Vec::with_capacity(t);
                 for i in 0..t {
-                    let mut anc = vec![i];
-                    let mut cur = i;
-                    while parents[cur] != NO_PARENT {
-                        let p = parents[cur] as usize;
-                        if p >= cur {
-                            return Err(Error::Invalid(format!("tree parent {p} of row {cur} is not an earlier row")));
-                        }
-                        anc.push(p);
-                        cur = p;
-                    }
                     let mut vis: Vec<usize> = (0..prefix).collect();
-                    vis.extend(anc.iter().rev().map(|&a| prefix + a));
+                    vis.extend(entries[offs[i] as usize..offs[i + 1] as usize].iter().map(|&a| prefix + a as usize));
                     rows.push(vis);
                 }
                 rows
@@ -387,20 +380,13 @@ impl Backend for CpuBackend {
             return Err(Error::Invalid("topk: k must be at least 1".into()));
         }
         let k = k.min(logits.cols);
-        let mut out = TopK { k, ids: Vec::with_capacity(logits.rows * k), vals: Vec::with_capacity(logits.rows * k), lse: Vec::with_capacity(logits.rows) };
         if k == 0 {
-            return Ok(out);
+            return Ok(TopK { k, ..TopK::default() });
         }
-        let rows: Vec<(Vec<u32>, f64)> = logits.data.par_chunks(logits.cols).map(|row| (select::topk_indices(row, k), select::log_sum_exp(row))).collect();
-        for ((ids, lse), row) in rows.into_iter().zip(logits.data.chunks(logits.cols)) {
-            out.vals.extend(ids.iter().map(|&i| row[i as usize]));
-            out.ids.extend(ids);
-            out.lse.push(lse as f32);
-        }
-        Ok(out)
+        Ok(select::topk(&logits.data, logits.rows, logits.cols, k))
     }
 
-    fn markov_table(&self, base: &CpuTensor, markov: Option<(&CpuTensor, &CpuTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
+    fn markov_table(&self, base: &CpuTensor, markov: Option<(&CpuTensor, &CpuTensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
         let vocab = base.cols;
         check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), cand, k)?;
         let m = markov.map(|(w1, w2)| (w1.data.as_slice(), w2.data.as_slice(), w1.cols));
@@ -408,29 +394,10 @@ impl Backend for CpuBackend {
     }
 }
 
-/// Argument checks of [`Backend::markov_table`] shared by the backends: candidates non-empty,
-/// ascending, distinct and `< vocab`; `k ≥ 1`; W1 and W2 both `[vocab, r]` with `r ≥ 1`.
-pub fn check_markov_table_args(vocab: usize, markov: Option<((usize, usize), (usize, usize))>, cand: &[u32], k: usize) -> Result<()> {
-    if cand.is_empty() || k == 0 {
-        return Err(Error::Invalid(format!("markov_table: need at least one candidate and k ≥ 1 (got {} candidates, k = {k})", cand.len())));
-    }
-    if let Some(w) = cand.windows(2).find(|w| w[0] >= w[1]) {
-        return Err(Error::Invalid(format!("markov_table: candidates must be ascending and distinct (found {} before {})", w[0], w[1])));
-    }
-    if let Some(&bad) = cand.iter().find(|&&c| c as usize >= vocab) {
-        return Err(Error::Invalid(format!("markov_table: candidate id {bad} is outside the vocabulary of {vocab}")));
-    }
-    if let Some((a, b)) = markov {
-        if a.0 != vocab || b != a || a.1 == 0 {
-            return Err(Error::Shape { op: "markov_table", detail: format!("W1 {a:?} and W2 {b:?} must both be [vocab = {vocab}, r ≥ 1]") });
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sparkling_core::NO_PARENT;
 
     fn pseudo(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 500.0 - 1.0).collect()

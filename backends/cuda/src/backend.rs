@@ -3,7 +3,7 @@
 
 use crate::tensor::{CudaTensor, CudaWeight};
 use crate::CudaBackend;
-use sparkling_core::{AttnMask, AttnShape, Backend, DeviceTree, MarkovTable, Result, SampleParams, TopK, UnionTable};
+use sparkling_core::{AttnMask, AttnShape, Backend, CandidateTable, DraftTree, Result, SampleParams, TopK};
 
 impl Backend for CudaBackend {
     type Tensor = CudaTensor;
@@ -118,11 +118,11 @@ impl Backend for CudaBackend {
         self.op_topk(logits, k)
     }
 
-    fn markov_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
+    fn markov_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
         self.op_markov_table(base, markov, cand, k)
     }
 
-    fn candidate_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<UnionTable> {
+    fn candidate_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<CandidateTable> {
         self.op_candidate_table(base, markov, candidates, anchor, k)
     }
 
@@ -134,7 +134,7 @@ impl Backend for CudaBackend {
         anchor: u32,
         k: usize,
         budget: usize,
-    ) -> Result<Option<DeviceTree>> {
+    ) -> Result<Option<DraftTree>> {
         self.op_sparkling_tree(base, markov, candidates, anchor, k, budget)
     }
 }

@@ -9,7 +9,8 @@
 use crate::tensor::CudaTensor;
 use crate::{dev, shape_err, to_u32, CudaBackend};
 use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
-use sparkling_core::{check_candidate_table_args, Backend, DeviceTree, Error, MarkovTable, Result, SampleParams, TopK, UnionTable};
+use sparkling_core::select::{self, check_candidate_table_args, check_markov_table_args};
+use sparkling_core::{CandidateTable, DraftTree, Error, Result, SampleParams, TopK};
 
 /// `TOPK_MAX` of block_topk.cuh: the largest k selected on the device.
 pub(crate) const TOPK_MAX: usize = 2048;
@@ -81,9 +82,9 @@ impl CudaBackend {
         self.read("sample", &out, rows)
     }
 
-    /// Row-wise top-k + log-sum-exp (see [`Backend::topk`]). `k ≤ 2048` runs on the device
+    /// Row-wise top-k + log-sum-exp (see [`sparkling_core::Backend::topk`]). `k ≤ 2048` runs on the device
     /// (two-stage exact selection, shaders/cuda/topk.cu); a larger k (beyond any tree budget)
-    /// reads the logits back and uses the CPU reference. Errors: `k == 0` ([`Error::Invalid`]).
+    /// reads the logits back and uses the host reference (`sparkling_core::select`). Errors: `k == 0` ([`Error::Invalid`]).
     pub(crate) fn op_topk(&self, logits: &CudaTensor, k: usize) -> Result<TopK> {
         if k == 0 {
             return Err(Error::Invalid("topk: k must be at least 1".into()));
@@ -95,8 +96,7 @@ impl CudaBackend {
             return Ok(TopK { k, ids: Vec::new(), vals: Vec::new(), lse: Vec::new() });
         }
         if k > TOPK_MAX {
-            let host = sparkling_cpu::CpuTensor { rows, cols, data: self.op_download_rows(logits, 0, rows)? };
-            return sparkling_cpu::CpuBackend::new().topk(&host, k);
+            return select::topk(&self.op_download_rows(logits, 0, rows)?, rows, cols, k);
         }
         let (ids, vals, lse) = self.launch_topk(logits, k)?;
         Ok(TopK { k, ids: self.read("topk", &ids, rows * k)?, vals: self.read("topk", &vals, rows * k)?, lse: self.read("topk", &lse, rows)? })
@@ -140,26 +140,26 @@ impl CudaBackend {
         Ok((ids, vals, lse))
     }
 
-    /// The Markov candidate table on the device (see [`Backend::markov_table`];
+    /// The Markov candidate table on the device (see [`sparkling_core::Backend::markov_table`];
     /// shaders/cuda/markov_table.cu). `k` beyond 2048 (after clamping to the candidate count)
-    /// falls back to the CPU reference on read-back copies. Errors as the trait documents
-    /// (shared checks of the CPU backend).
-    pub(crate) fn op_markov_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
+    /// falls back to the host reference (`sparkling_core::select`) on read-back copies. Errors
+    /// as the trait documents (the shared checks of `sparkling_core::select`).
+    pub(crate) fn op_markov_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
         let vocab = base.cols;
-        sparkling_cpu::check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), cand, k)?;
+        check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), cand, k)?;
         let (ld, n) = (base.rows, cand.len());
         let k = k.min(n);
         if ld == 0 {
-            return Ok(MarkovTable { k, vals: Vec::new(), slots: Vec::new() });
+            return Ok(CandidateTable { cand: cand.to_vec(), ld, k, vals: Vec::new(), slots: Vec::new() });
         }
         if k > TOPK_MAX {
-            let dl = |t: &CudaTensor| -> Result<sparkling_cpu::CpuTensor> { Ok(sparkling_cpu::CpuTensor { rows: t.rows, cols: t.cols, data: self.op_download_rows(t, 0, t.rows)? }) };
+            let dl = |t: &CudaTensor| self.op_download_rows(t, 0, t.rows);
             let b = dl(base)?;
             let m = match markov {
-                Some((w1, w2)) => Some((dl(w1)?, dl(w2)?)),
+                Some((w1, w2)) => Some((dl(w1)?, dl(w2)?, w1.cols)),
                 None => None,
             };
-            return sparkling_cpu::CpuBackend::new().markov_table(&b, m.as_ref().map(|(a, c)| (a, c)), cand, k);
+            return Ok(select::markov_table(&b, ld, vocab, m.as_ref().map(|(a, c, r)| (a.as_slice(), c.as_slice(), *r)), cand, k));
         }
         // The kernels read the candidates as [n, id_0, ..., id_{n-1}] (candidate_union.cu's layout).
         let mut words = Vec::with_capacity(n + 1);
@@ -169,7 +169,7 @@ impl CudaBackend {
         let mut vals = self.alloc::<f32>("markov_table", ld * n * k)?;
         let mut slots = self.alloc::<u32>("markov_table", ld * n * k)?;
         self.launch_markov_table("markov_table", base, markov, &cand_dev, n, k, &mut vals.slice_mut(..), &mut slots.slice_mut(..))?;
-        Ok(MarkovTable { k, vals: self.read("markov_table", &vals, ld * n * k)?, slots: self.read("markov_table", &slots, ld * n * k)? })
+        Ok(CandidateTable { cand: cand.to_vec(), ld, k, vals: self.read("markov_table", &vals, ld * n * k)?, slots: self.read("markov_table", &slots, ld * n * k)? })
     }
 
     /// Launch markov_table.cu over the header-word candidate buffer `cand` = `[n, ids...]` with
@@ -238,7 +238,7 @@ impl CudaBackend {
     /// candidate list for `check_markov_table_args`).
     fn check_union_args(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<()> {
         check_candidate_table_args(base.cols, candidates, anchor, k)?;
-        sparkling_cpu::check_markov_table_args(base.cols, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)
+        check_markov_table_args(base.cols, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)
     }
 
     /// topk.cu (top-`c` per depth row, kept on the device) then candidate_union.cu: returns
@@ -259,7 +259,7 @@ impl CudaBackend {
         Ok(cand)
     }
 
-    /// SparklingTree tree prep with ONE read-back ([`Backend::candidate_table`]): topk.cu
+    /// SparklingTree tree prep with ONE read-back ([`sparkling_core::Backend::candidate_table`]): topk.cu
     /// writes the per-row top-`candidates` ids into a device buffer `[ld, C]` (not read back);
     /// candidate_union.cu (one block, a `ceil(V/32)`-word bitmap) turns them and the anchor into
     /// `[n, ascending distinct ids]`; markov_table.cu reads n from that header word (grids
@@ -280,17 +280,16 @@ impl CudaBackend {
         candidates: usize,
         anchor: u32,
         k: usize,
-    ) -> Result<UnionTable> {
+    ) -> Result<CandidateTable> {
         const OP: &str = "candidate_table";
         let (ld, vocab) = (base.rows, base.cols);
         self.check_union_args(base, markov, candidates, anchor, k)?;
         if candidates >= vocab {
             let cand: Vec<u32> = (0..vocab as u32).collect();
-            let table = self.op_markov_table(base, markov, &cand, k)?;
-            return Ok(UnionTable { cand, table });
+            return self.op_markov_table(base, markov, &cand, k);
         }
         if ld == 0 {
-            return Ok(UnionTable { cand: vec![anchor], table: MarkovTable { k: 1, vals: Vec::new(), slots: Vec::new() } });
+            return Ok(CandidateTable { cand: vec![anchor], ld: 0, k: 1, vals: Vec::new(), slots: Vec::new() });
         }
         let n_max = ld.saturating_mul(candidates).saturating_add(1).min(vocab);
         let kk = k.min(n_max);
@@ -319,21 +318,17 @@ impl CudaBackend {
         let t = &w[cand_words..];
         let slots = t[..used].to_vec();
         let vals = t[table_words..table_words + used].iter().map(|&v| f32::from_bits(v)).collect();
-        Ok(UnionTable { cand, table: MarkovTable { k: k_eff, vals, slots } })
+        Ok(CandidateTable { cand, ld, k: k_eff, vals, slots })
     }
 
-    /// The trait's default composition of [`Backend::candidate_table`] (two read-backs), for
+    /// The trait's default composition of [`sparkling_core::Backend::candidate_table`] (two read-backs), for
     /// the sizes the fused device path does not take.
-    fn host_union_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<UnionTable> {
-        let mut cand = self.op_topk(base, candidates)?.ids;
-        cand.push(anchor);
-        cand.sort_unstable();
-        cand.dedup();
-        let table = self.op_markov_table(base, markov, &cand, k.min(cand.len()))?;
-        Ok(UnionTable { cand, table })
+    fn host_union_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<CandidateTable> {
+        let cand = select::candidate_union(self.op_topk(base, candidates)?.ids, anchor);
+        self.op_markov_table(base, markov, &cand, k.min(cand.len()))
     }
 
-    /// SparklingTree's whole tree prep on the device ([`Backend::sparkling_tree`]): the
+    /// SparklingTree's whole tree prep on the device ([`sparkling_core::Backend::sparkling_tree`]): the
     /// pipeline of [`CudaBackend::op_candidate_table`] (topk.cu → candidate_union.cu →
     /// markov_table.cu, nothing read back), then tree_heap.cu (one thread) runs the best-first
     /// precompute heap over the table; only the tree comes back, `1 + 4·budget` words.
@@ -350,7 +345,7 @@ impl CudaBackend {
         anchor: u32,
         k: usize,
         budget: usize,
-    ) -> Result<Option<DeviceTree>> {
+    ) -> Result<Option<DraftTree>> {
         const OP: &str = "sparkling_tree";
         let (ld, vocab) = (base.rows, base.cols);
         self.check_union_args(base, markov, candidates, anchor, k)?;
@@ -358,7 +353,7 @@ impl CudaBackend {
             return Ok(None);
         }
         if ld == 0 || budget == 0 {
-            return Ok(Some(DeviceTree::default()));
+            return Ok(Some(DraftTree::root(anchor)));
         }
         let n_max = ld.saturating_mul(candidates).saturating_add(1).min(vocab);
         let kk = k.min(n_max);
@@ -383,6 +378,6 @@ impl CudaBackend {
         // ever live), node_slot budget + 1, out 1 + 4·budget.
         unsafe { b.launch(cfg(1, 1)) }.map_err(dev(OP))?;
         let w = self.read(OP, &out, 1 + 4 * budget)?;
-        Ok(Some(DeviceTree::from_words(OP, &w, budget)?))
+        Ok(Some(DraftTree::from_device_words(OP, &w, anchor, budget)?))
     }
 }

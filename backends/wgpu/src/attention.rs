@@ -5,40 +5,11 @@ use crate::ctx::Bind;
 use crate::pipelines::{Kernel, MAX_HEAD_DIM};
 use crate::tensor::WgpuTensor;
 use crate::WgpuBackend;
-use sparkling_core::{AttnMask, AttnShape, Error, Result, NO_PARENT};
+use sparkling_core::select::ancestor_table;
+use sparkling_core::{AttnMask, AttnShape, Error, Result};
 
 fn shape_err(detail: String) -> Error {
     Error::Shape { op: "attention", detail }
-}
-
-/// The tree table of attention.wgsl: `[off_0, …, off_t, entries…]` where entries
-/// `off_i .. off_{i+1}` are the block indices of the ancestors-or-self of query `i` in
-/// ascending order (DDTree §4.8 visibility), built from `parents`.
-/// Errors: a parent that is not an earlier row (`parents[i] ≥ i`) → [`Error::Invalid`],
-/// exactly as the CPU backend.
-pub(crate) fn tree_table(parents: &[u32]) -> Result<Vec<u32>> {
-    let t = parents.len();
-    let mut offs = Vec::with_capacity(t + 1);
-    let mut entries: Vec<u32> = Vec::new();
-    offs.push(0u32);
-    let mut anc = Vec::new();
-    for i in 0..t {
-        anc.clear();
-        anc.push(i as u32);
-        let mut cur = i;
-        while parents[cur] != NO_PARENT {
-            let p = parents[cur] as usize;
-            if p >= cur {
-                return Err(Error::Invalid(format!("tree parent {p} of row {cur} is not an earlier row")));
-            }
-            anc.push(p as u32);
-            cur = p;
-        }
-        entries.extend(anc.iter().rev());
-        offs.push(entries.len() as u32);
-    }
-    offs.extend(entries);
-    Ok(offs)
 }
 
 impl WgpuBackend {
@@ -81,7 +52,7 @@ impl WgpuBackend {
                 if parents.len() != t {
                     return Err(shape_err(format!("{} parents for {t} tree rows", parents.len())));
                 }
-                (2u32, Some(tree_table(parents)?))
+                (2u32, Some(ancestor_table(parents)?))
             }
         };
         let out = g.alloc("attention", t, q.cols)?;
@@ -131,23 +102,5 @@ impl WgpuBackend {
         }
         g.submit(b);
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tree_table_lists_ancestors_in_ascending_order() {
-        //      0
-        //     / \
-        //    1   2
-        //    |
-        //    3
-        let t = tree_table(&[NO_PARENT, 0, 0, 1]).unwrap();
-        assert_eq!(&t[..5], &[0, 1, 3, 5, 8]);
-        assert_eq!(&t[5..], &[0, 0, 1, 0, 2, 0, 1, 3]);
-        assert!(tree_table(&[NO_PARENT, 1]).is_err());
     }
 }

@@ -5,7 +5,7 @@ use crate::ctx::{Bind, Pending};
 use crate::pipelines::Kernel;
 use crate::tensor::{WgpuTensor, WgpuWeight};
 use crate::WgpuBackend;
-use sparkling_core::{AttnMask, AttnShape, Backend, DeviceTree, MarkovTable, Result, SampleParams, TopK, UnionTable};
+use sparkling_core::{AttnMask, AttnShape, Backend, CandidateTable, DraftTree, Result, SampleParams, TopK};
 
 impl WgpuBackend {
     /// Row-wise argmax on the device (shaders/argmax.wgsl), then a read-back of one `u32` per
@@ -136,7 +136,7 @@ impl Backend for WgpuBackend {
         self.gpu.wait(self.op_topk(logits, k)?)
     }
 
-    fn markov_table(&self, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, cand: &[u32], k: usize) -> Result<MarkovTable> {
+    fn markov_table(&self, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
         self.gpu.wait(self.op_markov_table(base, markov, cand, k)?)
     }
 
@@ -147,7 +147,7 @@ impl Backend for WgpuBackend {
         candidates: usize,
         anchor: u32,
         k: usize,
-    ) -> Result<UnionTable> {
+    ) -> Result<CandidateTable> {
         self.gpu.wait(self.op_candidate_table(base, markov, candidates, anchor, k)?)
     }
 
@@ -159,7 +159,7 @@ impl Backend for WgpuBackend {
         anchor: u32,
         k: usize,
         budget: usize,
-    ) -> Result<Option<DeviceTree>> {
+    ) -> Result<Option<DraftTree>> {
         self.gpu.wait(self.op_sparkling_tree(base, markov, candidates, anchor, k, budget)?)
     }
 
@@ -171,7 +171,7 @@ impl Backend for WgpuBackend {
         anchor: u32,
         k: usize,
         budget: usize,
-    ) -> Result<Option<DeviceTree>> {
+    ) -> Result<Option<DraftTree>> {
         self.gpu.wait_async(self.op_sparkling_tree(base, markov, candidates, anchor, k, budget)?).await
     }
 
@@ -198,7 +198,7 @@ impl Backend for WgpuBackend {
         candidates: usize,
         anchor: u32,
         k: usize,
-    ) -> Result<UnionTable> {
+    ) -> Result<CandidateTable> {
         self.gpu.wait_async(self.op_candidate_table(base, markov, candidates, anchor, k)?).await
     }
 }

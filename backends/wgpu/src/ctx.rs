@@ -115,12 +115,6 @@ impl<T: 'static> Pending<T> {
     pub(crate) fn new(r: Reading, parse: impl FnOnce(Vec<Vec<u8>>) -> Result<T> + 'static) -> Pending<T> {
         Pending { reading: Some(r), parse: Box::new(parse) }
     }
-
-    /// Transform the result once it is read.
-    pub(crate) fn map<U: 'static>(self, f: impl FnOnce(T) -> U + 'static) -> Pending<U> {
-        let parse = self.parse;
-        Pending { reading: self.reading, parse: Box::new(move |parts| parse(parts).map(f)) }
-    }
 }
 
 /// Exclusive access to the open batch for the duration of one op (ops are recorded one at a

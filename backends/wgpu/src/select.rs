@@ -13,7 +13,8 @@ use crate::ctx::{Batch, Bind, Pending};
 use crate::pipelines::{Kernel, BIAS_COLS, BIAS_ROWS, GATHER_PER_GROUP};
 use crate::tensor::WgpuTensor;
 use crate::WgpuBackend;
-use sparkling_core::{check_candidate_table_args, DeviceTree, Error, MarkovTable, Result, SampleParams, TopK, UnionTable};
+use sparkling_core::select::{check_candidate_table_args, check_markov_table_args};
+use sparkling_core::{CandidateTable, DraftTree, Error, Result, SampleParams, TopK};
 
 /// Buffers and parent chunking of one candidate-table computation
 /// ([`WgpuBackend::plan_markov_table`]).
@@ -49,9 +50,10 @@ struct UnionPlan {
     table: TablePlan,
 }
 
-/// Split `[rows, 2k]` table words (`[slots: k][vals: k]` per row) into a [`MarkovTable`].
-fn unpack_table(w: &[u32], k: usize) -> MarkovTable {
-    let mut t = MarkovTable { k, vals: Vec::with_capacity(w.len() / 2), slots: Vec::with_capacity(w.len() / 2) };
+/// Split `[ld·n, 2k]` table words (`[slots: k][vals: k]` per row) into the [`CandidateTable`]
+/// over `cand` (`n = cand.len()`).
+fn unpack_table(cand: Vec<u32>, ld: usize, w: &[u32], k: usize) -> CandidateTable {
+    let mut t = CandidateTable { cand, ld, k, vals: Vec::with_capacity(w.len() / 2), slots: Vec::with_capacity(w.len() / 2) };
     if k == 0 {
         return t;
     }
@@ -108,7 +110,7 @@ impl WgpuBackend {
     /// computes every (depth, parent) row of the chunk; one read-back of the whole `[ld, n, k]`
     /// table at the end. Parent chunks keep the bias and scratch buffers within one storage
     /// binding.
-    /// Errors: the argument checks of `sparkling_cpu::check_markov_table_args` (empty or
+    /// Errors: the argument checks of `check_markov_table_args` (empty or
     /// unsorted candidates, an id `≥ V`, `k == 0`, W1/W2 not `[V, r]`); a table larger than
     /// one storage binding ([`Error::Device`]).
     pub(crate) fn op_markov_table(
@@ -117,15 +119,15 @@ impl WgpuBackend {
         markov: Option<(&WgpuTensor, &WgpuTensor)>,
         cand: &[u32],
         k: usize,
-    ) -> Result<Pending<MarkovTable>> {
+    ) -> Result<Pending<CandidateTable>> {
         let g = &self.gpu;
         let vocab = base.cols;
-        sparkling_cpu::check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), cand, k)?;
+        check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), cand, k)?;
         g.check()?;
         let (ld, n) = (base.rows, cand.len());
         let k = k.min(n);
         if ld == 0 {
-            return Ok(Pending::ready(MarkovTable { k, vals: Vec::new(), slots: Vec::new() }));
+            return Ok(Pending::ready(CandidateTable { cand: cand.to_vec(), ld, k, vals: Vec::new(), slots: Vec::new() }));
         }
         let plan = self.plan_markov_table("markov_table", ld, n, k, markov)?;
         let mut words = Vec::with_capacity(n + 1);
@@ -137,7 +139,8 @@ impl WgpuBackend {
         b.keep(cand_buf);
         g.submit(b);
         let r = g.start_read(&[(plan.out.buffer(), 0, plan.out.bytes())])?;
-        Ok(Pending::new(r, move |parts| Ok(unpack_table(&bytemuck::pod_collect_to_vec(&parts[0]), k))))
+        let cand = cand.to_vec();
+        Ok(Pending::new(r, move |parts| Ok(unpack_table(cand, ld, &bytemuck::pod_collect_to_vec(&parts[0]), k))))
     }
 
     /// Buffers and parent chunking of the candidate table for at most `n_max` candidates and
@@ -246,16 +249,16 @@ impl WgpuBackend {
         candidates: usize,
         anchor: u32,
         k: usize,
-    ) -> Result<Pending<UnionTable>> {
+    ) -> Result<Pending<CandidateTable>> {
         let g = &self.gpu;
         let (ld, vocab) = (base.rows, base.cols);
         self.check_union_args(base, markov, candidates, anchor, k)?;
         if candidates >= vocab {
             let cand: Vec<u32> = (0..vocab as u32).collect();
-            return Ok(self.op_markov_table(base, markov, &cand, k)?.map(move |table| UnionTable { cand, table }));
+            return self.op_markov_table(base, markov, &cand, k);
         }
         if ld == 0 {
-            return Ok(Pending::ready(UnionTable { cand: vec![anchor], table: MarkovTable { k: 1, vals: Vec::new(), slots: Vec::new() } }));
+            return Ok(Pending::ready(CandidateTable { cand: vec![anchor], ld: 0, k: 1, vals: Vec::new(), slots: Vec::new() }));
         }
         let u = self.plan_union_table("candidate_table", ld, vocab, candidates, k, markov)?;
         let mut b = g.batch();
@@ -272,8 +275,7 @@ impl WgpuBackend {
             let cand: Vec<u32> = cw[1..1 + n].to_vec();
             let k_eff = k.min(n);
             let tw: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[1]);
-            let table = unpack_table(&tw[..ld * n * 2 * k_eff], k_eff);
-            Ok(UnionTable { cand, table })
+            Ok(unpack_table(cand, ld, &tw[..ld * n * 2 * k_eff], k_eff))
         }))
     }
 
@@ -282,7 +284,7 @@ impl WgpuBackend {
     /// list for `check_markov_table_args`), and the device's health.
     fn check_union_args(&self, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<()> {
         check_candidate_table_args(base.cols, candidates, anchor, k)?;
-        sparkling_cpu::check_markov_table_args(base.cols, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)?;
+        check_markov_table_args(base.cols, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), &[anchor], k)?;
         self.gpu.check()
     }
 
@@ -337,7 +339,7 @@ impl WgpuBackend {
         anchor: u32,
         k: usize,
         budget: usize,
-    ) -> Result<Pending<Option<DeviceTree>>> {
+    ) -> Result<Pending<Option<DraftTree>>> {
         let g = &self.gpu;
         let (ld, vocab) = (base.rows, base.cols);
         self.check_union_args(base, markov, candidates, anchor, k)?;
@@ -345,7 +347,7 @@ impl WgpuBackend {
             return Ok(Pending::ready(None));
         }
         if ld == 0 || budget == 0 {
-            return Ok(Pending::ready(Some(DeviceTree::default())));
+            return Ok(Pending::ready(Some(DraftTree::root(anchor))));
         }
         let u = self.plan_union_table("sparkling_tree", ld, vocab, candidates, k, markov)?;
         let heap = g.alloc("sparkling_tree (heap)", 2 * budget + 1, 5)?;
@@ -359,7 +361,7 @@ impl WgpuBackend {
         let r = g.start_read(&[(out.buffer(), 0, out.bytes())])?;
         Ok(Pending::new(r, move |parts| {
             let w: Vec<u32> = bytemuck::pod_collect_to_vec(&parts[0]);
-            Ok(Some(DeviceTree::from_words("sparkling_tree", &w, budget)?))
+            Ok(Some(DraftTree::from_device_words("sparkling_tree", &w, anchor, budget)?))
         }))
     }
 
