@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use sparkling::core::Backend;
 use sparkling::cpu::CpuBackend;
-use sparkling::decode::propose::{propose, propose_device, TreePrep};
+use sparkling::decode::propose::{propose, DraftLogits, TreePrep};
 use sparkling::decode::{Engine, Method};
 use sparkling::model::config::DrafterKind;
 use sparkling::tree::{self, MarkovHead};
@@ -90,10 +90,11 @@ fn device_and_host_selection_build_the_same_trees() {
         for (budget, cands) in [(1usize, 16usize), (16, 16), (64, 32), (64, vocab)] {
             p.budget = budget;
             p.candidates = cands;
+            let draft = DraftLogits { logits: &t, depth, vocab, markov: Some(&head), markov_dev: Some((&w1, &w2)) };
             p.prep = TreePrep::Host;
-            let (host, _, _) = propose(method, &logits, depth, vocab, Some(&head), 3, p);
+            let host = pollster::block_on(propose(&b, method, &draft, 3, &p)).unwrap().tree;
             p.prep = TreePrep::Device;
-            let (dev, _, _) = pollster::block_on(propose_device(&b, method, &t, depth, vocab, Some(&head), Some((&w1, &w2)), 3, p)).unwrap();
+            let dev = pollster::block_on(propose(&b, method, &draft, 3, &p)).unwrap().tree;
             assert_eq!(dev.tokens, host.tokens, "{} budget {budget} C {cands}", method.name());
             assert_eq!(dev.parents, host.parents, "{} budget {budget} C {cands}", method.name());
             assert!(dev.is_well_formed());

@@ -81,22 +81,16 @@ pub struct GenerateArgs {
 /// small trees win in tokens/s (BENCHMARKS.md §7: verify of 9 rows ≈ 4 decode steps, 65 rows ≈ 19).
 const CPU_DEFAULT_BUDGET: usize = 8;
 
-/// Parse `--tree-prep`: `auto` → `None` (resolved per backend), `host`, `device`. Errors name
-/// the argument.
-pub fn tree_prep(s: &str) -> Result<Option<TreePrep>> {
-    match s {
-        "auto" => Ok(None),
-        other => TreePrep::parse(other).map(Some).ok_or_else(|| Error::Input(format!("--tree-prep `{other}`: expected auto, host or device"))),
-    }
+/// Parse `--tree-prep`: `auto` (the engine resolves it per backend), `host`, `device`. Errors
+/// name the argument.
+pub fn tree_prep(s: &str) -> Result<TreePrep> {
+    TreePrep::parse(s).ok_or_else(|| Error::Input(format!("--tree-prep `{s}`: expected auto, host or device")))
 }
 
-/// `host_memory`: the backend's [`Backend::host_memory`], which resolves `--tree-prep auto`.
+/// `host_memory`: the backend's [`Backend::host_memory`], which picks the default budget
+/// (`--tree-prep auto` is resolved by the engine).
 pub fn gen_params(method: Method, budget: Option<usize>, a: &GenerateArgs, stop: Vec<u32>, host_memory: bool) -> Result<GenParams> {
-    let prep = match tree_prep(&a.tree_prep)? {
-        Some(p) => p,
-        None if host_memory => TreePrep::Host,
-        None => TreePrep::Device,
-    };
+    let prep = tree_prep(&a.tree_prep)?;
     if a.temperature < 0.0 || !a.temperature.is_finite() {
         return Err(Error::Input(format!("--temperature {} must be ≥ 0", a.temperature)));
     }

@@ -272,8 +272,8 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
                 candidates: a.candidates,
                 max_fanout: a.max_fanout,
                 treespark_k: 4,
-                // As `generate --tree-prep auto`: device selection unless tensors live on the host.
-                prep: if b.host_memory() { sparkling::decode::propose::TreePrep::Host } else { sparkling::decode::propose::TreePrep::Device },
+                // As `generate --tree-prep auto`: the engine picks host or device selection.
+                prep: sparkling::decode::propose::TreePrep::Auto,
             },
             sampling: sparkling::core::SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
             seed: 0,

@@ -11,8 +11,7 @@ use crate::error::{Error, Result};
 use crate::model::config::DrafterKind;
 use crate::model::drafter::Drafter;
 use crate::model::target::{LogitRows, Target};
-use crate::tree::DraftTree;
-use propose::{propose, propose_device, TreeParams, TreePrep};
+use propose::{propose, DraftLogits, Proposal, TreeParams, TreePrep};
 use sparkling_core::{AttnMask, Backend, SampleParams};
 pub use stats::Stats;
 use web_time::Instant;
@@ -120,6 +119,14 @@ pub struct Engine<'a, B: Backend> {
     pub drafter: Option<&'a Drafter<B>>,
 }
 
+/// What [`Engine::check`] resolves for one generation request.
+pub struct Checked<'a, B: Backend> {
+    /// The drafter the method uses (`None` for `ar`).
+    pub drafter: Option<&'a Drafter<B>>,
+    /// KV rows the generation needs: prompt + max-new-tokens + the largest tree + 1.
+    pub capacity: usize,
+}
+
 impl<'a, B: Backend> Engine<'a, B> {
     /// Generate from `prompt` ids. `on_tokens` receives each round's newly committed tokens.
     /// Blocks on the backend's read-backs (runs [`Engine::generate_async`] to completion; on
@@ -144,6 +151,114 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// backend's `*_async` ops. Same tokens, statistics and errors as `generate`.
     pub async fn generate_async(&self, prompt: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> Result<Generation> {
         let b = self.backend;
+        let Checked { drafter, capacity } = self.check(prompt, p)?;
+        let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
+        let mut out: Vec<u32> = Vec::new();
+        if p.max_new_tokens == 0 {
+            return Ok(Generation { tokens: out, stopped: false, stats });
+        }
+        let tree_params = TreeParams { prep: p.tree.prep.resolve(b.host_memory()), ..p.tree };
+        // SparklingTree device prep reads the Markov head on the device (uploaded once).
+        let markov_dev = match drafter {
+            Some(d) if p.method == Method::Sparkling && tree_params.prep == TreePrep::Device => d.markov_device(b)?,
+            _ => None,
+        };
+        let taps: Vec<usize> = drafter.map(|d| d.cfg.target_layer_ids.clone()).unwrap_or_default();
+        let mut cache = self.target.new_cache(b, capacity)?;
+        let mut dcache = match drafter {
+            Some(d) => Some(d.new_cache(b, capacity + d.cfg.block_size)?),
+            None => None,
+        };
+
+        // Prefill: the first generated token comes from the last prompt row.
+        let t0 = Instant::now();
+        let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+        let pre = self.target.forward(b, &mut cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &taps)?;
+        let first = pick(b, &pre.logits, p, &[prompt.len() as u64]).await?[0];
+        stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let mut ctx = pre.taps;
+        let mut root = first;
+        let mut root_pos = prompt.len();
+        let mut stopped = self.push(&mut out, &[first], p, on_tokens);
+        let decode_start = Instant::now();
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+
+        while !stopped && out.len() < p.max_new_tokens {
+            // 1. Draft and propose.
+            let t = Instant::now();
+            let prop = match (drafter, dcache.as_mut(), ctx.as_ref()) {
+                (Some(d), Some(dc), Some(c)) => {
+                    let logits = d.draft(b, self.target, dc, c, root, root_pos)?;
+                    let forward_ms = ms(t);
+                    let draft = DraftLogits { logits: &logits, depth: d.cfg.draft_depth(), vocab: d.cfg.vocab, markov: d.markov.as_ref(), markov_dev };
+                    let prop = propose(b, p.method, &draft, root, &tree_params).await?;
+                    stats.draft_ms += forward_ms;
+                    prop
+                }
+                _ => Proposal::root(root),
+            };
+            let tree = &prop.tree;
+
+            // 2. Verify the whole tree in one target forward with tree attention.
+            let t = Instant::now();
+            let positions: Vec<u32> = tree.depths.iter().map(|&dp| (root_pos as u32) + dp).collect();
+            let ver = self.target.forward(
+                b,
+                &mut cache,
+                &tree.tokens,
+                &positions,
+                AttnMask::Tree { parents: &tree.parents },
+                LogitRows::All,
+                &taps,
+            )?;
+            stats.verify_ms += ms(t);
+
+            // 3. Accept: the target's own token per row, walked down the tree (§4.9.1).
+            let t = Instant::now();
+            let sample_pos: Vec<u64> = positions.iter().map(|&x| x as u64 + 1).collect();
+            let post = pick(b, &ver.logits, p, &sample_pos).await?;
+            let mut accepted = vec![0usize];
+            let mut cur = 0usize;
+            while let Some(child) = tree.child_with_token(cur, post[cur]) {
+                accepted.push(child);
+                cur = child;
+            }
+            let bonus = post[cur];
+            stats.accept_ms += ms(t);
+            stats.record_round(&prop, accepted.len());
+
+            // 4. Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
+            let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
+            new.push(bonus);
+            stopped = self.push(&mut out, &new, p, on_tokens);
+
+            // 5. Compact the target KV to the accepted path; carry the accepted rows' taps.
+            let t = Instant::now();
+            cache.compact(b, root_pos, &accepted)?;
+            if let Some(tp) = ver.taps {
+                ctx = Some(b.gather_rows(&tp, &accepted)?);
+            }
+            stats.compact_ms += ms(t);
+            root_pos += accepted.len();
+            root = bonus;
+            if b.host_memory() {
+                // Host backends never await a device, so without this a browser page would
+                // freeze for the whole generation (GPU backends yield at every read-back).
+                yield_to_host().await;
+            }
+        }
+        stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
+        stats.new_tokens = out.len();
+        stats.decode_tokens = out.len().saturating_sub(1);
+        Ok(Generation { tokens: out, stopped, stats })
+    }
+
+    /// The checks of one generation request, before any device work: a non-empty prompt of
+    /// in-vocabulary ids, the drafter the method needs (of the right kind), and prompt +
+    /// max-new-tokens + the largest tree within the target context. Returns the drafter and
+    /// the KV capacity the generation needs.
+    /// Errors: [`Error::Input`] naming what is wrong.
+    pub fn check(&self, prompt: &[u32], p: &GenParams) -> Result<Checked<'a, B>> {
         let tcfg = &self.target.cfg;
         if prompt.is_empty() {
             return Err(Error::Input("empty prompt: nothing to condition on".into()));
@@ -183,117 +298,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                 tcfg.max_positions
             )));
         }
-        let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
-        let mut out: Vec<u32> = Vec::new();
-        if p.max_new_tokens == 0 {
-            return Ok(Generation { tokens: out, stopped: false, stats });
-        }
-        let taps: Vec<usize> = drafter.map(|d| d.cfg.target_layer_ids.clone()).unwrap_or_default();
-        let mut cache = self.target.new_cache(b, capacity)?;
-        let mut dcache = match drafter {
-            Some(d) => Some(d.new_cache(b, capacity + d.cfg.block_size)?),
-            None => None,
-        };
-
-        // Prefill: the first generated token comes from the last prompt row.
-        let t0 = Instant::now();
-        let positions: Vec<u32> = (0..prompt.len() as u32).collect();
-        let pre = self.target.forward(b, &mut cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &taps)?;
-        let first = pick(b, &pre.logits, p, &[prompt.len() as u64]).await?[0];
-        stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let mut ctx = pre.taps;
-        let mut root = first;
-        let mut root_pos = prompt.len();
-        let mut stopped = self.push(&mut out, &[first], p, on_tokens);
-        let decode_start = Instant::now();
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-
-        while !stopped && out.len() < p.max_new_tokens {
-            // 1. Draft and propose.
-            let t = Instant::now();
-            let (tree, prep, heap) = match (drafter, dcache.as_mut(), ctx.as_ref()) {
-                (Some(d), Some(dc), Some(c)) => {
-                    let logits = d.draft(b, self.target, dc, c, root, root_pos)?;
-                    let depth = d.cfg.draft_depth();
-                    match p.tree.prep {
-                        TreePrep::Host => {
-                            let host = b.download_async(&logits).await?;
-                            stats.draft_ms += ms(t);
-                            propose(p.method, &host, depth, d.cfg.vocab, d.markov.as_ref(), root, p.tree)
-                        }
-                        TreePrep::Device => {
-                            let mdev = if p.method == Method::Sparkling { d.markov_device(b)? } else { None };
-                            stats.draft_ms += ms(t);
-                            propose_device(b, p.method, &logits, depth, d.cfg.vocab, d.markov.as_ref(), mdev, root, p.tree).await?
-                        }
-                    }
-                }
-                _ => (DraftTree::root(root), 0.0, 0.0),
-            };
-            stats.prep_ms += prep;
-            stats.heap_ms += heap;
-
-            // 2. Verify the whole tree in one target forward with tree attention.
-            let t = Instant::now();
-            let positions: Vec<u32> = tree.depths.iter().map(|&dp| (root_pos as u32) + dp).collect();
-            let ver = self.target.forward(
-                b,
-                &mut cache,
-                &tree.tokens,
-                &positions,
-                AttnMask::Tree { parents: &tree.parents },
-                LogitRows::All,
-                &taps,
-            )?;
-            stats.verify_ms += ms(t);
-            stats.verified_nodes += tree.len();
-
-            // 3. Accept: the target's own token per row, walked down the tree (§4.9.1).
-            let t = Instant::now();
-            let sample_pos: Vec<u64> = positions.iter().map(|&x| x as u64 + 1).collect();
-            let post = pick(b, &ver.logits, p, &sample_pos).await?;
-            let mut accepted = vec![0usize];
-            let mut cur = 0usize;
-            while let Some(child) = tree.child_with_token(cur, post[cur]) {
-                accepted.push(child);
-                cur = child;
-            }
-            let bonus = post[cur];
-            stats.accept_ms += ms(t);
-            stats.rounds += 1;
-            stats.committed += accepted.len();
-            let depth_reached = accepted.len() - 1;
-            if stats.accepted_at_depth.len() < depth_reached {
-                stats.accepted_at_depth.resize(depth_reached, 0);
-            }
-            for c in stats.accepted_at_depth.iter_mut().take(depth_reached) {
-                *c += 1;
-            }
-
-            // 4. Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
-            let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
-            new.push(bonus);
-            stopped = self.push(&mut out, &new, p, on_tokens);
-
-            // 5. Compact the target KV to the accepted path; carry the accepted rows' taps.
-            let t = Instant::now();
-            cache.compact(b, root_pos, &accepted)?;
-            if let Some(tp) = ver.taps {
-                ctx = Some(b.gather_rows(&tp, &accepted)?);
-            }
-            stats.compact_ms += ms(t);
-            root_pos += accepted.len();
-            root = bonus;
-            if b.host_memory() {
-                // Host backends never await a device, so without this a browser page would
-                // freeze for the whole generation (GPU backends yield at every read-back).
-                yield_to_host().await;
-            }
-        }
-        stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
-        stats.new_tokens = out.len();
-        stats.decode_tokens = out.len().saturating_sub(1);
-        Ok(Generation { tokens: out, stopped, stats })
+        Ok(Checked { drafter, capacity })
     }
 
     /// Append `new` to `out`, stopping after a stop token or at max-new-tokens; forwards the

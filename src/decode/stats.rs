@@ -1,6 +1,7 @@
 //! Per-generation statistics (design §6): time per round stage in ms, acceptance length τ and
 //! the per-depth acceptance histogram.
 
+use super::propose::Proposal;
 use serde::Serialize;
 
 /// Accumulated timings (milliseconds, summed over rounds) and acceptance counts.
@@ -39,6 +40,25 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Account one verify round: the proposal's stage times (a download of the whole draft
+    /// logits counts as drafting), the verified tree (root included) and the accepted path of
+    /// `accepted` nodes, root included (= accepted drafts + the bonus token: the round's τ).
+    pub fn record_round(&mut self, prop: &Proposal, accepted: usize) {
+        self.draft_ms += prop.download_ms;
+        self.prep_ms += prop.prep_ms;
+        self.heap_ms += prop.heap_ms;
+        self.rounds += 1;
+        self.verified_nodes += prop.tree.len();
+        self.committed += accepted;
+        let depth_reached = accepted.saturating_sub(1);
+        if self.accepted_at_depth.len() < depth_reached {
+            self.accepted_at_depth.resize(depth_reached, 0);
+        }
+        for c in self.accepted_at_depth.iter_mut().take(depth_reached) {
+            *c += 1;
+        }
+    }
+
     /// Mean acceptance length τ: committed tokens per round, bonus included (reference §6.1,
     /// round-weighted).
     pub fn tau(&self) -> f64 {

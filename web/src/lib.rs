@@ -348,15 +348,9 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
             max_fanout: uint("max_fanout", 64)?.max(1),
             treespark_k: uint("treespark_k", 4)?.max(1),
             prep: match v.get("tree_prep") {
-                None | Some(Value::Null) => {
-                    if host_memory {
-                        TreePrep::Host
-                    } else {
-                        TreePrep::Device
-                    }
-                }
-                Some(Value::String(s)) => TreePrep::parse(s).ok_or_else(|| bad("tree_prep", "\"host\" or \"device\""))?,
-                Some(_) => return Err(bad("tree_prep", "\"host\" or \"device\"")),
+                None | Some(Value::Null) => TreePrep::Auto,
+                Some(Value::String(s)) => TreePrep::parse(s).ok_or_else(|| bad("tree_prep", "\"auto\", \"host\" or \"device\""))?,
+                Some(_) => return Err(bad("tree_prep", "\"auto\", \"host\" or \"device\"")),
             },
         },
         sampling: SampleParams { temperature, top_k: uint("top_k", 0)?, top_p },

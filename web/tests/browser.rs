@@ -70,9 +70,8 @@ async fn run<B: Backend>(b: &B, m: &Models<B>, method: Method, budget: usize, pr
         Some(DrafterKind::DFlash) => Some(&m.dflash),
         Some(DrafterKind::DSpark) => Some(&m.dspark),
     };
-    let prep = if b.host_memory() { TreePrep::Host } else { TreePrep::Device };
     let e = Engine { backend: b, target: &m.target, drafter };
-    e.generate_async(prompt, &params(method, budget, prep), &mut |_| {}).await.unwrap().tokens
+    e.generate_async(prompt, &params(method, budget, TreePrep::Auto), &mut |_| {}).await.unwrap().tokens
 }
 
 #[wasm_bindgen_test]
