@@ -120,8 +120,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             prompts.push(tok.encode_chat(&p, None)?);
         }
     }
-    let mut stop = m.target.cfg.eos.clone();
-    stop.extend(tok.stop.iter().filter(|s| !m.target.cfg.eos.contains(s)));
+    let stop = sparkling::decode::stop_tokens(&m.target.cfg.eos, &tok.stop);
     let mut runs: Vec<(Method, usize)> = Vec::new();
     for &meth in methods {
         if meth == Method::Ar {

@@ -4,7 +4,8 @@ use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
 use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{Engine, GenParams, Method, Stats};
+use sparkling::decode::{stop_tokens, Engine, GenParams, Method, Stats};
+use sparkling::tokenizer::TextStream;
 use sparkling::{Error, Result};
 use std::io::Write;
 
@@ -76,44 +77,29 @@ pub struct GenerateArgs {
     pub stats_json: Option<std::path::PathBuf>,
 }
 
-/// Build generation parameters from CLI values (shared with `bench`).
-/// Default tree budget on host-memory (CPU) backends: verification there is compute-bound, so
-/// small trees win in tokens/s (BENCHMARKS.md §7: verify of 9 rows ≈ 4 decode steps, 65 rows ≈ 19).
-const CPU_DEFAULT_BUDGET: usize = 8;
-
 /// Parse `--tree-prep`: `auto` (the engine resolves it per backend), `host`, `device`. Errors
 /// name the argument.
 pub fn tree_prep(s: &str) -> Result<TreePrep> {
     TreePrep::parse(s).ok_or_else(|| Error::Input(format!("--tree-prep `{s}`: expected auto, host or device")))
 }
 
-/// `host_memory`: the backend's [`Backend::host_memory`], which picks the default budget
-/// (`--tree-prep auto` is resolved by the engine).
+/// Build generation parameters from CLI values (shared with `bench`) over the library's
+/// defaults ([`GenParams::new`]). `host_memory`: the backend's [`Backend::host_memory`], which
+/// picks the default budget (`--tree-prep auto` is resolved by the engine).
+/// Errors: an unknown `--tree-prep`, and [`GenParams::validate`]'s.
 pub fn gen_params(method: Method, budget: Option<usize>, a: &GenerateArgs, stop: Vec<u32>, host_memory: bool) -> Result<GenParams> {
     let prep = tree_prep(&a.tree_prep)?;
-    if a.temperature < 0.0 || !a.temperature.is_finite() {
-        return Err(Error::Input(format!("--temperature {} must be ≥ 0", a.temperature)));
-    }
-    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
-        return Err(Error::Input(format!("--top-p {} must be in (0, 1]", a.top_p)));
-    }
-    if a.candidates == 0 || a.max_fanout == 0 || a.treespark_k == 0 {
-        return Err(Error::Input("--candidates, --max-fanout and --treespark-k must be ≥ 1".into()));
-    }
-    Ok(GenParams {
-        method,
-        tree: TreeParams {
-            budget: budget.unwrap_or(if host_memory { CPU_DEFAULT_BUDGET.min(method.default_budget()) } else { method.default_budget() }),
-            candidates: a.candidates,
-            max_fanout: a.max_fanout,
-            treespark_k: a.treespark_k,
-            prep,
-        },
+    let d = GenParams::new(method, host_memory);
+    let p = GenParams {
+        tree: TreeParams { budget: budget.unwrap_or(d.tree.budget), candidates: a.candidates, max_fanout: a.max_fanout, treespark_k: a.treespark_k, prep },
         sampling: SampleParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p },
         seed: a.seed,
         max_new_tokens: a.max_new_tokens,
         stop,
-    })
+        ..d
+    };
+    p.validate()?;
+    Ok(p)
 }
 
 /// Print a human-readable stats summary to stderr.
@@ -170,38 +156,24 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     if prompt.is_empty() {
         return Err(Error::Input("the prompt is empty after tokenization".into()));
     }
-    let mut stop: Vec<u32> = m.target.cfg.eos.clone();
-    if let Some(t) = &m.tokenizer {
-        for &s in &t.stop {
-            if !stop.contains(&s) {
-                stop.push(s);
-            }
-        }
-    }
+    let mut stop = stop_tokens(&m.target.cfg.eos, m.tokenizer.as_ref().map_or(&[][..], |t| &t.stop));
     if a.ignore_eos {
         stop.clear();
     }
     let params = gen_params(method, a.budget, a, stop, m.backend.host_memory())?;
     let engine = Engine { backend: &m.backend, target: &m.target, drafter: method.drafter_kind().and_then(|k| m.drafter(k)) };
-    let mut all: Vec<u32> = Vec::new();
-    let mut printed = 0usize;
+    let mut text = TextStream::new();
     let stdout = std::io::stdout();
     let g = engine.generate(&prompt, &params, &mut |new| {
-        all.extend_from_slice(new);
         let mut out = stdout.lock();
         if a.ids || m.tokenizer.is_none() {
             for t in new {
                 let _ = write!(out, "{t} ");
             }
         } else if let Some(tok) = &m.tokenizer {
-            if let Ok(text) = tok.decode(&all, false) {
-                // Hold back an incomplete UTF-8 tail (shown as U+FFFD) until the next round.
-                if !text.ends_with('\u{FFFD}') {
-                    if let Some(tail) = text.get(printed..) {
-                        let _ = write!(out, "{tail}");
-                        printed = text.len();
-                    }
-                }
+            // Only the new text: a short window is decoded, not the whole output.
+            if let Ok(tail) = text.push(tok, new) {
+                let _ = write!(out, "{tail}");
             }
         }
         let _ = out.flush();

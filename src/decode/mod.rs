@@ -72,11 +72,19 @@ impl Method {
         }
     }
 
-    /// Default non-root node budget.
-    pub fn default_budget(self) -> usize {
-        match self {
+    /// Default non-root node budget: 64 (treespark 32) on device backends; at most 8 on a
+    /// backend whose tensors live in host memory (`host_memory`, the CPU backend), where
+    /// verification is compute-bound and small trees win in tokens/s (BENCHMARKS.md §7: a
+    /// verify of 9 rows ≈ 4 decode steps, 65 rows ≈ 19).
+    pub fn default_budget(self, host_memory: bool) -> usize {
+        let b = match self {
             Method::TreeSpark => 32,
             _ => 64,
+        };
+        if host_memory {
+            b.min(8)
+        } else {
+            b
         }
     }
 }
@@ -96,6 +104,53 @@ pub struct GenParams {
     pub max_new_tokens: usize,
     /// Token ids that end generation (the stop token is emitted, then generation ends).
     pub stop: Vec<u32>,
+}
+
+impl GenParams {
+    /// The library's defaults for `method` on a backend with (`host_memory`) or without host
+    /// tensors: [`Method::default_budget`], 128 SparklingTree candidates per depth, fan-out 64,
+    /// TreeSpark k = 4, [`TreePrep::Auto`], greedy (T = 0, top-k off, top-p 1), seed 0,
+    /// 256 new tokens, no stop tokens (see [`stop_tokens`]). The CLI and the browser start here.
+    pub fn new(method: Method, host_memory: bool) -> GenParams {
+        GenParams {
+            method,
+            tree: TreeParams { budget: method.default_budget(host_memory), candidates: 128, max_fanout: 64, treespark_k: 4, prep: TreePrep::Auto },
+            sampling: SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
+            seed: 0,
+            max_new_tokens: 256,
+            stop: Vec::new(),
+        }
+    }
+
+    /// Check the values no caller may pass: a temperature that is negative or not finite,
+    /// top-p outside (0, 1], zero candidates, fan-out or TreeSpark k.
+    /// Errors: [`Error::Input`] naming the parameter.
+    pub fn validate(&self) -> Result<()> {
+        let s = &self.sampling;
+        if !(s.temperature >= 0.0 && s.temperature.is_finite()) {
+            return Err(Error::Input(format!("temperature {} must be finite and ≥ 0", s.temperature)));
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return Err(Error::Input(format!("top-p {} must be in (0, 1]", s.top_p)));
+        }
+        let t = &self.tree;
+        if t.candidates == 0 || t.max_fanout == 0 || t.treespark_k == 0 {
+            return Err(Error::Input("candidates, max-fanout and treespark-k must be ≥ 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The one stop-token rule (CLI and browser alike): the target's end-of-sequence ids, then the
+/// tokenizer's stop tokens (end of turn, `<|im_end|>`, ...) not already among them.
+pub fn stop_tokens(target_eos: &[u32], tokenizer_stop: &[u32]) -> Vec<u32> {
+    let mut stop = target_eos.to_vec();
+    for &s in tokenizer_stop {
+        if !stop.contains(&s) {
+            stop.push(s);
+        }
+    }
+    stop
 }
 
 /// Result of one generation.
@@ -151,6 +206,7 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// backend's `*_async` ops. Same tokens, statistics and errors as `generate`.
     pub async fn generate_async(&self, prompt: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> Result<Generation> {
         let b = self.backend;
+        p.validate()?;
         let Checked { drafter, capacity } = self.check(prompt, p)?;
         let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
         let mut out: Vec<u32> = Vec::new();

@@ -294,6 +294,23 @@ mod tests {
         conformance("llama-bpe", data!("ggml-vocab-llama-bpe.gguf.inp"), data!("ggml-vocab-llama-bpe.gguf.out"));
     }
 
+    /// Streaming detokenization (`TextStream`, the CLI's output) adds up to the decode of all
+    /// ids, whatever the chunking — multi-byte characters split across chunks included.
+    #[test]
+    fn text_stream_pushes_add_up_to_the_full_decode() {
+        let Some(p) = asset_file("ggml-vocab-qwen2.gguf", false) else { return };
+        let tok = crate::tokenizer::TextTokenizer::from_gguf(&GgufFile::open(&p).unwrap()).unwrap();
+        for (text, _) in cases(data!("ggml-vocab-qwen2.gguf.inp"), data!("ggml-vocab-qwen2.gguf.out")) {
+            let ids = tok.encode_raw(&text).unwrap();
+            let want = tok.decode(&ids, false).unwrap();
+            for chunk in [1usize, 2, 3, 7] {
+                let mut s = crate::tokenizer::TextStream::new();
+                let got: String = ids.chunks(chunk).map(|c| s.push(&tok, c).unwrap()).collect();
+                assert_eq!(got, want, "{text:?} in chunks of {chunk}");
+            }
+        }
+    }
+
     #[test]
     fn gpt2_matches_llama_cpp_vectors() {
         conformance("gpt-2", data!("ggml-vocab-gpt-2.gguf.inp"), data!("ggml-vocab-gpt-2.gguf.out"));

@@ -130,6 +130,42 @@ impl TextTokenizer {
     }
 }
 
+/// Incremental detokenizer for streaming output: each [`TextStream::push`] returns only the text
+/// the new ids add, decoding a short window of recent ids instead of the whole output (the
+/// window starts one step back, so context-dependent decoding — a stripped leading space, a
+/// multi-token UTF-8 character — comes out as in a decode of everything). An incomplete UTF-8
+/// tail (decoded as U+FFFD) is held back until a later push completes it. The concatenated
+/// pushes equal `decode(all ids)` for the byte-level BPE vocabularies the engine loads.
+#[derive(Debug, Clone, Default)]
+pub struct TextStream {
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+}
+
+impl TextStream {
+    /// An empty stream.
+    pub fn new() -> TextStream {
+        TextStream::default()
+    }
+
+    /// Append `new` ids; returns the text they add (possibly empty). Errors: decoding failures.
+    pub fn push(&mut self, tok: &TextTokenizer, new: &[u32]) -> Result<String> {
+        self.ids.extend_from_slice(new);
+        let before = tok.decode(&self.ids[self.prefix..self.read], false)?;
+        let text = tok.decode(&self.ids[self.prefix..], false)?;
+        if text.len() > before.len() && !text.ends_with('\u{FFFD}') {
+            if let Some(tail) = text.get(before.len()..) {
+                let tail = tail.to_string();
+                self.prefix = self.read;
+                self.read = self.ids.len();
+                return Ok(tail);
+            }
+        }
+        Ok(String::new())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

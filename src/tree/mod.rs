@@ -24,13 +24,13 @@
 //! ±inf); no builder panics on valid input.
 
 pub mod ddtree;
-pub mod pctree;
 pub mod sparkling;
 pub mod sparkling_lazy;
 pub mod sparkling_table;
+pub mod treespark;
 
 pub use ddtree::build_ddtree;
-pub use pctree::build_treespark;
+pub use treespark::build_treespark;
 pub use sparkling::{build_sparkling_reference, markov_greedy_chain, MarkovHead};
 pub use sparkling_table::{build_sparkling_precompute, candidate_table, candidate_union};
 pub use sparkling_lazy::{build_sparkling_lazy, LazyCandidates};

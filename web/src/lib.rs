@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use sparkling::core::{Backend, SampleParams};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{Engine, GenParams, Method};
+use sparkling::decode::{stop_tokens, Engine, GenParams, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::safetensors_source::SafetensorsSource;
 use sparkling::loader::TensorSource;
@@ -180,11 +180,12 @@ impl Session {
 
     /// Generate from token ids. `options`: an object (or its JSON text) with any of `method`
     /// (`ar`, `dflash`, `ddtree`, `dspark`, `sparkling` (default), `treespark`), `budget`
-    /// (tree budget, default 64 on WebGPU and 8 on the CPU backend), `candidates` (128),
-    /// `max_fanout` (64), `treespark_k` (4), `max_new_tokens` (128), `temperature` (0 =
-    /// greedy), `top_k` (0 = off), `top_p` (1), `seed` (0), `stop` (token ids; default the
-    /// tokenizer's stop tokens, else the target's EOS), `tree_prep` (`"device"` on WebGPU,
-    /// `"host"` on the CPU backend). `prompt_ids`: a `Uint32Array` or an array of ids;
+    /// (tree budget), `candidates`, `max_fanout`, `treespark_k`, `max_new_tokens`,
+    /// `temperature` (0 = greedy), `top_k` (0 = off), `top_p`, `seed` — defaults those of the
+    /// CLI (`GenParams::new`: budget 64, treespark 32, at most 8 on the CPU backend; 128
+    /// candidates, fan-out 64, k 4, 256 new tokens, greedy, seed 0) — `stop` (token ids; default
+    /// the CLI's rule, `sparkling::decode::stop_tokens`: the target's EOS plus the tokenizer's
+    /// stop tokens), `tree_prep` (`"auto"`: device on WebGPU, host on the CPU backend). `prompt_ids`: a `Uint32Array` or an array of ids;
     /// `options`: an object or its JSON text. Unknown keys are an error. `on_tokens(ids, text)`, optional, is
     /// called with each round's committed tokens (and their text when a tokenizer is set).
     /// Resolves to `{ tokens, text, stopped, tau, tokens_per_s, rounds, prefill_ms, decode_ms,
@@ -331,12 +332,14 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
             .collect::<sparkling::Result<_>>()?,
         Some(_) => return Err(bad("stop", "an array of token ids")),
     };
-    let temperature = float("temperature", 0.0)?;
-    let top_p = float("top_p", 1.0)?;
+    let defaults = GenParams::new(method, host_memory).sampling;
+    let temperature = float("temperature", defaults.temperature)?;
+    let top_p = float("top_p", defaults.top_p)?;
     if !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
         return Err(sparkling::Error::Input(format!("generate options: temperature must be ≥ 0 (got {temperature}) and top_p in (0, 1] (got {top_p})")));
     }
-    let budget = uint("budget", if host_memory { 8 } else { 64 })?;
+    let d = GenParams::new(method, host_memory);
+    let budget = uint("budget", d.tree.budget)?;
     if budget == 0 {
         return Err(bad("budget", "at least 1"));
     }
@@ -344,21 +347,21 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
         method,
         tree: TreeParams {
             budget,
-            candidates: uint("candidates", 128)?.max(1),
-            max_fanout: uint("max_fanout", 64)?.max(1),
-            treespark_k: uint("treespark_k", 4)?.max(1),
+            candidates: uint("candidates", d.tree.candidates)?.max(1),
+            max_fanout: uint("max_fanout", d.tree.max_fanout)?.max(1),
+            treespark_k: uint("treespark_k", d.tree.treespark_k)?.max(1),
             prep: match v.get("tree_prep") {
                 None | Some(Value::Null) => TreePrep::Auto,
                 Some(Value::String(s)) => TreePrep::parse(s).ok_or_else(|| bad("tree_prep", "\"auto\", \"host\" or \"device\""))?,
                 Some(_) => return Err(bad("tree_prep", "\"auto\", \"host\" or \"device\"")),
             },
         },
-        sampling: SampleParams { temperature, top_k: uint("top_k", 0)?, top_p },
+        sampling: SampleParams { temperature, top_k: uint("top_k", d.sampling.top_k)?, top_p },
         seed: match v.get("seed") {
-            None | Some(Value::Null) => 0,
+            None | Some(Value::Null) => d.seed,
             Some(x) => x.as_u64().ok_or_else(|| bad("seed", "a non-negative integer"))?,
         },
-        max_new_tokens: uint("max_new_tokens", 128)?,
+        max_new_tokens: uint("max_new_tokens", d.max_new_tokens)?,
         stop,
     })
 }
@@ -389,10 +392,7 @@ async fn generate<B: Backend>(
     on_tokens: Option<&js_sys::Function>,
 ) -> sparkling::Result<Value> {
     let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target or load_target_gguf first".into()))?;
-    let default_stop = match tok {
-        Some(t) if !t.stop.is_empty() => t.stop.clone(),
-        _ => target.cfg.eos.clone(),
-    };
+    let default_stop = stop_tokens(&target.cfg.eos, tok.map_or(&[][..], |t| &t.stop));
     let p = gen_params(opts, l.b.host_memory(), default_stop)?;
     let drafter = p.method.drafter_kind().and_then(|k| l.drafters.iter().find(|d| d.cfg.kind == k));
     if let (Some(kind), None) = (p.method.drafter_kind(), drafter) {

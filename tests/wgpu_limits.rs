@@ -2,7 +2,9 @@
 //! folded into 2-D grids, clear errors beyond the limits, and adapter selection. The limits are
 //! lowered through `WgpuOptions` so the split paths run at small, fast sizes; results must not
 //! change at all (exact equality with the unsplit backend).
+#![cfg(feature = "wgpu")]
 
+#[path = "wgpu_common/mod.rs"]
 mod common;
 
 use common::*;

@@ -9,9 +9,11 @@
 //!   rope: `1e-5` absolute (identical cos/sin table, possible fma contraction; inputs ±1).
 //! - add_assign, embedding, concat, gather, write_rows, compact_rows, argmax: exact.
 //! - sample: the same draws as the CPU for these fixed seeds (the device CDF is f32; a draw
-//!   may differ only within ~1e-5 of a CDF or top-p boundary — tests/select.rs checks that
+//!   may differ only within ~1e-5 of a CDF or top-p boundary — tests/wgpu_select.rs checks that
 //!   rule on thousands of draws on both reduction paths).
+#![cfg(feature = "wgpu")]
 
+#[path = "wgpu_common/mod.rs"]
 mod common;
 
 use common::*;
