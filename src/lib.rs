@@ -4,6 +4,7 @@
 //! (safetensors / GGUF), [`tokenizer`] (tokenizer + chat template), [`tree`] (host tree
 //! builders), [`decode`] (the one decode loop and its methods). Backends live in
 //! `backends/` behind the [`sparkling_core::Backend`] trait.
+#![warn(missing_docs)]
 
 pub mod assets;
 pub mod decode;

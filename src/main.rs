@@ -1,4 +1,5 @@
 //! `sparkling` command-line interface: `generate`, `bench`, `init-drafter`, `synth`, `synth-target`.
+#![warn(missing_docs)]
 
 mod cli;
 

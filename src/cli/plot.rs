@@ -131,9 +131,9 @@ pub fn run(a: PlotArgs) -> Result<()> {
         ];
         for (file, kind) in &files {
             let r = match kind {
-                0 => acceptance_chart(file, &f, budget, &title),
-                1 => tau_chart(file, &f, budget, &title),
-                _ => budget_chart(file, &f, &budgets, &title),
+                0 => acceptance_chart(file, f, budget, &title),
+                1 => tau_chart(file, f, budget, &title),
+                _ => budget_chart(file, f, &budgets, &title),
             };
             r.map_err(|e| Error::file(file, format!("cannot draw chart: {e}")))?;
             eprintln!("wrote {}", file.display());

@@ -286,6 +286,7 @@ impl TargetConfig {
         Ok(cfg)
     }
 
+    #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
     fn validate(&self, path: &Path) -> Result<()> {
         if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
             return Err(Error::config(path, "num_key_value_heads", format!("{} does not divide {} heads", self.n_kv_heads, self.n_heads)));

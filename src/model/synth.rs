@@ -43,6 +43,7 @@ impl Pending {
         self.0.push((name.into(), shape.to_vec(), data));
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn layer(&mut self, rng: &mut Rng, prefix: &str, h: usize, nh: usize, nkv: usize, hd: usize, inter: usize, bias: bool, qk_norm: bool) {
         let (q, kv) = (nh * hd, nkv * hd);
         let s = |k: usize| 1.0 / (k as f32).sqrt();

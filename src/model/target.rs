@@ -94,6 +94,7 @@ impl<B: Backend> Target<B> {
     /// `cache.len..`), with `mask` over the new block; returns logits for `rows` and, if `taps`
     /// is non-empty, the raw outputs of those layers concatenated in the listed order.
     /// Errors: empty input, length mismatch, cache overflow, a tap at the last layer.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         b: &B,

@@ -9,6 +9,7 @@
 //! - Host slices (`positions`, `parents`, token ids) are small per-call inputs.
 //! - Every op returns [`Result`]; shape mismatches are reported as [`Error::Shape`] naming the
 //!   op and both shapes, never as a panic.
+#![warn(missing_docs)]
 
 use std::fmt;
 
@@ -22,7 +23,12 @@ pub use tree::{CandidateTable, ChildMap, DraftTree, TopK, NO_PARENT};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Error {
     /// Operand shapes do not fit the op: `op` names the op, `detail` the shapes expected/found.
-    Shape { op: &'static str, detail: String },
+    Shape {
+        /// The op that refused its operands.
+        op: &'static str,
+        /// The shapes expected and found.
+        detail: String,
+    },
     /// The backend cannot run here (no driver, no adapter, feature missing).
     Unavailable(String),
     /// A device-side failure (out of memory, lost device, kernel launch).
@@ -60,7 +66,10 @@ pub enum AttnMask<'a> {
     /// itself. `parents[i] < i` for `i ≥ 1`, `parents[0] == NO_PARENT` (the root). Visible keys
     /// are visited in ascending slot order, so a chain-shaped tree gives bit-identical results
     /// to [`AttnMask::Causal`]. [`select::ancestor_table`] lists each row's visible block keys.
-    Tree { parents: &'a [u32] },
+    Tree {
+        /// Parent row of each block row (`NO_PARENT` for the root).
+        parents: &'a [u32],
+    },
     /// Every key visible (the drafter's non-causal context + block attention, DFlash §2.4).
     Full,
 }

@@ -3,7 +3,10 @@
 //! Every output element is produced by one sequential reduction whose order does not depend on
 //! how many rows share the call, so results are bit-identical between a 1-row decode step and a
 //! 65-row tree verify (the property the exactness tests rely on).
+#![warn(missing_docs)]
 
+// Lint allowed here, not in gemm.rs, while the quantized-weights branch rewrites that file.
+#[allow(clippy::needless_range_loop)]
 pub mod gemm;
 mod kernels;
 pub mod select;
@@ -163,6 +166,7 @@ impl Backend for CpuBackend {
         Ok(CpuTensor { rows: m, cols: n, data })
     }
 
+    #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
     fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, group: usize, eps: f32) -> Result<CpuTensor> {
         let w = w.data.as_slice();
         if group == 0 || x.cols % group != 0 || w.len() != group {
@@ -184,6 +188,7 @@ impl Backend for CpuBackend {
         Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out })
     }
 
+    #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
     fn rope(&self, x: &mut CpuTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
         if positions.len() != x.rows || head_dim % 2 != 0 || x.cols % head_dim != 0 {
             return Err(shape_err(
