@@ -180,7 +180,7 @@ pub fn list_adapters() -> Result<()> {
         )));
     }
     for l in list {
-        println!("{l}");
+        outln!("{l}")?;
     }
     Ok(())
 }
@@ -295,7 +295,7 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         }
         let stem = tpath.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "target".into());
         let dir = assets::dir().join("drafters").join(format!("{stem}-{}-random", format!("{kind:?}").to_lowercase()));
-        if !dir.join("config.json").exists() {
+        {
             let init = DrafterInit {
                 kind,
                 layers: 1,
@@ -305,7 +305,10 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
                 mask_token_id: None,
                 confidence_head: kind == DrafterKind::DSpark,
             };
-            write_random_drafter(&dir, &target.cfg, &init, 0, StoreDtype::Bf16)?;
+            // Built in a temporary directory and renamed into place: safe under concurrent first
+            // use, and an entry an interrupted older run left half-written is rebuilt.
+            let complete = |d: &Path| read_json(d).is_ok() && open_source(d).is_ok();
+            sparkling::fsio::ensure_cached_dir(&dir, complete, |tmp| write_random_drafter(tmp, &target.cfg, &init, 0, StoreDtype::Bf16).map(|_| ()))?;
         }
         eprintln!(
             "warning: no {kind:?} drafter given; using the UNTRAINED random drafter {} (output is still exact, but acceptance will be near 1 token per round; pass --drafter)",
@@ -346,6 +349,12 @@ fn bundled_drafter<B: Backend>(backend: &B, target: &TargetConfig, kind: Drafter
 pub fn rayon_threads(n: usize) -> Result<()> {
     if n == 0 {
         return Err(Error::Input("--threads must be ≥ 1".into()));
+    }
+    // More threads than a few per core only adds contention (and a huge count aborts while
+    // spawning them): refuse it.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if n > 4 * cores {
+        return Err(Error::Input(format!("--threads {n} is more than 4 × the {cores} cores of this machine")));
     }
     // The global pool can only be built once; a second call is harmless for the CLI.
     let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
