@@ -238,6 +238,23 @@ fn fuzz_gguf_reader_and_target_loader() {
     eprintln!("fuzz gguf: {n} executions, no panic");
 }
 
+/// Inputs that once panicked (committed under `tests/data/fuzz/`): each must now load or fail
+/// with an error.
+#[test]
+fn fuzz_regression_corpus() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("tests/data/fuzz") {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "gguf") {
+            let b = std::fs::read(&p).unwrap();
+            no_panic(&p.display().to_string().replace('/', "_"), n, &b.clone(), || load_gguf(b));
+            n += 1;
+        }
+    }
+    assert!(n > 0, "no corpus in {}", dir.display());
+}
+
 #[test]
 fn fuzz_gguf_vocabulary_tokenizer() {
     let p = sparkling::assets::path("ggml-vocab-gpt-2.gguf");
