@@ -55,6 +55,7 @@ fn smollm2() -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
+        assert!(!std::env::var("SPARKLING_REQUIRE_ASSETS").is_ok_and(|v| v == "1"), "{} not found and SPARKLING_REQUIRE_ASSETS is set", p.display());
         eprintln!("skipping: {} not found (run scripts/fetch-assets smollm2)", p.display());
         None
     }
@@ -85,6 +86,9 @@ fn init_drafter_into_a_checkpoint_needs_force() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(listing(&out), vec!["config.json", "model.safetensors"]);
     assert_eq!(listing(d.path()), vec!["drafter", "target"]);
+    // Arguments init-drafter does not use are refused, not ignored.
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out), "--force", "--drafter", s(&out)]);
+    assert!(!o.status.success() && stderr(&o).contains("does not use --drafter"), "{}", stderr(&o));
 }
 
 #[test]
@@ -333,4 +337,28 @@ fn absurd_sizes_are_clamped_or_refused_naming_the_argument() {
     let o = run(d.path(), &["profile", "--target", s(&t), "--budget", "18446744073709551615", "--prefill", "8"]);
     no_panic(&o);
     assert!(!o.status.success() && stderr(&o).contains("--budget"), "{}", stderr(&o));
+}
+
+// ---- path arguments mean exactly the file they name ----------------------------------------
+
+#[test]
+fn tokenizer_argument_is_the_file_it_names() {
+    let d = tmpdir("cli-tok");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let tok = d.path().join("my-tokenizer.json");
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..64).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    std::fs::write(&tok, json.to_string()).unwrap();
+    // A decoy next to it: the old code read the directory's tokenizer.json instead.
+    std::fs::write(d.path().join("tokenizer.json"), "not a tokenizer").unwrap();
+    let o = run(d.path(), &["generate", "--target", s(&t), "--tokenizer", s(&tok), "--method", "ar", "--prompt", "w1 w2 w3", "--max-new-tokens", "2"]);
+    no_panic(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let missing = d.path().join("nope.json");
+    let o = run(d.path(), &["generate", "--target", s(&t), "--tokenizer", s(&missing), "--method", "ar", "--prompt", "w1", "--max-new-tokens", "2"]);
+    assert!(!o.status.success() && stderr(&o).contains("nope.json"), "{}", stderr(&o));
 }

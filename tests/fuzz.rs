@@ -259,7 +259,8 @@ fn fuzz_regression_corpus() {
 fn fuzz_gguf_vocabulary_tokenizer() {
     let p = sparkling::assets::path("ggml-vocab-gpt-2.gguf");
     let Ok(valid) = std::fs::read(&p) else {
-        eprintln!("skipping: {} not found (scripts/fetch-assets)", p.display());
+        assert!(!std::env::var("SPARKLING_REQUIRE_ASSETS").is_ok_and(|v| v == "1"), "{} not found and SPARKLING_REQUIRE_ASSETS is set", p.display());
+        eprintln!("skipping: {} not found (scripts/fetch-assets llama-vocab)", p.display());
         return;
     };
     let mut rng = seed(2);

@@ -85,6 +85,21 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
         return Err(Error::Input("--block-size must be ≥ 2 and --layers ≥ 1".into()));
     }
     check_out_dir(&a.out, a.force, "--out")?;
+    // Only --target of the shared model arguments means something here: refuse the others
+    // rather than ignore them.
+    let m = &a.model;
+    for (given, arg) in [
+        (!m.drafter.is_empty(), "--drafter"),
+        (m.tokenizer.is_some(), "--tokenizer"),
+        (m.backend != "cpu", "--backend"),
+        (m.adapter.is_some(), "--adapter"),
+        (m.threads.is_some(), "--threads"),
+        (m.weights != "auto", "--weights"),
+    ] {
+        if given {
+            return Err(Error::Input(format!("init-drafter does not use {arg} (it reads only the geometry of --target)")));
+        }
+    }
     let tpath = target_path(&a.model)?;
     let cfg = if tpath.extension().is_some_and(|e| e == "gguf") {
         TargetConfig::from_gguf(&GgufSource::open(&tpath)?.file)?

@@ -264,7 +264,7 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         backend.name()
     );
     let tokenizer = match (&args.tokenizer, &gguf) {
-        (Some(t), _) => Some(TextTokenizer::from_dir(if t.is_dir() { t } else { t.parent().unwrap_or(Path::new(".")) })?),
+        (Some(t), _) => Some(tokenizer_arg(t)?),
         (None, Some(g)) => Some(TextTokenizer::from_gguf(&g.file)?),
         (None, None) => {
             if tpath.join("tokenizer.json").exists() {
@@ -320,6 +320,24 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         drafters.push(Drafter::load(&backend, dsrc.as_ref(), dcfg, &target.cfg)?);
     }
     Ok(Loaded { backend, target, tokenizer, drafters })
+}
+
+/// `--tokenizer`: a directory (its tokenizer.json and tokenizer_config.json), a GGUF file (its
+/// embedded vocabulary) or exactly the JSON file it names (with tokenizer_config.json beside it
+/// for the chat template, when present).
+fn tokenizer_arg(t: &Path) -> Result<TextTokenizer> {
+    if t.is_dir() {
+        return TextTokenizer::from_dir(t);
+    }
+    if !t.is_file() {
+        return Err(Error::file(t, "--tokenizer: no such file or directory"));
+    }
+    if t.extension().is_some_and(|e| e == "gguf") {
+        return TextTokenizer::from_gguf(&GgufSource::open(t)?.file);
+    }
+    let json = std::fs::read_to_string(t).map_err(|e| Error::file(t, format!("--tokenizer: cannot read: {e}")))?;
+    let config = t.parent().and_then(|d| std::fs::read_to_string(d.join("tokenizer_config.json")).ok());
+    TextTokenizer::from_json(&json, config.as_deref()).map_err(|e| Error::file(t, e.to_string()))
 }
 
 /// The repository's trained drafters (`models/*`, issue 3): the first checkpoint of `kind` that
