@@ -47,6 +47,33 @@ fn sibling(path: &Path, tag: &str) -> PathBuf {
     path.with_file_name(format!(".{name}.{tag}-{pid}-{n}"))
 }
 
+/// Remove the temporaries of `path` (see [`sibling`]) left by processes that no longer run (a
+/// killed run cannot clean up after itself). Linux only (process liveness from `/proc`);
+/// elsewhere a stale temporary stays, hidden, and is harmless.
+fn sweep_stale(path: &Path) {
+    #[cfg(target_os = "linux")]
+    {
+        let Some(name) = path.file_name().map(|s| s.to_string_lossy().into_owned()) else { return };
+        let prefix = format!(".{name}.");
+        let Ok(rd) = std::fs::read_dir(parent_of(path)) else { return };
+        for e in rd.filter_map(|e| e.ok()) {
+            let f = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = f.strip_prefix(&prefix) else { continue };
+            // `{tag}-{pid}-{n}` with a tag of ours.
+            let mut it = rest.splitn(3, '-');
+            let (Some(tag), Some(pid), Some(_)) = (it.next(), it.next(), it.next()) else { continue };
+            let Ok(pid) = pid.parse::<u32>() else { continue };
+            if !["tmp", "probe", "broken"].contains(&tag) || pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let p = e.path();
+            let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = path;
+}
+
 /// A temporary file or directory removed on drop unless kept.
 struct Temp {
     path: PathBuf,
@@ -84,6 +111,7 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result
     if !parent.is_dir() {
         return Err(Error::file(path, format!("cannot write: directory {} does not exist", parent.display())));
     }
+    sweep_stale(path);
     let tmp = Temp { path: sibling(path, "tmp"), keep: false };
     fill(&tmp.path)?;
     if let Ok(f) = std::fs::File::open(&tmp.path) {
@@ -117,6 +145,7 @@ pub fn check_writable(path: &Path, arg: &str) -> Result<()> {
 fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
     let parent = parent_of(dir);
     std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, format!("cannot create directory: {e}")))?;
+    sweep_stale(dir);
     let tmp = Temp { path: sibling(dir, tag), keep: false };
     std::fs::create_dir(&tmp.path).map_err(|e| Error::file(dir, format!("cannot create a temporary directory next to it: {e}")))?;
     Ok(tmp)
@@ -223,6 +252,25 @@ mod tests {
         write_bytes(&p, b"new").unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "new");
         assert_eq!(listing(&d), vec!["a.json"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn temporaries_of_dead_processes_are_swept() {
+        let d = tmpdir();
+        let out = d.join("ckpt");
+        // pid 4294967295 never runs (Linux pid_max ≤ 2^22); our own pid's files are kept.
+        std::fs::create_dir_all(d.join(".ckpt.tmp-4294967295-0")).unwrap();
+        std::fs::write(d.join(".ckpt.tmp-4294967295-0/config.json"), "{}").unwrap();
+        std::fs::write(d.join(format!(".ckpt.probe-{}-7", std::process::id())), "").unwrap();
+        std::fs::write(d.join(".other.tmp-4294967295-0"), "").unwrap();
+        publish_dir(&out, |t| std::fs::write(t.join("config.json"), "1").map_err(|e| Error::Input(e.to_string()))).unwrap();
+        let mut want = vec![format!(".ckpt.probe-{}-7", std::process::id()), ".other.tmp-4294967295-0".to_string(), "ckpt".to_string()];
+        if !cfg!(target_os = "linux") {
+            want.insert(0, ".ckpt.tmp-4294967295-0".into());
+        }
+        want.sort();
+        assert_eq!(listing(&d), want);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
