@@ -9,6 +9,7 @@
 pub mod assets;
 pub mod decode;
 pub mod error;
+pub mod fsio;
 pub mod loader;
 pub mod model;
 pub mod tokenizer;

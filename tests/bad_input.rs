@@ -123,3 +123,62 @@ fn empty_prompt_and_too_long_prompt() {
     let err = e.generate(&[1, 2], &params(Method::Sparkling, 8, 0.0, 0, 8, vec![]), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("needs a DSpark drafter"), "{err}");
 }
+
+#[test]
+fn absurd_layer_count_is_refused_before_allocating() {
+    // Issue 15: 1e9 layers used to allocate until the process was killed.
+    let d = write_target(Arch::Qwen3, 32);
+    edit_config(d.path(), |c| {
+        c.insert("num_hidden_layers".into(), 1_000_000_000u64.into());
+    });
+    let e = try_load_target(d.path()).err().expect("must fail").to_string();
+    assert!(e.contains("num_hidden_layers") && e.contains("1000000000") && e.contains("only 4 layers"), "{e}");
+}
+
+#[test]
+fn config_values_are_validated_naming_file_key_and_value() {
+    let cases: [(&str, serde_json::Value, &str); 9] = [
+        ("num_attention_heads", 0.into(), "positive"),
+        ("hidden_size", 0.into(), "positive"),
+        ("vocab_size", 0.into(), "positive"),
+        ("intermediate_size", 0.into(), "positive"),
+        ("rms_norm_eps", 0.0.into(), "> 0"),
+        ("rms_norm_eps", (-1e-6).into(), "> 0"),
+        ("rope_theta", 0.0.into(), "> 0"),
+        ("max_position_embeddings", 0.into(), "positive"),
+        ("hidden_size", (1u64 << 40).into(), "≤"),
+    ];
+    for (key, val, expect) in cases {
+        let d = write_target(Arch::Qwen3, 32);
+        let shown = val.to_string();
+        edit_config(d.path(), |c| {
+            c.insert(key.into(), val);
+        });
+        let e = try_load_target(d.path()).err().expect("must fail").to_string();
+        assert!(e.contains("config.json") && e.contains(key) && e.contains(expect), "{key} = {shown}: {e}");
+    }
+    // Heads that do not divide the hidden size when head_dim is derived.
+    let d = write_target(Arch::Llama, 32);
+    edit_config(d.path(), |c| {
+        c.remove("head_dim");
+        c.insert("num_attention_heads".into(), 5.into());
+        c.insert("num_key_value_heads".into(), 5.into());
+    });
+    let e = try_load_target(d.path()).err().expect("must fail").to_string();
+    assert!(e.contains("num_attention_heads") && e.contains("does not divide"), "{e}");
+}
+
+#[test]
+fn non_finite_weights_are_an_error() {
+    let d = tmpdir("nan");
+    write_random_target(d.path(), &tiny_target_config(Arch::Qwen3, 32), 1, StoreDtype::F32).unwrap();
+    let f = d.path().join("model.safetensors");
+    let mut b = std::fs::read(&f).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let at = 8 + n + 4 * 3; // the fourth value of the first tensor in file order
+    b[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&f, b).unwrap();
+    let e = try_load_target(d.path()).err().expect("must fail").to_string();
+    assert!(e.contains("model.safetensors") || e.contains(&d.path().display().to_string()), "{e}");
+    assert!(e.contains("not finite") && e.contains("index 3"), "{e}");
+}

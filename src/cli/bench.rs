@@ -8,6 +8,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
 use sparkling::decode::{Engine, Method, Stats};
 use sparkling::{Error, Result};
+use super::write_stdout;
+use std::fmt::Write as _;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -98,6 +100,9 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
 pub fn run(a: BenchArgs) -> Result<()> {
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
     super::generate::tree_prep(&a.tree_prep)?; // refuse a bad value before loading anything
+    if let Some(j) = &a.json {
+        sparkling::fsio::check_writable(j, "--json")?; // fail before the benchmark, not after
+    }
     let mut kinds: Vec<_> = methods.iter().filter_map(|m| m.drafter_kind()).collect();
     kinds.sort_by_key(|k| format!("{k:?}"));
     kinds.dedup();
@@ -156,7 +161,8 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     let mut results = Vec::new();
     for &(meth, budget) in &runs {
         pb.set_message(format!("{} b{budget}", meth.name()));
-        let params = gen_params(meth, Some(budget.max(1)), &gen_args, stop.clone(), m.backend.host_memory())?;
+        let mut params = gen_params(meth, Some(budget.max(1)), &gen_args, stop.clone(), m.backend.host_memory())?;
+        super::bound_tree(&mut params.tree, m.target.cfg.vocab);
         let engine = Engine { backend: &m.backend, target: &m.target, drafter: meth.drafter_kind().and_then(|k| m.drafter(k)) };
         let mut total = Stats::default();
         let mut mismatches = 0usize;
@@ -174,20 +180,23 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     }
     pb.finish_and_clear();
     let ar_tps = results.iter().find(|r| r.0 == Method::Ar).map(|r| r.2.tokens_per_s());
-    println!(
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
         "{} prompts, {} new tokens max, T={}, backend {}",
         prompts.len(),
         a.max_new_tokens,
         a.temperature,
         m.backend.name()
     );
-    println!("| method | budget | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(table, "| method | budget | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run |");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
     for (meth, budget, s, mism) in &results {
         let [d, p, h, v, ac, c] = s.per_round_ms();
         let speed = ar_tps.map(|x| s.tokens_per_s() / x).unwrap_or(f64::NAN);
-        println!(
+        let _ = writeln!(
+            table,
             "| {} | {} | {:.2} | {:.1} | {:.2}× | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} |",
             meth.name(),
             if *meth == Method::Ar { "-".to_string() } else { budget.to_string() },
@@ -203,8 +212,9 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     }
     if let Some(j) = &a.json {
         let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "rows": json_rows});
-        std::fs::write(j, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(|e| Error::file(j, e.to_string()))?;
+        sparkling::fsio::write_bytes(j, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
         eprintln!("wrote {}", j.display());
     }
-    Ok(())
+    // The table after the JSON file: a closed stdout must not lose the results.
+    write_stdout(&table)
 }

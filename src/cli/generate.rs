@@ -160,29 +160,46 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     if a.ignore_eos {
         stop.clear();
     }
-    let params = gen_params(method, a.budget, a, stop, m.backend.host_memory())?;
+    let mut params = gen_params(method, a.budget, a, stop, m.backend.host_memory())?;
+    super::bound_tree(&mut params.tree, m.target.cfg.vocab);
     let engine = Engine { backend: &m.backend, target: &m.target, drafter: method.drafter_kind().and_then(|k| m.drafter(k)) };
     let mut text = TextStream::new();
     let stdout = std::io::stdout();
+    // A failed write to stdout: a closed pipe ends the program quietly, unless a stats file is
+    // still to be written (then the run finishes without printing); other errors are reported.
+    let mut out_err: Option<std::io::Error> = None;
     let g = engine.generate(&prompt, &params, &mut |new| {
+        if out_err.is_some() {
+            return;
+        }
         let mut out = stdout.lock();
+        let mut r = Ok(());
         if a.ids || m.tokenizer.is_none() {
             for t in new {
-                let _ = write!(out, "{t} ");
+                r = r.and_then(|_| write!(out, "{t} "));
             }
         } else if let Some(tok) = &m.tokenizer {
             // Only the new text: a short window is decoded, not the whole output.
             if let Ok(tail) = text.push(tok, new) {
-                let _ = write!(out, "{tail}");
+                r = write!(out, "{tail}");
             }
         }
-        let _ = out.flush();
+        if let Err(e) = r.and_then(|_| out.flush()) {
+            if a.stats_json.is_none() {
+                eprintln!("error: {}", super::stdout_error(e));
+                std::process::exit(1);
+            }
+            out_err = Some(e);
+        }
     })?;
-    println!();
-    print_stats(method, &g.stats);
     if let Some(p) = &a.stats_json {
         let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": g.stats.tau(), "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
-        std::fs::write(p, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(|e| Error::file(p, e.to_string()))?;
+        sparkling::fsio::write_bytes(p, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
     }
+    if let Some(e) = out_err {
+        return Err(super::stdout_error(e));
+    }
+    outln!()?;
+    print_stats(method, &g.stats);
     Ok(())
 }

@@ -5,7 +5,8 @@ use super::load::{target_path, ModelArgs};
 use clap::Args;
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{read_json, Arch, DrafterKind, TargetConfig};
-use sparkling::model::synth::{preset_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype, PRESETS};
+use sparkling::fsio::check_out_dir;
+use sparkling::model::synth::{check_drafter_init, preset_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype, PRESETS};
 use sparkling::{Error, Result};
 use std::path::PathBuf;
 
@@ -38,6 +39,9 @@ pub struct InitDrafterArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Replace the files of a checkpoint or model already in the output directory.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Arguments of `synth-target`.
@@ -61,6 +65,9 @@ pub struct SynthTargetArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Replace the files of a checkpoint or model already in the output directory.
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn parse_kind(s: &str) -> Result<DrafterKind> {
@@ -76,6 +83,22 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
     let kind = parse_kind(&a.kind)?;
     if a.block_size < 2 || a.layers == 0 {
         return Err(Error::Input("--block-size must be ≥ 2 and --layers ≥ 1".into()));
+    }
+    check_out_dir(&a.out, a.force, "--out")?;
+    // Only --target of the shared model arguments means something here: refuse the others
+    // rather than ignore them.
+    let m = &a.model;
+    for (given, arg) in [
+        (!m.drafter.is_empty(), "--drafter"),
+        (m.tokenizer.is_some(), "--tokenizer"),
+        (m.backend != "cpu", "--backend"),
+        (m.adapter.is_some(), "--adapter"),
+        (m.threads.is_some(), "--threads"),
+        (m.weights != "auto", "--weights"),
+    ] {
+        if given {
+            return Err(Error::Input(format!("init-drafter does not use {arg} (it reads only the geometry of --target)")));
+        }
     }
     let tpath = target_path(&a.model)?;
     let cfg = if tpath.extension().is_some_and(|e| e == "gguf") {
@@ -96,6 +119,7 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
         mask_token_id: a.mask_token_id,
         confidence_head: kind == DrafterKind::DSpark,
     };
+    check_drafter_init(&cfg, &init)?;
     let d = write_random_drafter(&a.out, &cfg, &init, a.seed, StoreDtype::Bf16)?;
     eprintln!(
         "wrote untrained {kind:?} drafter to {}: {} layers, block {}, taps {:?}, markov rank {}, mask id {}",
@@ -111,6 +135,7 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
 
 /// Run `synth-target`.
 pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
+    check_out_dir(&a.out, a.force, "--out")?;
     let cfg = match &a.config {
         Some(p) => {
             let (cp, v) = read_json(p)?;
@@ -118,6 +143,9 @@ pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
         }
         None => {
             let arch = Arch::parse(&a.arch).ok_or_else(|| Error::Input(format!("--arch `{}`: expected llama, qwen2 or qwen3", a.arch)))?;
+            if !(2..=1 << 20).contains(&a.vocab) {
+                return Err(Error::Input(format!("--vocab {} must be in 2..={}", a.vocab, 1 << 20)));
+            }
             sparkling::model::synth::tiny_target_config(arch, a.vocab)
         }
     };
@@ -160,6 +188,9 @@ pub struct SynthArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Replace the files of a checkpoint or model already in the output directory.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Run `synth`: a random-weight target of a real geometry plus a DSpark and a DFlash drafter
@@ -182,6 +213,12 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
     }
     if a.taps == 0 || a.taps + 3 > cfg.layers {
         return Err(Error::Input(format!("--taps {} must be in 1..={} (distinct layers from 1 to N-3 of a {}-layer target)", a.taps, cfg.layers.saturating_sub(3), cfg.layers)));
+    }
+    check_out_dir(&a.out.join("target"), a.force, "--out")?;
+    if !a.no_drafters {
+        for name in ["dspark", "dflash"] {
+            check_out_dir(&a.out.join(format!("{name}-b{}", a.block_size)), a.force, "--out")?;
+        }
     }
     let dtype = if a.f32 { StoreDtype::F32 } else { StoreDtype::Bf16 };
     let params = |p: usize| -> f64 { p as f64 / 1e9 };

@@ -180,7 +180,7 @@ pub fn list_adapters() -> Result<()> {
         )));
     }
     for l in list {
-        println!("{l}");
+        outln!("{l}")?;
     }
     Ok(())
 }
@@ -264,7 +264,7 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         backend.name()
     );
     let tokenizer = match (&args.tokenizer, &gguf) {
-        (Some(t), _) => Some(TextTokenizer::from_dir(if t.is_dir() { t } else { t.parent().unwrap_or(Path::new(".")) })?),
+        (Some(t), _) => Some(tokenizer_arg(t)?),
         (None, Some(g)) => Some(TextTokenizer::from_gguf(&g.file)?),
         (None, None) => {
             if tpath.join("tokenizer.json").exists() {
@@ -295,7 +295,7 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         }
         let stem = tpath.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "target".into());
         let dir = assets::dir().join("drafters").join(format!("{stem}-{}-random", format!("{kind:?}").to_lowercase()));
-        if !dir.join("config.json").exists() {
+        {
             let init = DrafterInit {
                 kind,
                 layers: 1,
@@ -305,7 +305,10 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
                 mask_token_id: None,
                 confidence_head: kind == DrafterKind::DSpark,
             };
-            write_random_drafter(&dir, &target.cfg, &init, 0, StoreDtype::Bf16)?;
+            // Built in a temporary directory and renamed into place: safe under concurrent first
+            // use, and an entry an interrupted older run left half-written is rebuilt.
+            let complete = |d: &Path| read_json(d).is_ok() && open_source(d).is_ok();
+            sparkling::fsio::ensure_cached_dir(&dir, complete, |tmp| write_random_drafter(tmp, &target.cfg, &init, 0, StoreDtype::Bf16).map(|_| ()))?;
         }
         eprintln!(
             "warning: no {kind:?} drafter given; using the UNTRAINED random drafter {} (output is still exact, but acceptance will be near 1 token per round; pass --drafter)",
@@ -317,6 +320,24 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         drafters.push(Drafter::load(&backend, dsrc.as_ref(), dcfg, &target.cfg)?);
     }
     Ok(Loaded { backend, target, tokenizer, drafters })
+}
+
+/// `--tokenizer`: a directory (its tokenizer.json and tokenizer_config.json), a GGUF file (its
+/// embedded vocabulary) or exactly the JSON file it names (with tokenizer_config.json beside it
+/// for the chat template, when present).
+fn tokenizer_arg(t: &Path) -> Result<TextTokenizer> {
+    if t.is_dir() {
+        return TextTokenizer::from_dir(t);
+    }
+    if !t.is_file() {
+        return Err(Error::file(t, "--tokenizer: no such file or directory"));
+    }
+    if t.extension().is_some_and(|e| e == "gguf") {
+        return TextTokenizer::from_gguf(&GgufSource::open(t)?.file);
+    }
+    let json = std::fs::read_to_string(t).map_err(|e| Error::file(t, format!("--tokenizer: cannot read: {e}")))?;
+    let config = t.parent().and_then(|d| std::fs::read_to_string(d.join("tokenizer_config.json")).ok());
+    TextTokenizer::from_json(&json, config.as_deref()).map_err(|e| Error::file(t, e.to_string()))
 }
 
 /// The repository's trained drafters (`models/*`, issue 3): the first checkpoint of `kind` that
@@ -346,6 +367,12 @@ fn bundled_drafter<B: Backend>(backend: &B, target: &TargetConfig, kind: Drafter
 pub fn rayon_threads(n: usize) -> Result<()> {
     if n == 0 {
         return Err(Error::Input("--threads must be ≥ 1".into()));
+    }
+    // More threads than a few per core only adds contention (and a huge count aborts while
+    // spawning them): refuse it.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if n > 4 * cores {
+        return Err(Error::Input(format!("--threads {n} is more than 4 × the {cores} cores of this machine")));
     }
     // The global pool can only be built once; a second call is harmless for the CLI.
     let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();

@@ -1,5 +1,16 @@
 //! Argument parsing and subcommand dispatch.
 
+/// `println!` that never panics: a closed pipe ends the program quietly, other write errors
+/// (a full disk) are errors (see [`write_stdout`]).
+macro_rules! outln {
+    () => {
+        $crate::cli::write_stdout("\n")
+    };
+    ($($t:tt)*) => {
+        $crate::cli::write_stdout(&format!("{}\n", format_args!($($t)*)))
+    };
+}
+
 mod bench;
 mod generate;
 mod init;
@@ -8,7 +19,8 @@ mod plot;
 mod profile;
 
 use clap::{Parser, Subcommand};
-use sparkling::Result;
+use sparkling::{Error, Result};
+use std::io::Write;
 
 /// SparklingTree: lossless speculative decoding with block-diffusion draft trees.
 #[derive(Parser)]
@@ -65,4 +77,42 @@ pub fn run() -> Result<()> {
         Command::Profile(a) => profile::run(a),
         Command::Adapters => load::list_adapters(),
     })
+}
+
+/// Write `s` to stdout and flush. A closed pipe (`sparkling … | head`) ends the program quietly
+/// with status 0: the reader has what it wanted, and results meant for files were written
+/// before stdout was touched. Other errors (`> /dev/full`) are returned, naming stdout.
+pub fn write_stdout(s: &str) -> Result<()> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(s.as_bytes()).and_then(|_| o.flush()).map_err(stdout_error)
+}
+
+/// The error for a failed write to stdout; a broken pipe exits quietly instead (see
+/// [`write_stdout`]).
+pub fn stdout_error(e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    Error::Input(format!("cannot write to standard output: {e}"))
+}
+
+/// Bound the tree knobs by what they can mean (issue 15): more candidates per depth than the
+/// vocabulary holds, a fan-out above the candidates or a TreeSpark k above the vocabulary only
+/// add work (or allocations that abort); they are clamped with a note saying so.
+pub fn bound_tree(t: &mut sparkling::decode::propose::TreeParams, vocab: usize) {
+    clamp("--candidates", &mut t.candidates, vocab, "the vocabulary size");
+    clamp("--max-fanout", &mut t.max_fanout, t.candidates, "--candidates");
+    // TreeSpark's candidate pool grows as depth × k²: k beyond the budget adds nothing.
+    clamp("--treespark-k", &mut t.treespark_k, vocab.min(t.budget.max(1)).min(MAX_TREESPARK_K), "the vocabulary size, --budget and 1024");
+}
+
+/// Largest TreeSpark k (its pool holds depth × k² candidates).
+const MAX_TREESPARK_K: usize = 1024;
+
+/// Clamp `v` to `max` with a note naming the argument.
+pub fn clamp(arg: &str, v: &mut usize, max: usize, what: &str) {
+    if *v > max {
+        eprintln!("note: {arg} {v} exceeds {what} ({max}); using {max}");
+        *v = max;
+    }
 }

@@ -130,12 +130,15 @@ pub fn run(a: PlotArgs) -> Result<()> {
             (a.out.join(format!("{}-budget.svg", f.stem)), 2),
         ];
         for (file, kind) in &files {
-            let r = match kind {
-                0 => acceptance_chart(file, f, budget, &title),
-                1 => tau_chart(file, f, budget, &title),
-                _ => budget_chart(file, f, &budgets, &title),
-            };
-            r.map_err(|e| Error::file(file, format!("cannot draw chart: {e}")))?;
+            // Drawn into a temporary file renamed into place: never a half-written chart.
+            sparkling::fsio::write_with(file, |tmp| {
+                let r = match kind {
+                    0 => acceptance_chart(tmp, f, budget, &title),
+                    1 => tau_chart(tmp, f, budget, &title),
+                    _ => budget_chart(tmp, f, &budgets, &title),
+                };
+                r.map_err(|e| Error::file(file, format!("cannot draw chart: {e}")))
+            })?;
             eprintln!("wrote {}", file.display());
         }
     }

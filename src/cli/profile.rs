@@ -15,11 +15,12 @@ use sparkling::model::config::DrafterKind;
 use sparkling::model::target::LogitRows;
 use sparkling::tree::{build_sparkling_precompute, CandidateTable, DraftTree};
 use sparkling::{Error, Result};
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
 /// Arguments of `profile`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct ProfileArgs {
     #[command(flatten)]
     pub model: ModelArgs,
@@ -63,8 +64,9 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         return Err(Error::Input(format!("--ctx-rows {} cannot exceed --prefill {}", a.ctx_rows, a.prefill)));
     }
     if let Some(path) = &a.json {
-        // Fail before minutes of timing, not after: the JSON file must be creatable.
-        std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| Error::file(path, format!("--json: cannot write here: {e}")))?;
+        // Fail before minutes of timing, not after: the JSON file must be creatable (checked
+        // without creating it: an interrupted run leaves no empty file).
+        sparkling::fsio::check_writable(path, "--json")?;
     }
     let s = select(&a.model)?;
     let kinds = [DrafterKind::DSpark];
@@ -120,10 +122,14 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let t = &m.target;
     let d = m.drafter(DrafterKind::DSpark).ok_or_else(|| Error::Input("profile needs a DSpark drafter (--drafter DIR)".into()))?;
     let tc = &t.cfg;
+    let mut bounded = a.clone();
+    super::clamp("--candidates", &mut bounded.candidates, tc.vocab, "the vocabulary size");
+    super::clamp("--max-fanout", &mut bounded.max_fanout, bounded.candidates, "--candidates");
+    let a = &bounded;
     let p = a.prefill;
     let bk = d.cfg.block_size;
     let depth = d.cfg.draft_depth();
-    if p + a.budget + bk + 4 > tc.max_positions {
+    if p.saturating_add(a.budget).saturating_add(bk + 4) > tc.max_positions {
         return Err(Error::Input(format!("--prefill {p} + --budget {} exceeds the target context of {}", a.budget, tc.max_positions)));
     }
     let taps = d.cfg.target_layer_ids.clone();
@@ -262,6 +268,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     })?));
 
     // Greedy exactness on these shapes (optional).
+    let mut report = String::new();
     let check = if a.check_tokens > 0 {
         use sparkling::decode::{Engine, GenParams, Method};
         let short = &prompt[..prompt.len().min(64)];
@@ -283,7 +290,8 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         let ar = Engine { backend: b, target: t, drafter: None }.generate(short, &gp(Method::Ar), &mut |_| {})?;
         let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(short, &gp(Method::Sparkling), &mut |_| {})?;
         let equal = ar.tokens == sp.tokens;
-        println!(
+        let _ = writeln!(
+            report,
             "check: {} greedy tokens, sparkling {} ar (τ = {:.2}; ar {:.1} tok/s, sparkling {:.1} tok/s)",
             a.check_tokens,
             if equal { "EQUAL to" } else { "DIFFER from" },
@@ -303,15 +311,16 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let is_gguf = m_target_is_gguf(&a.model);
     let wb = weight_bytes(&a.model.backend, &a.model.weights, is_gguf);
     let gb = (params * wb) as f64 / 1e9;
-    println!("backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}", b.name(), tc.layers, tc.hidden, tc.vocab, d.cfg.markov_rank);
-    println!("prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", a.budget, a.candidates, r);
-    println!("| part | what | median ms | min ms |");
-    println!("|---|---|---|---|");
+    let _ = writeln!(report, "backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}", b.name(), tc.layers, tc.hidden, tc.vocab, d.cfg.markov_rank);
+    let _ = writeln!(report, "prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", a.budget, a.candidates, r);
+    let _ = writeln!(report, "| part | what | median ms | min ms |");
+    let _ = writeln!(report, "|---|---|---|---|");
     for (name, what, (med, min)) in &rows {
-        println!("| {name} | {what} | {med:.3} | {min:.3} |");
+        let _ = writeln!(report, "| {name} | {what} | {med:.3} | {min:.3} |");
     }
-    println!("| outside forwards | accept + candidate_table + heap + compaction | {outside:.3} | |");
-    println!(
+    let _ = writeln!(report, "| outside forwards | accept + candidate_table + heap + compaction | {outside:.3} | |");
+    let _ = writeln!(
+        report,
         "verify / ar_step = {:.2}; decode weight bytes ≈ {gb:.2} GB ({params} params × {wb} B): AR step at {:.0} GB/s effective",
         get("verify") / get("ar_step"),
         gb / (get("ar_step") / 1e3)
@@ -334,9 +343,11 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             "ar_step_effective_gb_per_s": gb / (get("ar_step") / 1e3),
             "check": check,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(|e| Error::file(path, e.to_string()))?;
+        sparkling::fsio::write_bytes(path, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
         eprintln!("wrote {}", path.display());
     }
+    // The report after the JSON file: a closed stdout must not lose the results.
+    super::write_stdout(&report)?;
     if check.as_ref().is_some_and(|c| c["equal"] == false) {
         return Err(Error::Input("profile --check-tokens: sparkling's greedy tokens differ from ar's (the engine invariant is broken on this backend)".into()));
     }

@@ -66,6 +66,11 @@ pub fn hf_name(gguf: &str) -> Option<String> {
 /// `head_dim` rows, GGUF row `2j + half` holds HF row `half*head_dim/2 + j`.
 /// `data` is `[n_heads*head_dim, cols]` row-major (cols = 1 for a bias).
 pub fn unpermute_rows(data: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
+    if cols == 0 || n_heads == 0 {
+        // A malformed file (a zero dimension, no heads): left as is for the shape checks to
+        // report, never a division by zero (found by tests/fuzz.rs).
+        return data.to_vec();
+    }
     let rows = data.len() / cols;
     let hd = rows / n_heads;
     let mut out = vec![0.0f32; data.len()];

@@ -37,6 +37,9 @@ pub trait TensorSource {
         if t.shape != shape {
             return Err(Error::tensor(self.path(), name, format!("expected shape {shape:?}, found {:?}", t.shape)));
         }
+        if let Some(i) = t.data.iter().position(|x| !x.is_finite()) {
+            return Err(Error::tensor(self.path(), name, format!("value {} at index {i} is not finite (corrupt weights)", t.data[i])));
+        }
         Ok(t)
     }
 }

@@ -147,6 +147,84 @@ pub fn read_json(dir: &Path) -> Result<(std::path::PathBuf, Value)> {
     Ok((path, v))
 }
 
+/// Largest dimension (hidden size, heads, head size, intermediate size, vocabulary, block size,
+/// Markov rank) a config may give: far above any real model, low enough that products of a few
+/// never overflow.
+pub const MAX_DIM: usize = 1 << 24;
+
+/// Largest context (`max_position_embeddings`) accepted.
+pub const MAX_POSITIONS: usize = 1 << 26;
+
+/// Validation of the values a config gives, before they size anything (issue 15). `key` maps
+/// an HF `config.json` key to the key of the file at hand (GGUF metadata spells them
+/// differently), so every error names the file, the key, the value and what was expected.
+struct Check<'a> {
+    path: &'a Path,
+    key: &'a dyn Fn(&str) -> String,
+}
+
+impl Check<'_> {
+    fn err(&self, hf_key: &str, msg: String) -> Error {
+        Error::config(self.path, &(self.key)(hf_key), msg)
+    }
+    /// `v` in `1..=max`.
+    fn count(&self, hf_key: &str, v: usize, max: usize) -> Result<()> {
+        if v == 0 || v > max {
+            return Err(self.err(hf_key, format!("{v}: expected a positive integer ≤ {max}")));
+        }
+        Ok(())
+    }
+    /// `v` finite and > 0.
+    fn positive(&self, hf_key: &str, v: f32) -> Result<()> {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(self.err(hf_key, format!("{v}: expected a finite number > 0")));
+        }
+        Ok(())
+    }
+    /// The attention geometry: positive counts, KV heads dividing the query heads, an even head
+    /// size; `derived_head_dim`: head_dim was not given, so the heads must divide the hidden size.
+    #[allow(clippy::too_many_arguments)]
+    fn geometry(&self, hidden: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, derived_head_dim: bool, intermediate: usize, rms_eps: f32, rope_theta: f32) -> Result<()> {
+        self.count("hidden_size", hidden, MAX_DIM)?;
+        self.count("num_attention_heads", n_heads, MAX_DIM)?;
+        if derived_head_dim && hidden % n_heads != 0 {
+            return Err(self.err("num_attention_heads", format!("{n_heads} does not divide the hidden size {hidden} (and no head_dim is given)")));
+        }
+        self.count("num_key_value_heads", n_kv_heads, MAX_DIM)?;
+        if n_heads % n_kv_heads != 0 {
+            return Err(self.err("num_key_value_heads", format!("{n_kv_heads} does not divide {n_heads} heads")));
+        }
+        self.count("head_dim", head_dim, MAX_DIM)?;
+        if head_dim % 2 != 0 {
+            return Err(self.err("head_dim", format!("{head_dim} is odd; RoPE needs an even head_dim")));
+        }
+        if n_heads.saturating_mul(head_dim) > MAX_DIM {
+            return Err(self.err("head_dim", format!("{n_heads} heads × {head_dim} exceeds {MAX_DIM}")));
+        }
+        self.count("intermediate_size", intermediate, MAX_DIM)?;
+        self.positive("rms_norm_eps", rms_eps)?;
+        self.positive("rope_theta", rope_theta)
+    }
+}
+
+/// The GGUF metadata key for an HF `config.json` key (`{arch}.` + suffix).
+fn gguf_key(arch: &str, hf_key: &str) -> String {
+    let suffix = match hf_key {
+        "hidden_size" => "embedding_length",
+        "num_hidden_layers" => "block_count",
+        "num_attention_heads" => "attention.head_count",
+        "num_key_value_heads" => "attention.head_count_kv",
+        "head_dim" => "attention.key_length",
+        "intermediate_size" => "feed_forward_length",
+        "rms_norm_eps" => "attention.layer_norm_rms_epsilon",
+        "rope_theta" => "rope.freq_base",
+        "max_position_embeddings" => "context_length",
+        "vocab_size" => return "token_embd.weight (vocabulary rows)".into(),
+        other => other,
+    };
+    format!("{arch}.{suffix}")
+}
+
 struct Keys<'a> {
     path: &'a Path,
     v: &'a Value,
@@ -216,6 +294,7 @@ impl TargetConfig {
             .ok_or_else(|| Error::config(path, "model_type", format!("`{mt}` is not supported (llama, qwen2, qwen3)")))?;
         let hidden = k.usize("hidden_size")?;
         let n_heads = k.usize("num_attention_heads")?;
+        let derived_head_dim = v.get("head_dim").is_none_or(Value::is_null);
         let cfg = TargetConfig {
             arch,
             vocab: k.usize("vocab_size")?,
@@ -234,7 +313,7 @@ impl TargetConfig {
             bos: k.ids("bos_token_id").first().copied(),
             eos: k.ids("eos_token_id"),
         };
-        cfg.validate(path)?;
+        cfg.validate(&Check { path, key: &|k| k.to_string() }, derived_head_dim)?;
         Ok(cfg)
     }
 
@@ -251,6 +330,7 @@ impl TargetConfig {
         let n_heads = g.get_u64(&key("attention.head_count")).map_err(ge)? as usize;
         let n_kv_heads = g.get_u64(&key("attention.head_count_kv")).map(|x| x as usize).unwrap_or(n_heads);
         let head_dim = g.get_u64(&key("attention.key_length")).map(|x| x as usize).unwrap_or(hidden / n_heads.max(1));
+        let derived_head_dim = g.get_u64(&key("attention.key_length")).is_err();
         let vocab = match g.tensor("token_embd.weight") {
             Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
             _ => return Err(Error::tensor(path, "token_embd.weight", "missing or not 2-D")),
@@ -282,17 +362,27 @@ impl TargetConfig {
             bos: tok_id("tokenizer.ggml.bos_token_id"),
             eos,
         };
-        cfg.validate(path)?;
+        cfg.validate(&Check { path, key: &|k| gguf_key(arch_name, k) }, derived_head_dim)?;
+        // The layer count sizes allocations: it cannot exceed the layers the file holds.
+        let present = (0..cfg.layers).take_while(|i| g.tensor(&format!("blk.{i}.attn_norm.weight")).is_some()).count();
+        if present < cfg.layers {
+            return Err(Error::config(
+                path,
+                &key("block_count"),
+                format!("{}: the file holds only {present} layers (blk.0 … blk.{})", cfg.layers, present.saturating_sub(1)),
+            ));
+        }
         Ok(cfg)
     }
 
-    #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
-    fn validate(&self, path: &Path) -> Result<()> {
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return Err(Error::config(path, "num_key_value_heads", format!("{} does not divide {} heads", self.n_kv_heads, self.n_heads)));
-        }
-        if self.head_dim % 2 != 0 {
-            return Err(Error::config(path, "head_dim", format!("{} is odd; RoPE needs an even head_dim", self.head_dim)));
+    /// Every value that sizes something: positive, in range, consistent (issue 15).
+    fn validate(&self, c: &Check<'_>, derived_head_dim: bool) -> Result<()> {
+        c.count("vocab_size", self.vocab, MAX_DIM)?;
+        c.count("num_hidden_layers", self.layers, u32::MAX as usize)?;
+        c.count("max_position_embeddings", self.max_positions, MAX_POSITIONS)?;
+        c.geometry(self.hidden, self.n_heads, self.n_kv_heads, self.head_dim, derived_head_dim, self.intermediate, self.rms_eps, self.rope_theta)?;
+        if let Some(&id) = self.eos.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(c.err("eos_token_id", format!("{id} is outside the vocabulary of {}", self.vocab)));
         }
         Ok(())
     }
@@ -367,10 +457,11 @@ impl DrafterConfig {
             return Err(Error::config(path, "target_layer_ids", "empty"));
         }
         let block_size = k.usize("block_size")?;
-        if block_size < 2 {
-            return Err(Error::config(path, "block_size", format!("{block_size} (expected ≥ 2)")));
+        if !(2..=MAX_DIM).contains(&block_size) {
+            return Err(Error::config(path, "block_size", format!("{block_size} (expected 2..={MAX_DIM})")));
         }
-        Ok(DrafterConfig {
+        let derived_head_dim = v.get("head_dim").is_none_or(Value::is_null);
+        let cfg = DrafterConfig {
             kind,
             hidden,
             layers,
@@ -386,7 +477,18 @@ impl DrafterConfig {
             target_layer_ids,
             markov_rank: if kind == DrafterKind::DSpark { k.usize_or("markov_rank", 0)? } else { 0 },
             confidence_head: kind == DrafterKind::DSpark && k.bool_or("enable_confidence_head", false),
-        })
+        };
+        let c = Check { path, key: &|k| k.to_string() };
+        c.count("num_hidden_layers", cfg.layers, u32::MAX as usize)?;
+        c.count("vocab_size", cfg.vocab, MAX_DIM)?;
+        c.geometry(cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, derived_head_dim, cfg.intermediate, cfg.rms_eps, cfg.rope_theta)?;
+        if cfg.markov_rank > MAX_DIM {
+            return Err(c.err("markov_rank", format!("{}: expected ≤ {MAX_DIM}", cfg.markov_rank)));
+        }
+        if cfg.target_layer_ids.len() > MAX_DIM {
+            return Err(c.err("target_layer_ids", format!("{} entries: expected ≤ {MAX_DIM}", cfg.target_layer_ids.len())));
+        }
+        Ok(cfg)
     }
 
     /// The HF `config.json` of this drafter, in the spelling its kind uses.

@@ -72,6 +72,11 @@ impl<B: Backend> Drafter<B> {
             qkv_bias: false,
             qk_norm: true,
         };
+        // The layer count sizes what follows: it cannot exceed the layers the file holds.
+        let present = (0..cfg.layers).take_while(|l| src.contains(&format!("layers.{l}.input_layernorm.weight"))).count();
+        if present < cfg.layers {
+            return Err(Error::config(p, "num_hidden_layers", format!("{}: the checkpoint holds only {present} layers (layers.0 … layers.{})", cfg.layers, present.saturating_sub(1))));
+        }
         let mut known: Vec<String> = ["fc.weight", "hidden_norm.weight", "norm.weight", "embed_tokens.weight", "lm_head.weight"]
             .iter()
             .map(|s| s.to_string())

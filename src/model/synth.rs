@@ -101,25 +101,54 @@ impl Pending {
         })
     }
 
-    /// Stream the tensors to a safetensors file (no second in-memory copy: presets are GBs).
-    fn write(self, path: &Path, dtype: StoreDtype) -> Result<()> {
-        self.encode(path, dtype, |views| {
-            safetensors::serialize_to_file(views, None, path).map_err(|e| Error::file(path, format!("cannot write safetensors: {e}")))
+    /// Stream the tensors to the safetensors file `to` (no second in-memory copy: presets are
+    /// GBs); errors name `shown`.
+    fn write(self, to: &Path, shown: &Path, dtype: StoreDtype) -> Result<()> {
+        self.encode(shown, dtype, |views| {
+            safetensors::serialize_to_file(views, None, to).map_err(|e| Error::file(shown, format!("cannot write safetensors: {e}")))
         })
     }
 }
 
 fn write_config(dir: &Path, v: &serde_json::Value) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, format!("cannot create directory: {e}")))?;
     let p = dir.join("config.json");
     let text = serde_json::to_string_pretty(v).map_err(|e| Error::file(&p, e.to_string()))?;
     std::fs::write(&p, text).map_err(|e| Error::file(&p, format!("cannot write: {e}")))
 }
 
-/// Write a random target checkpoint of `cfg` into `dir`.
+/// Refuse, before allocating, a checkpoint of `params` values that cannot be held: the f32
+/// values plus their encoded copy must fit in the address space and in one reservation the
+/// allocator grants (issue 15: an absurd size is an error naming `dir`, not an abort).
+fn check_alloc(dir: &Path, params: f64, dtype: StoreDtype) -> Result<()> {
+    let per = 4.0 + if dtype == StoreDtype::F32 { 4.0 } else { 2.0 };
+    let bytes = params * per;
+    let gb = bytes / 1e9;
+    if !(bytes < (isize::MAX / 2) as f64) || Vec::<u8>::new().try_reserve_exact(bytes as usize).is_err() {
+        return Err(Error::file(dir, format!("a checkpoint of {params:.3e} values needs {gb:.1} GB of memory to write, which cannot be allocated here")));
+    }
+    Ok(())
+}
+
+/// The number of values [`random_target_tensors`] draws for `cfg` (f64: never overflows).
+fn target_params(cfg: &TargetConfig) -> f64 {
+    let f = |x: usize| x as f64;
+    let (v, h, hd, inter) = (f(cfg.vocab), f(cfg.hidden), f(cfg.head_dim), f(cfg.intermediate));
+    let (q, kv) = (f(cfg.n_heads) * hd, f(cfg.n_kv_heads) * hd);
+    let layer = 2.0 * h + 2.0 * q * h + 2.0 * kv * h + 3.0 * inter * h + q + 2.0 * kv + 2.0 * hd;
+    v * h * if cfg.tie_embeddings { 1.0 } else { 2.0 } + h + f(cfg.layers) * layer
+}
+
+/// Write a random target checkpoint of `cfg` into `dir`, atomically: the checkpoint is built in
+/// a temporary sibling directory and moved into place when complete ([`crate::fsio::publish_dir`]),
+/// so a failure or an interruption never leaves a half-written `dir`. Existing files of the same
+/// names in `dir` are replaced (the CLI asks for `--force` first).
 pub fn write_random_target(dir: &Path, cfg: &TargetConfig, seed: u64, dtype: StoreDtype) -> Result<()> {
-    write_config(dir, &cfg.to_hf_json())?;
-    random_target_tensors(cfg, seed).write(&dir.join("model.safetensors"), dtype)
+    check_alloc(dir, target_params(cfg), dtype)?;
+    let t = random_target_tensors(cfg, seed);
+    crate::fsio::publish_dir(dir, |tmp| {
+        t.write(&tmp.join("model.safetensors"), &dir.join("model.safetensors"), dtype)?;
+        write_config(tmp, &cfg.to_hf_json())
+    })
 }
 
 /// The `model.safetensors` bytes of the random target [`write_random_target`] writes (same
@@ -234,6 +263,35 @@ pub struct DrafterInit {
     pub confidence_head: bool,
 }
 
+/// Check `init` against the target it is sized for, before anything is allocated: every size
+/// is bounded by what it can mean (issue 15). Errors name the `init-drafter` argument.
+pub fn check_drafter_init(target: &TargetConfig, init: &DrafterInit) -> Result<()> {
+    let bad = |m: String| Err(Error::Input(m));
+    if init.layers == 0 || init.layers > target.layers {
+        return bad(format!("--layers {} must be in 1..={} (the target's layer count)", init.layers, target.layers));
+    }
+    if init.block_size < 2 || init.block_size >= target.max_positions {
+        return bad(format!("--block-size {} must be in 2..{} (the target's context)", init.block_size, target.max_positions));
+    }
+    if init.kind == DrafterKind::DSpark && init.markov_rank > target.vocab {
+        return bad(format!("--markov-rank {} exceeds the vocabulary ({}): a rank above it means nothing", init.markov_rank, target.vocab));
+    }
+    if init.taps == 0 || init.taps + 3 > target.layers {
+        return bad(format!(
+            "--taps {} must be in 1..={} (distinct layers from 1 to N-3 of a {}-layer target)",
+            init.taps,
+            target.layers.saturating_sub(3),
+            target.layers
+        ));
+    }
+    if let Some(m) = init.mask_token_id {
+        if m as usize >= target.vocab {
+            return bad(format!("--mask-token-id {m} is not below the vocabulary size {}", target.vocab));
+        }
+    }
+    Ok(())
+}
+
 /// The drafter config `init` produces for `target` (geometry copied from the target; DSpark
 /// borrows the target's embedding and lm_head, so neither is written).
 pub fn drafter_config(target: &TargetConfig, init: &DrafterInit) -> DrafterConfig {
@@ -256,11 +314,25 @@ pub fn drafter_config(target: &TargetConfig, init: &DrafterInit) -> DrafterConfi
     }
 }
 
-/// Write a randomly initialised drafter for `target` into `dir` (HF layout).
+/// The number of values [`random_drafter_tensors`] draws (f64: never overflows).
+fn drafter_params(cfg: &DrafterConfig, target: &TargetConfig) -> f64 {
+    let f = |x: usize| x as f64;
+    let (h, hd, inter, r) = (f(cfg.hidden), f(cfg.head_dim), f(cfg.intermediate), f(cfg.markov_rank));
+    let (q, kv) = (f(cfg.n_heads) * hd, f(cfg.n_kv_heads) * hd);
+    let layer = 2.0 * h + 2.0 * q * h + 2.0 * kv * h + 3.0 * inter * h + 2.0 * hd;
+    h * f(cfg.target_layer_ids.len()) * f(target.hidden) + 2.0 * h + f(cfg.layers) * layer + 2.0 * f(cfg.vocab) * r + h + r + 1.0
+}
+
+/// Write a randomly initialised drafter for `target` into `dir` (HF layout), atomically like
+/// [`write_random_target`].
 pub fn write_random_drafter(dir: &Path, target: &TargetConfig, init: &DrafterInit, seed: u64, dtype: StoreDtype) -> Result<DrafterConfig> {
     let cfg = drafter_config(target, init);
-    write_config(dir, &cfg.to_hf_json(target.layers))?;
-    random_drafter_tensors(&cfg, target, seed).write(&dir.join("model.safetensors"), dtype)?;
+    check_alloc(dir, drafter_params(&cfg, target), dtype)?;
+    let t = random_drafter_tensors(&cfg, target, seed);
+    crate::fsio::publish_dir(dir, |tmp| {
+        t.write(&tmp.join("model.safetensors"), &dir.join("model.safetensors"), dtype)?;
+        write_config(tmp, &cfg.to_hf_json(target.layers))
+    })?;
     Ok(cfg)
 }
 

@@ -52,6 +52,15 @@ impl<B: Backend> Target<B> {
             qkv_bias: cfg.qkv_bias,
             qk_norm: cfg.qk_norm,
         };
+        // The layer count sizes what follows: it cannot exceed the layers the file holds.
+        let present = (0..cfg.layers).take_while(|i| src.contains(&format!("model.layers.{i}.input_layernorm.weight"))).count();
+        if present < cfg.layers {
+            return Err(Error::config(
+                src.path(),
+                "num_hidden_layers",
+                format!("{}: the checkpoint holds only {present} layers (model.layers.0 … model.layers.{})", cfg.layers, present.saturating_sub(1)),
+            ));
+        }
         let mut known: Vec<String> = vec!["model.embed_tokens.weight".into(), "model.norm.weight".into(), "lm_head.weight".into()];
         for i in 0..cfg.layers {
             known.extend(DecoderLayer::<B>::tensor_names(&format!("model.layers.{i}."), d));

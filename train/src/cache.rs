@@ -62,7 +62,7 @@ impl CacheMeta {
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         let p = dir.join("meta.json");
         let text = serde_json::to_string_pretty(self).map_err(|e| Error::file(&p, e))?;
-        std::fs::write(&p, text).map_err(|e| io(&p, e))
+        Ok(sparkling::fsio::write_bytes(&p, text.as_bytes())?)
     }
 
     /// Width of one tap row, `n_taps * H`.

@@ -26,7 +26,21 @@ pub enum ExportDtype {
 /// width `n_feat`) into `dir` as `config.json` + `model.safetensors`. Extra JSON `meta` is
 /// stored as `training.json` when given. Errors name the file.
 pub fn write_hf(dir: &Path, cfg: &DrafterConfig, num_target_layers: usize, n_feat: usize, params: &Params, dtype: ExportDtype, meta: Option<&serde_json::Value>) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    // Built in a temporary sibling directory and moved into place when complete: an
+    // interrupted export never leaves a half-written checkpoint (issue 15).
+    let mut inner: Option<Error> = None;
+    sparkling::fsio::publish_dir(dir, |tmp| {
+        write_hf_files(tmp, cfg, num_target_layers, n_feat, params, dtype, meta).map_err(|e| {
+            let m = e.to_string();
+            inner = Some(e);
+            sparkling::Error::Input(m)
+        })
+    })
+    .map_err(|e| inner.take().unwrap_or_else(|| e.into()))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_hf_files(dir: &Path, cfg: &DrafterConfig, num_target_layers: usize, n_feat: usize, params: &Params, dtype: ExportDtype, meta: Option<&serde_json::Value>) -> Result<()> {
     let cp = dir.join("config.json");
     let text = serde_json::to_string_pretty(&cfg.to_hf_json(num_target_layers)).map_err(|e| Error::file(&cp, e))?;
     std::fs::write(&cp, text).map_err(|e| io(&cp, e))?;

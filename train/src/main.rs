@@ -158,6 +158,9 @@ enum Cmd {
         /// Write f32 instead of bf16.
         #[arg(long)]
         f32: bool,
+        /// Replace the files of a checkpoint or model already in --out.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -269,11 +272,12 @@ fn run(cli: Cli) -> Result<()> {
             train::run(&rc, &ctl)?;
             Ok(())
         }
-        Cmd::Export { run, out, step, f32 } => export(&run, &out, step, f32),
+        Cmd::Export { run, out, step, f32, force } => export(&run, &out, step, f32, force),
     }
 }
 
-fn export(run: &Path, out: &Path, step: Option<usize>, f32: bool) -> Result<()> {
+fn export(run: &Path, out: &Path, step: Option<usize>, f32: bool, force: bool) -> Result<()> {
+    sparkling::fsio::check_out_dir(out, force, "--out")?;
     let rc = read_run_config(run)?;
     let (meta, _head, tcfg, dcfg) = run_context(&rc)?;
     let step = match step {

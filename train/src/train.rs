@@ -521,7 +521,7 @@ fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, scale: Opti
     let tmp = st.with_extension("tmp");
     candle_core::safetensors::save(&all, &tmp).map_err(|e| Error::file(&tmp, e))?;
     std::fs::rename(&tmp, &st).map_err(|e| io(&st, e))?;
-    std::fs::write(&js, serde_json::to_string_pretty(&state).map_err(|e| Error::file(&js, e))?).map_err(|e| io(&js, e))?;
+    sparkling::fsio::write_bytes(&js, serde_json::to_string_pretty(&state).map_err(|e| Error::file(&js, e))?.as_bytes())?;
     // Keep the two newest checkpoints.
     if let Ok(rd) = std::fs::read_dir(out) {
         let mut steps: Vec<usize> = rd
@@ -592,7 +592,7 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         train.iter().map(|s| s.len()).sum::<usize>(),
         t_load.elapsed().as_secs_f64()
     );
-    std::fs::write(&run_json, serde_json::to_string_pretty(rc).map_err(|e| Error::file(&run_json, e))?).map_err(|e| io(&run_json, e))?;
+    sparkling::fsio::write_bytes(&run_json, serde_json::to_string_pretty(rc).map_err(|e| Error::file(&run_json, e))?.as_bytes())?;
     let ocfg = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: rc.weight_decay, clip: rc.clip };
     let start = if ctl.resume { latest_checkpoint(&ctl.out)?.unwrap_or(0) } else { 0 };
     if !ctl.resume && latest_checkpoint(&ctl.out)?.is_some() {
@@ -718,7 +718,7 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     let ev = if hold.is_empty() { Metrics::default() } else { evaluate(&model, &hold, rc, topk, 32)? };
     let summary = serde_json::json!({"step": step, "train_seconds": elapsed0, "train_ema": ema, "holdout": ev, "train_sequences": train.len(), "holdout_sequences": hold.len()});
     let sp = ctl.out.join("summary.json");
-    std::fs::write(&sp, serde_json::to_string_pretty(&summary).map_err(|e| Error::file(&sp, e))?).map_err(|e| io(&sp, e))?;
+    sparkling::fsio::write_bytes(&sp, serde_json::to_string_pretty(&summary).map_err(|e| Error::file(&sp, e))?.as_bytes())?;
     eprintln!("holdout: ce {:.3} kl {:.3} l1 {:.3} acc {:?} τchain {:.3}", ev.ce, ev.kl, ev.l1, ev.acc.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>(), ev.tau_chain);
     Ok(ev)
 }

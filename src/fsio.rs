@@ -1,0 +1,351 @@
+//! Safe file output (issue 15): no file the engine writes is ever half-written or silently
+//! replaced. Every file goes to a temporary sibling (same directory, so the final rename never
+//! crosses a file system) that is synced and renamed over the destination only when complete; a
+//! failure or a panic removes the temporary. Checkpoint directories are built the same way, and
+//! a shared cache entry is published with one directory rename, so concurrent first users and
+//! interrupted runs cannot leave a broken entry behind.
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Files whose presence marks a directory as holding a checkpoint or model.
+pub fn holds_model(dir: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else { return false };
+    rd.filter_map(|e| e.ok()).any(|e| {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        n == "config.json" || n.ends_with(".safetensors") || n.ends_with(".gguf")
+    })
+}
+
+/// Refuse to write a checkpoint into `dir` (named by the argument `arg`, e.g. `--out`) when it
+/// already holds one (a `config.json`, `*.safetensors` or `*.gguf`) unless `force`, and when it
+/// exists but is not a directory. Call before any expensive work.
+pub fn check_out_dir(dir: &Path, force: bool, arg: &str) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::file(dir, format!("{arg}: exists and is not a directory")));
+    }
+    if !force && holds_model(dir) {
+        return Err(Error::file(
+            dir,
+            format!("{arg}: this directory already holds a checkpoint or model (config.json, *.safetensors or *.gguf); pass --force to replace its files"),
+        ));
+    }
+    Ok(())
+}
+
+/// A path in the same directory as `path`, hidden and unique to this process and call.
+fn sibling(path: &Path, tag: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    #[cfg(not(target_arch = "wasm32"))]
+    let pid = std::process::id();
+    #[cfg(target_arch = "wasm32")]
+    let pid = 0u32;
+    let name = path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    path.with_file_name(format!(".{name}.{tag}-{pid}-{n}"))
+}
+
+/// Remove the temporaries of `path` (see [`sibling`]) left by processes that no longer run (a
+/// killed run cannot clean up after itself). Linux only (process liveness from `/proc`);
+/// elsewhere a stale temporary stays, hidden, and is harmless.
+fn sweep_stale(path: &Path) {
+    #[cfg(target_os = "linux")]
+    {
+        let Some(name) = path.file_name().map(|s| s.to_string_lossy().into_owned()) else { return };
+        let prefix = format!(".{name}.");
+        let Ok(rd) = std::fs::read_dir(parent_of(path)) else { return };
+        for e in rd.filter_map(|e| e.ok()) {
+            let f = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = f.strip_prefix(&prefix) else { continue };
+            // `{tag}-{pid}-{n}` with a tag of ours.
+            let mut it = rest.splitn(3, '-');
+            let (Some(tag), Some(pid), Some(_)) = (it.next(), it.next(), it.next()) else { continue };
+            let Ok(pid) = pid.parse::<u32>() else { continue };
+            if !["tmp", "probe", "broken"].contains(&tag) || pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let p = e.path();
+            let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = path;
+}
+
+/// A temporary file or directory removed on drop unless kept.
+struct Temp {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if !self.keep {
+            if self.path.is_dir() {
+                let _ = std::fs::remove_dir_all(&self.path);
+            } else {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Write `path` atomically: `fill` writes the temporary file it is given (in the same
+/// directory); when it returns `Ok` the file is synced and renamed over `path`. On an error or
+/// a panic in `fill`, `path` is untouched and the temporary is removed. The parent directory
+/// must exist.
+pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::file(path, "is a directory, expected a file path"));
+    }
+    let parent = parent_of(path);
+    if !parent.is_dir() {
+        return Err(Error::file(path, format!("cannot write: directory {} does not exist", parent.display())));
+    }
+    sweep_stale(path);
+    let tmp = Temp { path: sibling(path, "tmp"), keep: false };
+    fill(&tmp.path)?;
+    if let Ok(f) = std::fs::File::open(&tmp.path) {
+        let _ = f.sync_all();
+    }
+    std::fs::rename(&tmp.path, path).map_err(|e| Error::file(path, format!("cannot write (rename of the completed temporary file failed): {e}")))?;
+    Ok(())
+}
+
+/// Write `bytes` to `path` atomically (see [`write_with`]).
+pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_with(path, |tmp| std::fs::write(tmp, bytes).map_err(|e| Error::file(path, format!("cannot write: {e}"))))
+}
+
+/// Check, before expensive work, that `path` can later be written by [`write_with`]: its
+/// directory exists and accepts new files, and `path` is not a directory. Creates and removes
+/// a temporary sibling; `path` itself is not touched. `arg` names the argument in errors.
+pub fn check_writable(path: &Path, arg: &str) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::file(path, format!("{arg}: is a directory, expected a file path")));
+    }
+    let t = Temp { path: sibling(path, "probe"), keep: false };
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&t.path)
+        .map(|_| ())
+        .map_err(|e| Error::file(path, format!("{arg}: cannot write here: {e}")))
+}
+
+fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
+    let parent = parent_of(dir);
+    std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, format!("cannot create directory: {e}")))?;
+    sweep_stale(dir);
+    let tmp = Temp { path: sibling(dir, tag), keep: false };
+    std::fs::create_dir(&tmp.path).map_err(|e| Error::file(dir, format!("cannot create a temporary directory next to it: {e}")))?;
+    Ok(tmp)
+}
+
+/// Build the directory `dir` atomically: `build` fills a temporary sibling directory; on
+/// success it is renamed to `dir` when `dir` does not exist (or is empty), else its files are
+/// renamed into `dir` one by one (each replacement atomic; callers check `--force` first with
+/// [`check_out_dir`]). On an error or a panic in `build`, `dir` is untouched.
+pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let mut tmp = create_temp_dir(dir, "tmp")?;
+    build(&tmp.path)?;
+    if !dir.exists() || std::fs::read_dir(dir).is_ok_and(|mut r| r.next().is_none()) {
+        if std::fs::rename(&tmp.path, dir).is_ok() {
+            tmp.keep = true;
+            return Ok(());
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, format!("cannot create directory: {e}")))?;
+    let rd = std::fs::read_dir(&tmp.path).map_err(|e| Error::file(&tmp.path, e.to_string()))?;
+    let mut names: Vec<_> = rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect();
+    // config.json last: a reader that sees it sees the weights it describes.
+    names.sort_by_key(|n| n == "config.json");
+    for n in names {
+        let to = dir.join(&n);
+        std::fs::rename(tmp.path.join(&n), &to).map_err(|e| Error::file(&to, format!("cannot write: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Make sure the shared cache entry `dir` is complete (`complete(dir)`), building it when it is
+/// not. The entry is built in a temporary sibling and published with one rename, so a reader
+/// never sees a half-written entry; when two first users race, the loser drops its copy and uses
+/// the winner's. An incomplete entry (left by an interrupted older run) is moved aside and
+/// removed, then rebuilt. Returns whether this call built the entry.
+pub fn ensure_cached_dir(dir: &Path, complete: impl Fn(&Path) -> bool, build: impl FnOnce(&Path) -> Result<()>) -> Result<bool> {
+    if complete(dir) {
+        return Ok(false);
+    }
+    if dir.exists() {
+        // Published entries are always complete, so this one was left by an interrupted older
+        // run (or was just published by a concurrent user: check again).
+        if complete(dir) {
+            return Ok(false);
+        }
+        // Move it aside first (atomic), so a concurrent user never sees it half-deleted;
+        // losing this race to another process is fine.
+        let mut aside = Temp { path: sibling(dir, "broken"), keep: false };
+        if std::fs::rename(dir, &aside.path).is_ok() {
+            if complete(&aside.path) {
+                // A concurrent user published a complete entry in between: put it back.
+                if std::fs::rename(&aside.path, dir).is_ok() {
+                    aside.keep = true;
+                    return Ok(false);
+                }
+            } else {
+                eprintln!("note: {} was incomplete (an interrupted earlier run?); rebuilding it", dir.display());
+            }
+        }
+        drop(aside);
+    }
+    let mut tmp = create_temp_dir(dir, "tmp")?;
+    build(&tmp.path)?;
+    match std::fs::rename(&tmp.path, dir) {
+        Ok(()) => {
+            tmp.keep = true;
+            Ok(true)
+        }
+        // Another process published the entry first (rename onto a non-empty directory fails):
+        // use theirs; `tmp` is removed on drop.
+        Err(_) if complete(dir) => Ok(false),
+        Err(e) => Err(Error::file(dir, format!("cannot publish the cache entry: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sparkling-fsio-{}-{}", std::process::id(), sibling(Path::new("x"), "t").display().to_string().replace(['/', '.'], "")));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn listing(d: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn failed_write_leaves_the_old_file_and_no_temporary() {
+        let d = tmpdir();
+        let p = d.join("a.json");
+        std::fs::write(&p, "old").unwrap();
+        let r = write_with(&p, |t| {
+            std::fs::write(t, "partial").unwrap();
+            Err(Error::Input("boom".into()))
+        });
+        assert!(r.is_err());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "old");
+        assert_eq!(listing(&d), vec!["a.json"]);
+        write_bytes(&p, b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new");
+        assert_eq!(listing(&d), vec!["a.json"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn temporaries_of_dead_processes_are_swept() {
+        let d = tmpdir();
+        let out = d.join("ckpt");
+        // pid 4294967295 never runs (Linux pid_max ≤ 2^22); our own pid's files are kept.
+        std::fs::create_dir_all(d.join(".ckpt.tmp-4294967295-0")).unwrap();
+        std::fs::write(d.join(".ckpt.tmp-4294967295-0/config.json"), "{}").unwrap();
+        std::fs::write(d.join(format!(".ckpt.probe-{}-7", std::process::id())), "").unwrap();
+        std::fs::write(d.join(".other.tmp-4294967295-0"), "").unwrap();
+        publish_dir(&out, |t| std::fs::write(t.join("config.json"), "1").map_err(|e| Error::Input(e.to_string()))).unwrap();
+        let mut want = vec![format!(".ckpt.probe-{}-7", std::process::id()), ".other.tmp-4294967295-0".to_string(), "ckpt".to_string()];
+        if !cfg!(target_os = "linux") {
+            want.insert(0, ".ckpt.tmp-4294967295-0".into());
+        }
+        want.sort();
+        assert_eq!(listing(&d), want);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn out_dir_with_a_model_needs_force() {
+        let d = tmpdir();
+        check_out_dir(&d, false, "--out").unwrap();
+        std::fs::write(d.join("model.safetensors"), "x").unwrap();
+        let e = check_out_dir(&d, false, "--out").unwrap_err().to_string();
+        assert!(e.contains("--force") && e.contains("--out"), "{e}");
+        check_out_dir(&d, true, "--out").unwrap();
+        let f = d.join("model.safetensors");
+        assert!(check_out_dir(&f, true, "--out").is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn publish_dir_is_all_or_nothing() {
+        let d = tmpdir();
+        let out = d.join("ckpt");
+        let r = publish_dir(&out, |t| {
+            std::fs::write(t.join("config.json"), "{}").unwrap();
+            Err(Error::Input("allocation failed".into()))
+        });
+        assert!(r.is_err());
+        assert!(listing(&d).is_empty(), "{:?}", listing(&d));
+        publish_dir(&out, |t| {
+            std::fs::write(t.join("config.json"), "1").map_err(|e| Error::Input(e.to_string()))?;
+            std::fs::write(t.join("model.safetensors"), "1").map_err(|e| Error::Input(e.to_string()))
+        })
+        .unwrap();
+        // Into an existing directory: files replaced, others kept.
+        std::fs::write(out.join("README.md"), "keep").unwrap();
+        publish_dir(&out, |t| std::fs::write(t.join("config.json"), "2").map_err(|e| Error::Input(e.to_string()))).unwrap();
+        assert_eq!(listing(&out), vec!["README.md", "config.json", "model.safetensors"]);
+        assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "2");
+        assert_eq!(listing(&d), vec!["ckpt"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn cache_entry_recovers_and_survives_races() {
+        let d = tmpdir();
+        let e = d.join("entry");
+        let complete = |p: &Path| p.join("config.json").is_file() && p.join("model.safetensors").is_file();
+        let build = |t: &Path| {
+            std::fs::write(t.join("model.safetensors"), "w").map_err(|e| Error::Input(e.to_string()))?;
+            std::fs::write(t.join("config.json"), "c").map_err(|e| Error::Input(e.to_string()))
+        };
+        // A half-written entry from an interrupted run.
+        std::fs::create_dir_all(&e).unwrap();
+        std::fs::write(e.join("config.json"), "c").unwrap();
+        assert!(ensure_cached_dir(&e, complete, build).unwrap());
+        assert!(complete(&e));
+        assert!(!ensure_cached_dir(&e, complete, build).unwrap());
+        // Losing the race: the entry appears while we build.
+        std::fs::remove_dir_all(&e).unwrap();
+        let built = ensure_cached_dir(&e, complete, |t| {
+            std::fs::create_dir_all(&e).unwrap();
+            build(&e)?;
+            build(t)
+        })
+        .unwrap();
+        assert!(!built);
+        assert!(complete(&e));
+        assert_eq!(listing(&d), vec!["entry"]);
+        // Many threads at once.
+        std::fs::remove_dir_all(&e).unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| ensure_cached_dir(&e, complete, build).unwrap());
+            }
+        });
+        assert!(complete(&e));
+        assert_eq!(listing(&d), vec!["entry"]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,364 @@
+//! The CLI as a new user and an attacker would drive it (issue 15): no file is lost or
+//! half-written, a closed or full stdout never panics, malformed model files and absurd sizes
+//! are clear errors naming the file, key or argument. Drives the `sparkling` binary.
+
+mod common;
+
+use common::tmpdir;
+use sparkling::model::config::{Arch, DrafterKind};
+use sparkling::model::synth::{tiny_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn sparkling(assets: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sparkling"));
+    c.env("SPARKLING_ASSETS", assets).env_remove("RUST_BACKTRACE").stdin(Stdio::null());
+    c
+}
+
+fn run(assets: &Path, args: &[&str]) -> Output {
+    sparkling(assets).args(args).output().expect("run sparkling")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// No panic message, and not the panic exit status.
+fn no_panic(o: &Output) {
+    let e = stderr(o);
+    assert!(!e.contains("panicked") && o.status.code() != Some(101), "status {:?}, stderr:\n{e}", o.status);
+}
+
+/// A tiny random target with `layers` layers in `dir/name`.
+fn tiny_target(dir: &Path, name: &str, layers: usize) -> PathBuf {
+    let mut cfg = tiny_target_config(Arch::Qwen3, 64);
+    cfg.layers = layers;
+    let p = dir.join(name);
+    write_random_target(&p, &cfg, 3, StoreDtype::F32).unwrap();
+    p
+}
+
+fn listing(d: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The real SmolLM2 GGUF, or `None` (the test then skips with a message).
+fn smollm2() -> Option<PathBuf> {
+    let p = sparkling::assets::path(sparkling::assets::DEFAULT_TARGET);
+    if p.exists() {
+        Some(p)
+    } else {
+        assert!(!std::env::var("SPARKLING_REQUIRE_ASSETS").is_ok_and(|v| v == "1"), "{} not found and SPARKLING_REQUIRE_ASSETS is set", p.display());
+        eprintln!("skipping: {} not found (run scripts/fetch-assets smollm2)", p.display());
+        None
+    }
+}
+
+// ---- 1. data loss --------------------------------------------------------------------------
+
+#[test]
+fn init_drafter_into_a_checkpoint_needs_force() {
+    let d = tmpdir("cli-force");
+    let t = tiny_target(d.path(), "target", 8);
+    let before: Vec<Vec<u8>> = ["config.json", "model.safetensors"].iter().map(|f| std::fs::read(t.join(f)).unwrap()).collect();
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--kind", "dflash", "--out", s(&t)]);
+    no_panic(&o);
+    assert!(!o.status.success(), "replaced a checkpoint without --force");
+    let e = stderr(&o);
+    assert!(e.contains("--force") && e.contains("--out") && e.contains("target"), "{e}");
+    let after: Vec<Vec<u8>> = ["config.json", "model.safetensors"].iter().map(|f| std::fs::read(t.join(f)).unwrap()).collect();
+    assert!(before == after, "the target's files changed");
+
+    // A fresh directory, then again with --force: written, atomically (no temporaries left).
+    let out = d.path().join("drafter");
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out)]);
+    assert!(!o.status.success() && stderr(&o).contains("--force"), "{}", stderr(&o));
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out), "--force", "--seed", "5"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(listing(&out), vec!["config.json", "model.safetensors"]);
+    assert_eq!(listing(d.path()), vec!["drafter", "target"]);
+    // Arguments init-drafter does not use are refused, not ignored.
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out), "--force", "--drafter", s(&out)]);
+    assert!(!o.status.success() && stderr(&o).contains("does not use --drafter"), "{}", stderr(&o));
+}
+
+#[test]
+fn synth_and_synth_target_need_force() {
+    let d = tmpdir("cli-synth");
+    let t = tiny_target(d.path(), "target", 8);
+    let o = run(d.path(), &["synth-target", "--out", s(&t)]);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("--force"), "{}", stderr(&o));
+    let out = d.path().join("synth");
+    let tc = t.join("config.json");
+    let args = ["synth", "--config", s(&tc), "--out", s(&out), "--block-size", "4", "--markov-rank", "4", "--drafter-layers", "1", "--taps", "1"];
+    let o = run(d.path(), &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(listing(&out), vec!["dflash-b4", "dspark-b4", "target"]);
+    let stamp = std::fs::read(out.join("target/model.safetensors")).unwrap();
+    let mut again = args.to_vec();
+    again.extend(["--seed", "9"]);
+    let o = run(d.path(), &again);
+    assert!(!o.status.success() && stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert!(std::fs::read(out.join("target/model.safetensors")).unwrap() == stamp);
+    again.push("--force");
+    let o = run(d.path(), &again);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(out.join("target/model.safetensors")).unwrap() != stamp);
+}
+
+#[test]
+fn init_drafter_of_an_absurd_size_is_an_error_and_writes_nothing() {
+    let d = tmpdir("cli-huge");
+    let t = tiny_target(d.path(), "target", 8);
+    let out = d.path().join("huge");
+    for (arg, val) in [("--markov-rank", "100000000"), ("--layers", "1000000"), ("--block-size", "100000000"), ("--taps", "99"), ("--mask-token-id", "64")] {
+        let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out), arg, val]);
+        no_panic(&o);
+        assert!(!o.status.success(), "{arg} {val} accepted");
+        assert!(stderr(&o).contains(arg), "{arg}: {}", stderr(&o));
+        assert_eq!(listing(d.path()), vec!["target"], "{arg} {val} left files behind");
+    }
+}
+
+/// The cache entry of the untrained DSpark drafter `generate` creates for target `t`.
+fn cache_entry(assets: &Path, t: &Path) -> PathBuf {
+    assets.join("drafters").join(format!("{}-dspark-random", t.file_name().unwrap().to_string_lossy()))
+}
+
+fn generate_dspark(assets: &Path, t: &Path) -> Output {
+    run(assets, &["generate", "--target", s(t), "--method", "dspark", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--threads", "1"])
+}
+
+#[test]
+fn untrained_drafter_cache_recovers_from_a_half_written_entry() {
+    let d = tmpdir("cli-cache");
+    let t = tiny_target(d.path(), "tiny", 4);
+    // What an interrupted first run of an older version left: config.json, no weights.
+    let e = cache_entry(d.path(), &t);
+    let scratch = d.path().join("scratch");
+    let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 16, markov_rank: 64, taps: 3, mask_token_id: None, confidence_head: true };
+    write_random_drafter(&scratch, &tiny_target_config(Arch::Qwen3, 64), &init, 0, StoreDtype::Bf16).unwrap();
+    std::fs::create_dir_all(&e).unwrap();
+    std::fs::copy(scratch.join("config.json"), e.join("config.json")).unwrap();
+    let o = generate_dspark(d.path(), &t);
+    no_panic(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(listing(&e), vec!["config.json", "model.safetensors"]);
+    // A truncated weights file is rebuilt too.
+    let w = e.join("model.safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
+    let o = generate_dspark(d.path(), &t);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&w).unwrap(), bytes);
+    assert_eq!(listing(&e.parent().unwrap()), vec!["tiny-dspark-random"]);
+}
+
+#[test]
+fn untrained_drafter_cache_is_safe_under_concurrent_first_use() {
+    for trial in 0..2 {
+        let d = tmpdir("cli-race");
+        let t = tiny_target(d.path(), "tiny", 4);
+        let children: Vec<_> = (0..4)
+            .map(|_| {
+                sparkling(d.path())
+                    .args(["generate", "--target", s(&t), "--method", "dspark", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--threads", "1"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            let o = c.wait_with_output().unwrap();
+            assert!(o.status.success(), "trial {trial}: {}", stderr(&o));
+        }
+        let e = cache_entry(d.path(), &t);
+        assert_eq!(listing(&e), vec!["config.json", "model.safetensors"]);
+        assert_eq!(listing(e.parent().unwrap()), vec!["tiny-dspark-random"], "temporaries left behind");
+    }
+}
+
+// ---- 2. closed and full stdout ---------------------------------------------------------------
+
+/// Run with stdout a pipe whose reader has gone away before the first write.
+fn closed_stdout(assets: &Path, args: &[&str]) -> Output {
+    let mut c = sparkling(assets).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    drop(c.stdout.take());
+    c.wait_with_output().unwrap()
+}
+
+fn quiet_exit(o: &Output) {
+    no_panic(o);
+    // 0, or the conventional 141 (SIGPIPE) of a shell.
+    assert!(o.status.success() || o.status.code() == Some(141), "status {:?}: {}", o.status, stderr(o));
+    assert!(!stderr(o).contains("error"), "{}", stderr(o));
+}
+
+#[test]
+fn generate_into_a_closed_pipe_exits_quietly() {
+    let d = tmpdir("cli-pipe");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let o = closed_stdout(d.path(), &["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "200", "--ignore-eos"]);
+    quiet_exit(&o);
+    // With --stats-json, the stats are still written.
+    let st = d.path().join("stats.json");
+    let o = closed_stdout(d.path(), &["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "20", "--ignore-eos", "--stats-json", s(&st)]);
+    quiet_exit(&o);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
+    assert_eq!(v["tokens"].as_array().map(|a| a.len()), Some(20));
+}
+
+#[test]
+fn generate_into_a_full_disk_is_a_clear_error() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipping: no /dev/full");
+        return;
+    };
+    let d = tmpdir("cli-full");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let o = sparkling(d.path())
+        .args(["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "8", "--ignore-eos"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("standard output") && e.contains("No space left"), "{e}");
+}
+
+#[test]
+fn profile_into_a_closed_pipe_writes_its_json_first() {
+    let d = tmpdir("cli-profile");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let j = d.path().join("profile.json");
+    let args = ["profile", "--target", s(&t), "--prefill", "8", "--budget", "4", "--candidates", "4", "--max-fanout", "2", "--ctx-rows", "2", "--reps", "1", "--warmup", "0", "--json", s(&j)];
+    let o = closed_stdout(d.path(), &args);
+    quiet_exit(&o);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    assert_eq!(v["budget"], 4);
+    // An unwritable --json fails before the timing, and creates nothing.
+    let bad = d.path().join("no-such-dir").join("p.json");
+    let mut a2 = args.to_vec();
+    *a2.last_mut().unwrap() = s(&bad);
+    let o = run(d.path(), &a2);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("--json"), "{}", stderr(&o));
+}
+
+#[test]
+fn bench_into_a_closed_pipe_writes_its_json_first() {
+    let Some(target) = smollm2() else { return };
+    let d = tmpdir("cli-bench");
+    let prompts = d.path().join("p.txt");
+    std::fs::write(&prompts, "Say hi.\n").unwrap();
+    let j = d.path().join("bench.json");
+    let o = closed_stdout(
+        d.path(),
+        &["bench", "--target", s(&target), "--prompts", s(&prompts), "--limit", "1", "--methods", "ar", "--max-new-tokens", "4", "--json", s(&j)],
+    );
+    quiet_exit(&o);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    assert_eq!(v["rows"].as_array().map(|r| r.len()), Some(1));
+    assert_eq!(listing(d.path()), vec!["bench.json", "p.txt"]);
+}
+
+// ---- 3. malformed model files ----------------------------------------------------------------
+
+/// A copy of `src` with the u32/u64 value of GGUF metadata key `key` replaced by `value`.
+fn patch_gguf(src: &Path, dst: &Path, key: &str, value: u64) {
+    let mut b = std::fs::read(src).unwrap();
+    let mut needle = (key.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(key.as_bytes());
+    let at = b.windows(needle.len()).position(|w| w == needle.as_slice()).unwrap_or_else(|| panic!("{key} not in {}", src.display())) + needle.len();
+    let ty = u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    match ty {
+        4 => b[at + 4..at + 8].copy_from_slice(&(value as u32).to_le_bytes()),
+        10 => b[at + 4..at + 12].copy_from_slice(&value.to_le_bytes()),
+        other => panic!("{key} has type {other}"),
+    }
+    std::fs::write(dst, b).unwrap();
+}
+
+#[test]
+fn gguf_with_zero_heads_or_absurd_layer_count_is_a_clear_error() {
+    let Some(target) = smollm2() else { return };
+    let d = tmpdir("cli-gguf");
+    for (key, value, expect) in [("llama.attention.head_count", 0u64, "positive"), ("llama.block_count", u32::MAX as u64, "holds only 30 layers")] {
+        let p = d.path().join("bad.gguf");
+        patch_gguf(&target, &p, key, value);
+        let o = run(d.path(), &["generate", "--target", s(&p), "--method", "ar", "--prompt-ids", "1,2", "--max-new-tokens", "1"]);
+        no_panic(&o);
+        assert_eq!(o.status.code(), Some(1), "{key} = {value}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains("bad.gguf") && e.contains(key) && e.contains(&value.to_string()) && e.contains(expect), "{e}");
+    }
+}
+
+// ---- 4. user-given sizes ---------------------------------------------------------------------
+
+#[test]
+fn absurd_sizes_are_clamped_or_refused_naming_the_argument() {
+    let d = tmpdir("cli-sizes");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let base = ["generate", "--target", s(&t), "--prompt-ids", "1,2,3"];
+    // Candidates, fan-out and k far beyond the vocabulary: clamped, with a note.
+    for method in ["sparkling", "treespark"] {
+        let mut a = base.to_vec();
+        a.extend(["--max-new-tokens", "4", "--method", method, "--candidates", "1000000000", "--max-fanout", "1000000000", "--treespark-k", "1000000000"]);
+        let o = run(d.path(), &a);
+        no_panic(&o);
+        assert!(o.status.success(), "{method}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--candidates 1000000000 exceeds the vocabulary size (64)"), "{}", stderr(&o));
+    }
+    // Refused: a budget beyond the context, absurd thread counts, token counts.
+    for (extra, arg) in [
+        (vec!["--max-new-tokens", "4", "--method", "sparkling", "--budget", "18446744073709551615"], "context"),
+        (vec!["--max-new-tokens", "4", "--method", "ar", "--threads", "100000000"], "--threads"),
+        (vec!["--method", "ar", "--max-new-tokens", "18446744073709551615"], "context"),
+    ] {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        let o = run(d.path(), &a);
+        no_panic(&o);
+        assert!(!o.status.success() && stderr(&o).contains(arg), "{arg}: {}", stderr(&o));
+    }
+    let o = run(d.path(), &["profile", "--target", s(&t), "--budget", "18446744073709551615", "--prefill", "8"]);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("--budget"), "{}", stderr(&o));
+}
+
+// ---- path arguments mean exactly the file they name ----------------------------------------
+
+#[test]
+fn tokenizer_argument_is_the_file_it_names() {
+    let d = tmpdir("cli-tok");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let tok = d.path().join("my-tokenizer.json");
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..64).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    std::fs::write(&tok, json.to_string()).unwrap();
+    // A decoy next to it: the old code read the directory's tokenizer.json instead.
+    std::fs::write(d.path().join("tokenizer.json"), "not a tokenizer").unwrap();
+    let o = run(d.path(), &["generate", "--target", s(&t), "--tokenizer", s(&tok), "--method", "ar", "--prompt", "w1 w2 w3", "--max-new-tokens", "2"]);
+    no_panic(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let missing = d.path().join("nope.json");
+    let o = run(d.path(), &["generate", "--target", s(&t), "--tokenizer", s(&missing), "--method", "ar", "--prompt", "w1", "--max-new-tokens", "2"]);
+    assert!(!o.status.success() && stderr(&o).contains("nope.json"), "{}", stderr(&o));
+}
