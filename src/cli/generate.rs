@@ -214,6 +214,7 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     })?;
     println!();
     print_stats(method, &g.stats);
+    eprintln!("  kernels: {} | target matmuls: {}", m.backend.name(), m.target.kernel_paths(&m.backend));
     if let Some(p) = &a.stats_json {
         let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": g.stats.tau(), "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
         std::fs::write(p, serde_json::to_string_pretty(&v).unwrap_or_default()).map_err(|e| Error::file(p, e.to_string()))?;
