@@ -204,9 +204,6 @@ pub mod ggml {
     pub const Q4_0: u32 = 2;
     /// 4-bit, 32-value blocks of 20 bytes: f16 `d`, f16 min `m`, 16 nibble bytes; `x = d·q + m`.
     pub const Q4_1: u32 = 3;
-    /// 5-bit, 32-value blocks of 22 bytes: f16 `d`, 32-bit mask of 5th bits, 16 nibble bytes;
-    /// `x = d·(q − 16)`.
-    pub const Q5_0: u32 = 6;
     /// 8-bit, 32-value blocks of 34 bytes: f16 `d`, 32 signed bytes; `x = d·q`.
     pub const Q8_0: u32 = 8;
 }

@@ -43,7 +43,7 @@ pub struct CpuWeight {
 pub enum WeightData {
     /// f32 or f16 values packed into column panels ([`gemm`]).
     Panels(gemm::Packed),
-    /// ggml 32-value blocks ([`quant`]): Q8_0, Q4_0, Q4_1, Q5_0.
+    /// ggml 32-value blocks ([`quant`]): Q8_0, Q4_0, Q4_1.
     Quant(quant::QWeight),
 }
 
@@ -88,7 +88,7 @@ pub enum WeightDtype {
     /// a multiple of 32 stay f16). ggml-typed uploads are kept as with [`WeightDtype::Native`].
     Q8_0,
     /// Keep GGUF tensors in their stored format where the CPU has a kernel for it (Q8_0,
-    /// Q4_0, Q4_1, Q5_0 blocks; F16; F32); f32 uploads (other formats, dequantized by the
+    /// Q4_0, Q4_1 blocks; F16; F32); f32 uploads (other formats, dequantized by the
     /// loader) are stored as f16.
     Native,
 }
