@@ -474,6 +474,19 @@ mod avx2 {
             }
             i += 4;
         }
+        // 2 or 3 leftover rows share each weight load too.
+        let rest = a.m - i;
+        if rest >= 2 {
+            for q in 0..gn {
+                let o = out.add(i * width + q * GC);
+                if rest == 3 {
+                    tile::<F, 3, 1>(w, g0 + q, a, i, o, width);
+                } else {
+                    tile::<F, 2, 1>(w, g0 + q, a, i, o, width);
+                }
+            }
+            i += rest;
+        }
         while i < a.m {
             let mut q = 0;
             while q + 2 <= gn {
