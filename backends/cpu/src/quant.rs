@@ -173,7 +173,8 @@ impl QWeight {
     }
 
     /// Quantize a row-major f32 `[n, k]` matrix to Q8_0 as ggml's reference quantizer does
-    /// (`quantize_row_q8_0_ref`: per block `d = amax/127`, `q = round(x/d)`, `d` stored as f16).
+    /// (`quantize_row_q8_0`: per block `d = amax/127`, `q = round(x/d)` with ties to even, `d`
+    /// stored as f16).
     ///
     /// # Errors
     /// `k` not a positive multiple of 32, or `data.len() != n·k`.
@@ -238,14 +239,16 @@ impl QWeight {
 }
 
 /// Quantize one block of 32 values to `q` and return its scale `d = amax/127` (ggml's
-/// `quantize_row_q8_0_ref`, rounding half away from zero; NaN codes become 0).
-#[inline]
+/// `quantize_row_q8_0`: `q = round(x·(1/d))`, ties to even as its SIMD versions round; NaN
+/// codes become 0). Every operation is exactly rounded IEEE arithmetic, so any instruction set
+/// gives the same codes.
+#[inline(always)]
 fn quantize_block(x: &[f32], q: &mut [u8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     for (qv, &v) in q.iter_mut().zip(x) {
-        *qv = ((v * id).round() as i8) as u8;
+        *qv = ((v * id).round_ties_even() as i8) as u8;
     }
     d
 }
@@ -265,6 +268,25 @@ pub struct QActs {
 
 /// Quantize `x` (`m` rows of `k` values, `k` a multiple of 32; checked by the caller).
 pub fn quantize_acts(x: &[f32], m: usize, k: usize) -> QActs {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::isa::detected() >= Isa::Avx2 {
+            // SAFETY: the features were detected on this CPU. Same arithmetic, compiled with
+            // `roundps` instead of a libm call (exact either way).
+            return unsafe { quantize_acts_avx2(x, m, k) };
+        }
+    }
+    quantize_acts_body(x, m, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_acts_avx2(x: &[f32], m: usize, k: usize) -> QActs {
+    quantize_acts_body(x, m, k)
+}
+
+#[inline(always)]
+fn quantize_acts_body(x: &[f32], m: usize, k: usize) -> QActs {
     let nb = k / QK;
     let mut a = QActs { m, k, nb, qs: vec![0; m * k], d: vec![0.0; m * nb], sq: vec![0; m * nb], s: vec![0.0; m * nb] };
     for i in 0..m {
