@@ -185,7 +185,7 @@ impl Backend for CpuBackend {
         if data.len() != n * k {
             return Err(shape_err("upload_weight", format!("{} values for [{n}, {k}]", data.len())));
         }
-        if self.weight_dtype == WeightDtype::Q8_0 && k % quant::QK == 0 && k > 0 {
+        if self.weight_dtype == WeightDtype::Q8_0 && k.is_multiple_of(quant::QK) && k > 0 {
             let q = quant::QWeight::quantize_q8_0(&data, n, k).map_err(|e| Error::Invalid(format!("upload_weight: {e}")))?;
             return Ok(CpuWeight { n, k, data: WeightData::Quant(q) });
         }

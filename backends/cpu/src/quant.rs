@@ -10,6 +10,7 @@
 //! - `Q8_0`: 256 bytes in 8 chunks of 32; byte `4c + t` of chunk `g` is value `4g+t` of column
 //!   `8G + c`;
 //! - the 8 columns' f16 scales `d` (and `Q4_1`'s f16 mins `m`).
+//!
 //! So every format keeps ggml's bits per weight (Q4_0 4.5, Q4_1 5.0, Q8_0 8.5).
 //!
 //! # Matmul `y[M,N] = x[M,K]·Wᵀ`
@@ -22,6 +23,7 @@
 //! 2. `acc = acc + f32(isum) · (d_w·dx)` (separate multiply and add, never fused), and for
 //!    Q4_1 then `acc = acc + m_w·sx` (the value `d·q + m` against `dx·qx`: ggml's `Q4_1·Q8_1`);
 //!    blocks `b = 0, 1, …, K/32 − 1` in order, `acc` starting at `+0`.
+//!
 //! So a row's outputs are bit-identical whether it is computed alone, in a 65-row verify, or on
 //! any number of threads, and the AVX2 path equals the scalar reference bit for bit.
 
@@ -152,7 +154,7 @@ impl QWeight {
     /// `k` not a positive multiple of 32, or `bytes.len()` not `n · k/32 · block_bytes` (the
     /// message gives both counts).
     pub fn from_ggml(format: QFormat, bytes: &[u8], n: usize, k: usize) -> Result<QWeight, String> {
-        if k % QK != 0 || k == 0 {
+        if !k.is_multiple_of(QK) || k == 0 {
             return Err(format!("{} weight [{n}, {k}]: K must be a positive multiple of {QK}", format.name()));
         }
         let bb = format.ggml_block_bytes();
@@ -179,7 +181,7 @@ impl QWeight {
     /// # Errors
     /// `k` not a positive multiple of 32, or `data.len() != n·k`.
     pub fn quantize_q8_0(data: &[f32], n: usize, k: usize) -> Result<QWeight, String> {
-        if k % QK != 0 || k == 0 {
+        if !k.is_multiple_of(QK) || k == 0 {
             return Err(format!("q8_0 weight [{n}, {k}]: K must be a positive multiple of {QK}"));
         }
         if data.len() != n * k {
@@ -309,9 +311,9 @@ pub fn dot_scalar(w: &QWeight, j: usize, a: &QActs, i: usize) -> f32 {
         let xq = &a.qs[i * a.k + b * QK..i * a.k + (b + 1) * QK];
         let isum: i32 = (0..QK).map(|t| w.code(j, b, t) * (xq[t] as i8 as i32)).sum();
         let sc = w.scale_at(j, b);
-        acc = acc + isum as f32 * (w.d[sc].to_f32() * a.d[i * a.nb + b]);
+        acc += isum as f32 * (w.d[sc].to_f32() * a.d[i * a.nb + b]);
         if w.format == QFormat::Q4_1 {
-            acc = acc + w.m[sc].to_f32() * a.s[i * a.nb + b];
+            acc += w.m[sc].to_f32() * a.s[i * a.nb + b];
         }
     }
     acc
@@ -380,6 +382,7 @@ fn compute_groups(isa: Isa, w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &
 }
 
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // register tiles are indexed by row and column group
 mod avx2 {
     use super::{QActs, QFormat, QWeight, GC, QK};
     use std::arch::x86_64::*;
@@ -575,6 +578,7 @@ mod tests {
     #[test]
     fn every_path_equals_the_scalar_reference_bit_for_bit() {
         // K a multiple of 32 but not of 256; N not a multiple of any tile; M = 1..=65.
+        eprintln!("quant kernel paths tested on this CPU: {:?} (SPARKLING_CPU_ISA selects the one in use: {:?})", crate::isa::available(), crate::isa::active());
         for &format in &FORMATS {
             for &(n, k) in &[(37usize, 96usize), (5, 32), (19, 288)] {
                 let w = QWeight::from_ggml(format, &random_ggml(format, n, k, 7), n, k).unwrap();
