@@ -268,38 +268,40 @@ pub struct QActs {
     s: Vec<f32>,
 }
 
-/// Quantize `x` (`m` rows of `k` values, `k` a multiple of 32; checked by the caller).
+/// Quantize `x` (`m` rows of `k` values, `k` a multiple of 32; checked by the caller). Rows
+/// are independent (and run in parallel for large inputs); the AVX2 version does the same
+/// exactly rounded operations as [`quantize_block`] (finite inputs give identical codes).
 pub fn quantize_acts(x: &[f32], m: usize, k: usize) -> QActs {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if crate::isa::detected() >= Isa::Avx2 {
-            // SAFETY: the features were detected on this CPU. Same arithmetic, compiled with
-            // `roundps` instead of a libm call (exact either way).
-            return unsafe { quantize_acts_avx2(x, m, k) };
-        }
-    }
-    quantize_acts_body(x, m, k)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quantize_acts_avx2(x: &[f32], m: usize, k: usize) -> QActs {
-    quantize_acts_body(x, m, k)
-}
-
-#[inline(always)]
-fn quantize_acts_body(x: &[f32], m: usize, k: usize) -> QActs {
     let nb = k / QK;
     let mut a = QActs { m, k, nb, qs: vec![0; m * k], d: vec![0.0; m * nb], sq: vec![0; m * nb], s: vec![0.0; m * nb] };
-    for i in 0..m {
+    let avx2 = cfg!(target_arch = "x86_64") && crate::isa::detected() >= Isa::Avx2;
+    let row = |(i, (((q, d), sq), s)): (usize, (((&mut [u8], &mut [f32]), &mut [i32]), &mut [f32]))| {
+        let xr = &x[i * k..(i + 1) * k];
         for b in 0..nb {
-            let at = i * k + b * QK;
-            let db = quantize_block(&x[at..at + QK], &mut a.qs[at..at + QK]);
-            let sum: i32 = a.qs[at..at + QK].iter().map(|&v| v as i8 as i32).sum();
-            a.d[i * nb + b] = db;
-            a.sq[i * nb + b] = sum;
-            a.s[i * nb + b] = db * sum as f32;
+            let (xb, qb) = (&xr[b * QK..(b + 1) * QK], &mut q[b * QK..(b + 1) * QK]);
+            #[cfg(target_arch = "x86_64")]
+            let (db, sum) = if avx2 {
+                // SAFETY: avx2 was detected on this CPU; both slices hold 32 values.
+                unsafe { avx2::quantize_block(xb, qb) }
+            } else {
+                let db = quantize_block(xb, qb);
+                (db, qb.iter().map(|&v| v as i8 as i32).sum())
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let (db, sum) = {
+                let _ = avx2;
+                let db = quantize_block(xb, qb);
+                (db, qb.iter().map(|&v| v as i8 as i32).sum::<i32>())
+            };
+            d[b] = db;
+            sq[b] = sum;
+            s[b] = db * sum as f32;
         }
+    };
+    if m * k >= 1 << 16 {
+        a.qs.par_chunks_mut(k).zip(a.d.par_chunks_mut(nb)).zip(a.sq.par_chunks_mut(nb)).zip(a.s.par_chunks_mut(nb)).enumerate().for_each(row);
+    } else {
+        a.qs.chunks_mut(k).zip(a.d.chunks_mut(nb)).zip(a.sq.chunks_mut(nb)).zip(a.s.chunks_mut(nb)).enumerate().for_each(row);
     }
     a
 }
@@ -390,6 +392,40 @@ mod avx2 {
     const F_Q8_0: u8 = 0;
     const F_Q4_0: u8 = 1;
     const F_Q4_1: u8 = 2;
+
+    /// [`super::quantize_block`] on AVX2 (same exactly rounded steps: |x| max, `amax/127`,
+    /// `1/d`, `x·id` rounded to nearest even, saturating narrowing) plus the code sum.
+    /// Caller guarantees avx2 and 32-value slices.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, i32) {
+        let p = x.as_ptr();
+        let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let mut mx = _mm256_and_ps(v[0], abs);
+        for vi in &v[1..] {
+            mx = _mm256_max_ps(mx, _mm256_and_ps(*vi, abs));
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let mut iv = [_mm256_setzero_si256(); 4];
+        for (o, vi) in iv.iter_mut().zip(&v) {
+            *o = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(*vi, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+        let sum4 = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
+        let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01)));
+        // packs work per 128-bit lane: restore value order with a lane permutation.
+        let p16a = _mm256_packs_epi32(iv[0], iv[1]);
+        let p16b = _mm256_packs_epi32(iv[2], iv[3]);
+        let p8 = _mm256_packs_epi16(p16a, p16b);
+        let ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ordered);
+        (d, sum)
+    }
 
     /// The 8 columns' f16 values at `p` widened to f32 (exact).
     #[inline(always)]
@@ -636,6 +672,27 @@ mod tests {
                     // 8-bit activations: relative error ≲ 1/254 of Σ|x·w|.
                     assert!((y[i * n + j] as f64 - exact).abs() <= 6e-3 * scale + 1e-6, "{format:?} ({i},{j}): {} vs {exact}", y[i * n + j]);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn avx2_activation_quantizer_equals_the_scalar_one() {
+        #[cfg(target_arch = "x86_64")]
+        if crate::isa::detected() >= Isa::Avx2 {
+            let mut x = pseudo(32 * 200, 17);
+            // Ties, zeros, a zero block, huge and tiny magnitudes.
+            x[3] = 0.5;
+            x[5] = -2.5;
+            x[32..64].iter_mut().for_each(|v| *v = 0.0);
+            x[70] = 1e30;
+            x[100] = -1e-30;
+            for (blk, q) in x.chunks_exact(32).zip(0..) {
+                let (mut qa, mut qb) = ([0u8; 32], [0u8; 32]);
+                let d = quantize_block(blk, &mut qa);
+                let sum: i32 = qa.iter().map(|&v| v as i8 as i32).sum();
+                let (d2, sum2) = unsafe { avx2::quantize_block(blk, &mut qb) };
+                assert_eq!((d.to_bits(), sum, qa), (d2.to_bits(), sum2, qb), "block {q}");
             }
         }
     }
