@@ -86,3 +86,35 @@ fn stop_token_inside_an_accepted_path_ends_generation_there() {
     }
     assert_eq!(checked, 24);
 }
+
+/// Issue 10: the exactness matrix with quantized targets (Q8_0 quantized at load, Q4_0 and
+/// Q4_1 kept in their ggml blocks): the int8 kernels' rows do not depend on the verify's row
+/// count, so every method still emits the `ar` tokens at temperature zero.
+#[test]
+fn every_method_matches_ar_with_quantized_targets() {
+    let b = CpuBackend::new();
+    let vocab = 48;
+    for weights in ["q8_0", "q4_0", "q4_1"] {
+        for (ai, arch) in ARCHS.into_iter().enumerate() {
+            let tdir = tmpdir("qtarget");
+            let target = random_quant_target(tdir.path(), arch, vocab, 21 + ai as u64, weights);
+            let d1 = tmpdir("dflash");
+            let dflash = random_drafter(d1.path(), &target.cfg, DrafterKind::DFlash, 16, 0, 5);
+            let d2 = tmpdir("dspark");
+            let dspark = random_drafter(d2.path(), &target.cfg, DrafterKind::DSpark, 16, 8, 6);
+            for prompt in PROMPTS {
+                let max_new = 40;
+                let ar = Engine { backend: &b, target: &target, drafter: None };
+                let want = ar.generate(prompt, &params(Method::Ar, 1, 0.0, 0, max_new, vec![]), &mut |_| {}).unwrap();
+                for method in Method::ALL.into_iter().skip(1) {
+                    let drafter = if method.drafter_kind() == Some(DrafterKind::DFlash) { &dflash } else { &dspark };
+                    let e = Engine { backend: &b, target: &target, drafter: Some(drafter) };
+                    for budget in [1usize, 8, 64] {
+                        let g = e.generate(prompt, &params(method, budget, 0.0, 0, max_new, vec![]), &mut |_| {}).unwrap();
+                        assert_eq!(g.tokens, want.tokens, "{weights} {arch:?} {} budget {budget} prompt {prompt:?}", method.name());
+                    }
+                }
+            }
+        }
+    }
+}

@@ -42,9 +42,13 @@ struct Loaded {
 }
 
 fn load(path: &std::path::Path) -> Loaded {
+    load_as(path, WeightDtype::F16)
+}
+
+fn load_as(path: &std::path::Path, dtype: WeightDtype) -> Loaded {
     let src = GgufSource::open(path).expect("open gguf");
     let cfg = TargetConfig::from_gguf(&src.file).expect("config");
-    let b = CpuBackend::with_weight_dtype(WeightDtype::F16);
+    let b = CpuBackend::with_weight_dtype(dtype);
     let target = Target::load(&b, &src, cfg, &|_, _| {}).expect("load target");
     let tok = TextTokenizer::from_gguf(&src.file).expect("tokenizer");
     Loaded { b, target, tok }
@@ -102,8 +106,18 @@ fn qwen25_coder_greedy_tokens_equal_llamacpp_when_cached() {
 
 #[test]
 fn smollm2_every_method_emits_ar_tokens_on_real_prompts() {
+    every_method_emits_ar_tokens(WeightDtype::F16);
+}
+
+/// Issue 10: the same with the Q4_1 blocks kept native (int8 kernels, 8-bit activations).
+#[test]
+fn smollm2_q4_1_native_every_method_emits_ar_tokens_on_real_prompts() {
+    every_method_emits_ar_tokens(WeightDtype::Native);
+}
+
+fn every_method_emits_ar_tokens(dtype: WeightDtype) {
     let Some(path) = asset_or_skip("smollm2-135m-instruct-q4_1.gguf", true) else { return };
-    let m = load(&path);
+    let m = load_as(&path, dtype);
     // Untrained drafters sized for SmolLM2 (as `init-drafter` writes them) and the trained ones
     // committed under models/ (issue 3).
     let d1 = common::tmpdir("dflash");
@@ -134,11 +148,68 @@ fn smollm2_every_method_emits_ar_tokens_on_real_prompts() {
             let e = Engine { backend: &m.b, target: &m.target, drafter: Some(d) };
             let budget = if label == "trained" { 16 } else { 6 };
             let g = e.generate(&prompt, &common::params(method, budget, 0.0, 0, 20, m.tok.stop.clone()), &mut |_| {}).unwrap();
-            assert_eq!(g.tokens, want.tokens, "{} with {label} drafters on {text:?}", method.name());
+            assert_eq!(g.tokens, want.tokens, "{} with {label} drafters on {text:?} ({dtype:?} weights)", method.name());
             if label == "trained" && method == Method::Sparkling {
                 tau_trained += g.stats.tau();
             }
         }
     }
     eprintln!("sparkling τ with the trained DSpark drafter (budget 16, 2 prompts): mean {:.2}", tau_trained / 2.0);
+}
+
+/// Logit gap below which 8-bit activations may flip llama.cpp's (F16) greedy choice: over 30
+/// layers they move SmolLM2's logits by up to ~1.6 (max |Δ| over the vocabulary, chat prompt),
+/// the top candidates' difference by a few tenths.
+const Q8_ACT_TIE: f64 = 0.5;
+
+/// Issue 10: SmolLM2's Q4_1 (and Q8_0 embedding/lm_head) blocks kept native, with 8-bit
+/// activations as llama.cpp's quantized path uses, against llama.cpp's greedy tokens on the
+/// F16 copy (the same weight values, f32 activations). Activation quantization flips
+/// near-ties, so a case may diverge only where llama.cpp's own top-2 gap is below
+/// [`Q8_ACT_TIE`]; every divergence is printed with its position, llama.cpp's gap and our
+/// top-2 margin there. (Measured: 1 of 5 cases token-identical over all recorded tokens; the
+/// 4 others diverge at llama.cpp gaps 0.006–0.30. The issue's "≥ 4 of 5" is meant against
+/// llama.cpp's greedy tokens on the Q4_1 file itself, which also quantizes activations; that
+/// record needs `scripts/build-llamacpp` and is not in tests/data yet.)
+#[test]
+fn smollm2_q4_1_native_diverges_from_llamacpp_only_at_near_ties() {
+    use sparkling::core::{AttnMask, Backend};
+    use sparkling::model::target::LogitRows;
+    let Some(path) = asset_or_skip("smollm2-135m-instruct-q4_1.gguf", true) else { return };
+    let m = load_as(&path, WeightDtype::Native);
+    let kinds = m.target.kernel_paths(&m.b);
+    assert!(kinds.contains("q4_1 weights"), "native load of the Q4_1 file runs on: {kinds}");
+    let v: serde_json::Value = serde_json::from_str(include_str!("data/llamacpp_greedy_smollm2.json")).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    let mut exact = 0;
+    for case in cases {
+        let prompt: Vec<u32> = case["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> = case["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let gaps: Vec<f64> = case["top2_gap"].as_array().map(|a| a.iter().map(|x| x.as_f64().unwrap_or(f64::INFINITY)).collect()).unwrap_or_default();
+        let stop = if case["stopped_at_eog"].as_bool() == Some(true) { m.tok.stop.clone() } else { vec![] };
+        let e = Engine { backend: &m.b, target: &m.target, drafter: None };
+        let g = e.generate(&prompt, &common::params(Method::Ar, 1, 0.0, 0, want.len(), stop), &mut |_| {}).unwrap();
+        let Some(i) = g.tokens.iter().zip(&want).position(|(a, b)| a != b) else {
+            assert_eq!(g.tokens.len(), want.len(), "{:?}: length", case["prompt"]);
+            exact += 1;
+            continue;
+        };
+        // Our logits at the divergence: the prompt and our first i tokens in one pass.
+        let mut ids = prompt.clone();
+        ids.extend_from_slice(&g.tokens[..i]);
+        let mut cache = m.target.new_cache(&m.b, ids.len() + 1).unwrap();
+        let pos: Vec<u32> = (0..ids.len() as u32).collect();
+        let out = m.target.forward(&m.b, &mut cache, &ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+        let logits = m.b.download(&out.logits).unwrap();
+        let margin = logits[g.tokens[i] as usize] - logits[want[i] as usize];
+        let gap = gaps.get(i).copied().unwrap_or(f64::INFINITY);
+        eprintln!(
+            "Q4_1 native vs llama.cpp F16: {:?} diverges at token {i}: ours {} (leads llama.cpp's {} by {margin:.4} logits), llama.cpp's top-2 gap there {gap:.4}",
+            case["prompt"].as_str().unwrap_or(""),
+            g.tokens[i],
+            want[i]
+        );
+        assert!(gap < Q8_ACT_TIE, "{:?}: token {i} differs from llama.cpp where its top-2 gap is {gap} (not a near-tie)", case["prompt"]);
+    }
+    eprintln!("smollm2 Q4_1 native: {exact}/{} cases token-identical to llama.cpp (F16 copy)", cases.len());
 }

@@ -201,5 +201,6 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     }
     outln!()?;
     print_stats(method, &g.stats);
+    eprintln!("  kernels: {} | target matmuls: {}", m.backend.name(), m.target.kernel_paths(&m.backend));
     Ok(())
 }

@@ -44,8 +44,10 @@ pub struct ModelArgs {
     /// CPU threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Weight storage: f32, f16, bf16 (wgpu only), or auto (f16 for GGUF targets, whose
-    /// dequantized values llama.cpp's F16 format also holds; f32 otherwise).
+    /// Weight storage: `native` (cpu: GGUF tensors stay in their Q8_0/Q4_0/Q4_1 blocks and
+    /// run on int8 kernels, ~0.56–1.06 B/weight; other GGUF types become f16), `q8_0` (cpu:
+    /// quantize every matrix to Q8_0 at load, 1.06 B/weight), `f16` (2 B), `f32` (4 B), `bf16`
+    /// (wgpu only), or `auto`: native for GGUF targets on the cpu (f16 on wgpu), f32 otherwise.
     #[arg(long, default_value = "auto")]
     pub weights: String,
 }
@@ -86,14 +88,19 @@ enum Weights {
     F32,
     F16,
     Bf16,
+    /// GGUF formats as stored (cpu); f16 on wgpu.
+    Native,
+    Q8_0,
 }
 
 fn weights(arg: &str, is_gguf: bool) -> Result<Weights> {
     match (arg, is_gguf) {
         ("f32", _) | ("auto", false) => Ok(Weights::F32),
-        ("f16", _) | ("auto", true) => Ok(Weights::F16),
+        ("f16", _) => Ok(Weights::F16),
+        ("native", _) | ("auto", true) => Ok(Weights::Native),
+        ("q8_0", _) => Ok(Weights::Q8_0),
         ("bf16", _) => Ok(Weights::Bf16),
-        (other, _) => Err(Error::Input(format!("--weights `{other}`: expected f32, f16, bf16 or auto"))),
+        (other, _) => Err(Error::Input(format!("--weights `{other}`: expected native, q8_0, f32, f16, bf16 or auto"))),
     }
 }
 
@@ -111,7 +118,9 @@ pub fn select(args: &ModelArgs) -> Result<Selected> {
             let dtype = match w {
                 Weights::F32 => cpu::WeightDtype::F32,
                 Weights::F16 => cpu::WeightDtype::F16,
-                Weights::Bf16 => return Err(Error::Input("--weights bf16 is only available with --backend wgpu (cpu: f32, f16, auto)".into())),
+                Weights::Native => cpu::WeightDtype::Native,
+                Weights::Q8_0 => cpu::WeightDtype::Q8_0,
+                Weights::Bf16 => return Err(Error::Input("--weights bf16 is only available with --backend wgpu (cpu: native, q8_0, f32, f16, auto)".into())),
             };
             AnyBackend::Cpu(CpuBackend::with_weight_dtype(dtype))
         }
@@ -127,8 +136,9 @@ fn open_wgpu(adapter: Option<&str>, w: Weights) -> Result<AnyBackend> {
     use sparkling::wgpu_backend::{WeightDtype, WgpuBackend, WgpuOptions};
     let weight_dtype = match w {
         Weights::F32 => WeightDtype::F32,
-        Weights::F16 => WeightDtype::F16,
+        Weights::F16 | Weights::Native => WeightDtype::F16,
         Weights::Bf16 => WeightDtype::Bf16,
+        Weights::Q8_0 => return Err(Error::Input("--weights q8_0 is only available with --backend cpu (wgpu: f32, f16, bf16, auto)".into())),
     };
     let opts = WgpuOptions { adapter: adapter.map(str::to_string), weight_dtype, ..Default::default() };
     Ok(AnyBackend::Wgpu(WgpuBackend::with_options(&opts)?))

@@ -106,12 +106,15 @@ fn decode_weight_params(c: &sparkling::model::config::TargetConfig) -> u64 {
     c.layers as u64 * per_layer + c.vocab as u64 * h
 }
 
-/// Bytes per stored weight for `--weights` on `backend`.
+/// Bytes per stored weight for `--weights` on `backend` (quantized formats rounded up to 1:
+/// the GB/s figure is then an upper bound for them).
 fn weight_bytes(backend: &str, weights: &str, gguf: bool) -> u64 {
     match (backend, weights) {
         (_, "f32") => 4,
         (_, "f16") | (_, "bf16") => 2,
         ("cuda", _) => 2,
+        ("cpu", "native") | ("cpu", "q8_0") => 1,
+        ("cpu", "auto") if gguf => 1,
         (_, _) if gguf => 2,
         _ => 4,
     }
@@ -312,6 +315,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let wb = weight_bytes(&a.model.backend, &a.model.weights, is_gguf);
     let gb = (params * wb) as f64 / 1e9;
     let _ = writeln!(report, "backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}", b.name(), tc.layers, tc.hidden, tc.vocab, d.cfg.markov_rank);
+    let _ = writeln!(report, "target matmul kernels: {}", t.kernel_paths(b));
     let _ = writeln!(report, "prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", a.budget, a.candidates, r);
     let _ = writeln!(report, "| part | what | median ms | min ms |");
     let _ = writeln!(report, "|---|---|---|---|");
@@ -332,6 +336,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             .collect();
         let v = serde_json::json!({
             "backend": b.name(),
+            "kernels": t.kernel_paths(b),
             "target": {"layers": tc.layers, "hidden": tc.hidden, "vocab": tc.vocab, "heads": tc.n_heads, "kv_heads": tc.n_kv_heads, "head_dim": tc.head_dim, "intermediate": tc.intermediate},
             "drafter": {"block_size": bk, "markov_rank": d.cfg.markov_rank, "layers": d.cfg.layers},
             "prefill": p, "budget": a.budget, "candidates": a.candidates, "max_fanout": a.max_fanout, "ctx_rows": lc,

@@ -86,6 +86,23 @@ pub fn unpermute_rows(data: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// [`unpermute_rows`] on raw bytes: `data` holds `rows` equal-sized rows (ggml blocks).
+pub fn permute_row_bytes(data: &[u8], rows: usize, n_heads: usize) -> Vec<u8> {
+    let rb = data.len() / rows;
+    let hd = rows / n_heads;
+    let mut out = vec![0u8; data.len()];
+    for h in 0..n_heads {
+        for j in 0..hd / 2 {
+            for half in 0..2 {
+                let src = h * hd + 2 * j + half;
+                let dst = h * hd + half * hd / 2 + j;
+                out[dst * rb..(dst + 1) * rb].copy_from_slice(&data[src * rb..(src + 1) * rb]);
+            }
+        }
+    }
+    out
+}
+
 impl GgufSource {
     /// Open and index a GGUF file.
     pub fn open(path: &Path) -> Result<Self> {
@@ -110,7 +127,45 @@ impl GgufSource {
     }
 }
 
+impl GgufSource {
+    /// Heads whose rows llama.cpp permuted in GGUF tensor `g` (llama architecture Q/K), if any.
+    fn permuted_heads(&self, g: &str) -> Option<usize> {
+        if self.arch != "llama" {
+            None
+        } else if g.contains(".attn_q.") {
+            Some(self.n_heads)
+        } else if g.contains(".attn_k.") {
+            Some(self.n_kv_heads)
+        } else {
+            None
+        }
+    }
+}
+
 impl TensorSource for GgufSource {
+    fn ggml_type(&self, name: &str) -> Option<u32> {
+        gguf_name(name).and_then(|g| self.file.tensor(&g)).map(|t| t.ggml_type)
+    }
+
+    fn load_ggml(&self, name: &str, shape: [usize; 2]) -> Result<Option<sparkling_core::GgmlWeight>> {
+        let g = gguf_name(name)
+            .ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
+        let info = self.file.tensor(&g).ok_or_else(|| Error::tensor(&self.file.path, &g, "tensor not found"))?;
+        if info.shape() != shape {
+            return Err(Error::tensor(&self.file.path, &g, format!("expected shape {shape:?}, found {:?}", info.shape())));
+        }
+        let ggml_type = info.ggml_type;
+        let raw = self.file.tensor_data(&g).map_err(|e| Error::tensor(&self.file.path, &g, e.to_string()))?;
+        let [n, k] = shape;
+        // Rows are whole runs of blocks, so the Q/K un-permutation moves row byte ranges.
+        let bytes = match self.permuted_heads(&g) {
+            Some(h) if n > 0 && raw.len() % n == 0 && n % h == 0 => permute_row_bytes(raw, n, h),
+            Some(_) => return Err(Error::tensor(&self.file.path, &g, format!("{n} rows do not split into heads"))),
+            None => raw.to_vec(),
+        };
+        Ok(Some(sparkling_core::GgmlWeight { ggml_type, n, k, bytes }))
+    }
+
     fn path(&self) -> &Path {
         &self.file.path
     }
@@ -127,18 +182,7 @@ impl TensorSource for GgufSource {
         let g = gguf_name(name)
             .ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
         let (shape, data) = self.file.tensor_f32(&g).map_err(|e| Error::tensor(&self.file.path, &g, e.to_string()))?;
-        let permuted_heads = if self.arch == "llama" {
-            if g.contains(".attn_q.") {
-                Some(self.n_heads)
-            } else if g.contains(".attn_k.") {
-                Some(self.n_kv_heads)
-            } else {
-                None
-            }
-        } else {
-            None
-        };
-        let data = match permuted_heads {
+        let data = match self.permuted_heads(&g) {
             Some(h) => {
                 let cols = if shape.len() == 2 { shape[1] } else { 1 };
                 unpermute_rows(&data, h, cols)

@@ -31,6 +31,21 @@ pub trait TensorSource {
     /// Load and convert one tensor. Errors name the file and tensor.
     fn load(&self, name: &str) -> Result<HostTensor>;
 
+    /// The ggml type id of tensor `name` when the source stores ggml blocks (GGUF); `None` for
+    /// other sources and missing tensors.
+    fn ggml_type(&self, name: &str) -> Option<u32> {
+        let _ = name;
+        None
+    }
+
+    /// Tensor `name` as stored (ggml blocks, HF row order), checked to be a matrix of `shape`
+    /// `[n, k]`; `Ok(None)` for sources that do not store ggml blocks. Errors name the file and
+    /// tensor (missing, wrong shape).
+    fn load_ggml(&self, name: &str, shape: [usize; 2]) -> Result<Option<sparkling_core::GgmlWeight>> {
+        let _ = (name, shape);
+        Ok(None)
+    }
+
     /// Load a tensor and check its shape; the error names the tensor, expected and found shape.
     fn load_shaped(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
         let t = self.load(name)?;

@@ -57,8 +57,15 @@ pub struct LayerDims {
     pub qk_norm: bool,
 }
 
-/// Load a `[n, k]` matrix by name and upload it.
+/// Load a `[n, k]` matrix by name and upload it: in its stored ggml format when the source
+/// holds ggml blocks and the backend keeps that type ([`Backend::accepts_ggml`]), else
+/// dequantized to f32.
 pub fn load_matrix<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usize, k: usize) -> Result<B::Weight> {
+    if src.ggml_type(name).is_some_and(|t| b.accepts_ggml(t)) {
+        if let Some(g) = src.load_ggml(name, [n, k])? {
+            return b.upload_weight_ggml(g).map_err(|e| Error::tensor(src.path(), name, e.to_string()));
+        }
+    }
     let t = src.load_shaped(name, &[n, k])?;
     Ok(b.upload_weight(t.data, n, k)?)
 }

@@ -94,6 +94,20 @@ impl<B: Backend> Target<B> {
         KvCache::new(b, self.cfg.layers, capacity, self.cfg.n_kv_heads * self.cfg.head_dim)
     }
 
+    /// The matmul kernel paths this target's weights run on ([`Backend::weight_kernel`]), each
+    /// with its number of matrices, e.g. `avx2 int8 (maddubs), q4_1 weights ×210`.
+    pub fn kernel_paths(&self, b: &B) -> String {
+        let mut counts: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+        let mut add = |w: &B::Weight| *counts.entry(b.weight_kernel(w)).or_default() += 1;
+        for l in &self.layers {
+            for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                add(w);
+            }
+        }
+        add(self.lm_head());
+        counts.iter().map(|(k, n)| format!("{k} ×{n}")).collect::<Vec<_>>().join("; ")
+    }
+
     /// The lm_head weight (the embedding when tied).
     pub fn lm_head(&self) -> &B::Weight {
         self.lm_head.as_ref().unwrap_or(&self.embed)

@@ -72,3 +72,97 @@ pub fn asset(name: &str) -> Option<PathBuf> {
 }
 
 pub const ARCHS: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3];
+
+/// A checkpoint served as ggml blocks of `ggml_type` (Q4_0 or Q4_1): every matrix whose rows
+/// are a multiple of 32 values is quantized on the fly with ggml's reference quantizers
+/// (`quantize_row_q4_0_ref`, `quantize_row_q4_1_ref`), the way a GGUF file would hold it.
+pub struct Quant4Source {
+    pub inner: Box<dyn sparkling::loader::TensorSource>,
+    pub ggml_type: u32,
+}
+
+/// ggml's reference 4-bit quantization of one row (`x.len()` a multiple of 32) into blocks.
+pub fn quantize_row_q4(ggml_type: u32, x: &[f32]) -> Vec<u8> {
+    use half::f16;
+    let mut out = Vec::new();
+    for blk in x.chunks_exact(32) {
+        let mut codes = [0u8; 32];
+        if ggml_type == sparkling::core::ggml::Q4_1 {
+            let min = blk.iter().copied().fold(f32::INFINITY, f32::min);
+            let max = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let d = (max - min) / 15.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            for (c, &v) in codes.iter_mut().zip(blk) {
+                *c = (((v - min) * id + 0.5) as u8).min(15);
+            }
+            out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+            out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+        } else {
+            let max = blk.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+            let d = max / -8.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            for (c, &v) in codes.iter_mut().zip(blk) {
+                *c = ((v * id + 8.5) as i8).clamp(0, 15) as u8;
+            }
+            out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        }
+        for j in 0..16 {
+            out.push(codes[j] | (codes[j + 16] << 4));
+        }
+    }
+    out
+}
+
+impl sparkling::loader::TensorSource for Quant4Source {
+    fn path(&self) -> &Path {
+        self.inner.path()
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+    fn names(&self) -> Vec<String> {
+        self.inner.names()
+    }
+    fn load(&self, name: &str) -> sparkling::Result<sparkling::loader::HostTensor> {
+        self.inner.load(name)
+    }
+    fn ggml_type(&self, _name: &str) -> Option<u32> {
+        Some(self.ggml_type)
+    }
+    fn load_ggml(&self, name: &str, shape: [usize; 2]) -> sparkling::Result<Option<sparkling::core::GgmlWeight>> {
+        let t = self.inner.load_shaped(name, &shape)?;
+        let [n, k] = shape;
+        if k % 32 != 0 {
+            return Ok(None);
+        }
+        let bytes = t.data.chunks_exact(k).flat_map(|r| quantize_row_q4(self.ggml_type, r)).collect();
+        Ok(Some(sparkling::core::GgmlWeight { ggml_type: self.ggml_type, n, k, bytes }))
+    }
+}
+
+/// Write a random target of `arch` and load it on `b` with its matrices as `weights`:
+/// `"q8_0"` (the backend quantizes at upload) or `"q4_0"` / `"q4_1"` (ggml blocks from
+/// [`Quant4Source`], kept as stored).
+pub fn random_quant_target(dir: &Path, arch: Arch, vocab: usize, seed: u64, weights: &str) -> Target<CpuBackend> {
+    use sparkling::cpu::WeightDtype;
+    let cfg = tiny_target_config(arch, vocab);
+    write_random_target(dir, &cfg, seed, StoreDtype::F32).expect("write target");
+    let (cp, v) = read_json(dir).expect("config");
+    let cfg = TargetConfig::from_hf_json(&cp, &v).expect("parse config");
+    let src = open_source(dir).expect("open");
+    let (dtype, t) = match weights {
+        "q8_0" => (WeightDtype::Q8_0, None),
+        "q4_0" => (WeightDtype::Native, Some(sparkling::core::ggml::Q4_0)),
+        "q4_1" => (WeightDtype::Native, Some(sparkling::core::ggml::Q4_1)),
+        other => panic!("random_quant_target: unknown weights {other}"),
+    };
+    let b = CpuBackend::with_weight_dtype(dtype);
+    let target = match t {
+        None => Target::load(&b, src.as_ref(), cfg, &|_, _| {}),
+        Some(ggml_type) => Target::load(&b, &Quant4Source { inner: src, ggml_type }, cfg, &|_, _| {}),
+    }
+    .expect("load quantized target");
+    let kinds = target.kernel_paths(&b);
+    assert!(kinds.contains(weights), "{weights} target runs on {kinds}");
+    target
+}

@@ -96,6 +96,35 @@ pub struct SampleParams {
     pub top_p: f32,
 }
 
+/// ggml type ids of the weight formats a backend may keep as stored (the `ggml_type` field of
+/// a GGUF tensor info, numbered as in `ggml.h` / gguf.md).
+pub mod ggml {
+    /// 32-bit IEEE float.
+    pub const F32: u32 = 0;
+    /// 16-bit IEEE half float.
+    pub const F16: u32 = 1;
+    /// 4-bit, 32-value blocks of 18 bytes: f16 scale `d`, 16 nibble bytes; `x = d·(q − 8)`.
+    pub const Q4_0: u32 = 2;
+    /// 4-bit, 32-value blocks of 20 bytes: f16 `d`, f16 min `m`, 16 nibble bytes; `x = d·q + m`.
+    pub const Q4_1: u32 = 3;
+    /// 8-bit, 32-value blocks of 34 bytes: f16 `d`, 32 signed bytes; `x = d·q`.
+    pub const Q8_0: u32 = 8;
+}
+
+/// A weight matrix `[n, k]` exactly as a GGUF file stores it (HF row order): `n` rows of `k`
+/// values, each row a run of ggml blocks of type `ggml_type` (see [`ggml`]), rows back to back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgmlWeight {
+    /// ggml type id of the blocks.
+    pub ggml_type: u32,
+    /// Output features (rows).
+    pub n: usize,
+    /// Input features (values per row; a multiple of the type's block size).
+    pub k: usize,
+    /// `n` rows of `k / block · block_bytes` bytes.
+    pub bytes: Vec<u8>,
+}
+
 /// A compute backend: buffers plus the coarse ops of design §3.
 ///
 /// Implementations must be deterministic: the same inputs give bit-identical outputs, and an
@@ -134,6 +163,26 @@ pub trait Backend: Send + Sync {
     fn upload_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<Self::Weight>;
     /// `(N, K)` of a weight.
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
+    /// Whether [`Backend::upload_weight_ggml`] keeps weights of ggml type `ggml_type` in a
+    /// form of their own (quantized blocks stay quantized). Default: `false` — the loader then
+    /// dequantizes to f32 and calls [`Backend::upload_weight`], so device backends need not
+    /// know any ggml format.
+    fn accepts_ggml(&self, ggml_type: u32) -> bool {
+        let _ = ggml_type;
+        false
+    }
+    /// Upload a weight in its stored ggml format (only called when [`Backend::accepts_ggml`]
+    /// says yes). Errors: [`Error::Shape`] when the byte count does not fit `[n, k]` of that
+    /// type; the default is [`Error::Unavailable`] (the backend takes f32 only).
+    fn upload_weight_ggml(&self, w: GgmlWeight) -> Result<Self::Weight> {
+        Err(Error::Unavailable(format!("this backend keeps no ggml type {} weights ([{}, {}]): upload f32", w.ggml_type, w.n, w.k)))
+    }
+    /// A short description of the matmul kernel path a weight runs on (e.g. `avx2 int8, q4_1`),
+    /// for `sparkling profile` and the stats. Default: the backend's name.
+    fn weight_kernel(&self, w: &Self::Weight) -> String {
+        let _ = w;
+        self.name()
+    }
 
     /// `out[i] = table[ids[i]]` → `[ids.len(), K]`. Errors on an id `≥ N`.
     fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;

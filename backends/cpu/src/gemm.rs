@@ -116,11 +116,8 @@ pub fn matmul(x: &[f32], m: usize, w: &Packed, bias: Option<&[f32]>) -> Vec<f32>
 fn compute_group(x: &[f32], m: usize, k: usize, w: &Packed, p0: usize, pn: usize, buf: &mut [f32], width: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            // SAFETY: the features were detected on this CPU just above.
+        if crate::isa::active() >= crate::isa::Isa::Avx2 {
+            // SAFETY: `isa::active` only reports Avx2 when avx2, fma and f16c were detected.
             unsafe { avx::compute_group(x, m, k, w, p0, pn, buf, width) };
             return;
         }

@@ -13,8 +13,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the features were detected on this CPU just above.
+        if crate::isa::active() >= crate::isa::Isa::Avx2 {
+            // SAFETY: `isa::active` only reports Avx2 when avx2 and fma were detected.
             return unsafe { dot_avx2(a, b) };
         }
     }
@@ -25,7 +25,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn simd_name() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if crate::isa::active() >= crate::isa::Isa::Avx2 {
             return "avx2+fma";
         }
     }

@@ -1,20 +1,24 @@
-//! CPU reference backend: plain Rust, multithreaded with rayon, f32 weights and accumulation.
+//! CPU reference backend: plain Rust, multithreaded with rayon; f32/f16 weights in packed
+//! panels ([`gemm`]) or ggml 32-value quantized blocks with integer dot products ([`quant`]).
 //!
-//! Every output element is produced by one sequential reduction whose order does not depend on
-//! how many rows share the call, so results are bit-identical between a 1-row decode step and a
-//! 65-row tree verify (the property the exactness tests rely on).
+//! Every output element is produced by one reduction whose order does not depend on how many
+//! rows share the call or on the thread count, so results are bit-identical between a 1-row
+//! decode step and a 65-row tree verify (the property the exactness tests rely on). The
+//! instruction-set path is chosen at run time ([`isa`]; `SPARKLING_CPU_ISA` forces a lower one).
 #![warn(missing_docs)]
 
 // Lint allowed here, not in gemm.rs, while the quantized-weights branch rewrites that file.
 #[allow(clippy::needless_range_loop)]
 pub mod gemm;
+pub mod isa;
 mod kernels;
+pub mod quant;
 pub mod select;
 
 use kernels::dot;
 use rayon::prelude::*;
 use sparkling_core::select::{ancestor_table, check_markov_table_args};
-use sparkling_core::{AttnMask, AttnShape, Backend, CandidateTable, Error, Result, SampleParams, TopK};
+use sparkling_core::{ggml, AttnMask, AttnShape, Backend, CandidateTable, Error, GgmlWeight, Result, SampleParams, TopK};
 
 /// An `f32 [rows, cols]` row-major host tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,19 +31,56 @@ pub struct CpuTensor {
     pub data: Vec<f32>,
 }
 
-/// A `[n, k]` weight matrix (HF layout, `y = x·Wᵀ`), packed into column panels for the
-/// matmul kernel (see [`gemm`]).
+/// A `[n, k]` weight matrix (HF layout, `y = x·Wᵀ`) in the form its matmul kernel reads.
 #[derive(Debug, Clone)]
 pub struct CpuWeight {
     /// Output features.
     pub n: usize,
     /// Input features.
     pub k: usize,
-    /// Packed values.
-    pub packed: gemm::Packed,
+    /// The stored values.
+    pub data: WeightData,
 }
 
-/// Precision in which the CPU backend stores uploaded weights.
+/// How a [`CpuWeight`] is stored.
+#[derive(Debug, Clone)]
+pub enum WeightData {
+    /// f32 or f16 values packed into column panels ([`gemm`]).
+    Panels(gemm::Packed),
+    /// ggml 32-value blocks ([`quant`]): Q8_0, Q4_0, Q4_1.
+    Quant(quant::QWeight),
+}
+
+impl CpuWeight {
+    /// Row `r` (`k` values) dequantized / widened to f32 into `out` (the embedding lookup).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        match &self.data {
+            WeightData::Panels(p) => p.row_into(r, out),
+            WeightData::Quant(q) => q.row_into(r, out),
+        }
+    }
+
+    /// Storage format name: `f32`, `f16`, or the ggml block format (`q4_1`, …).
+    pub fn format_name(&self) -> &'static str {
+        match &self.data {
+            WeightData::Panels(gemm::Packed { panels: gemm::Panels::F32(_), .. }) => "f32",
+            WeightData::Panels(gemm::Packed { panels: gemm::Panels::F16(_), .. }) => "f16",
+            WeightData::Quant(q) => q.format.name(),
+        }
+    }
+
+    /// Bytes the stored weight occupies.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            WeightData::Panels(gemm::Packed { panels: gemm::Panels::F32(v), .. }) => 4 * v.len(),
+            WeightData::Panels(gemm::Packed { panels: gemm::Panels::F16(v), .. }) => 2 * v.len(),
+            WeightData::Quant(q) => q.bytes(),
+        }
+    }
+}
+
+/// How the CPU backend stores uploaded weights (`--weights`). Costs per weight, bytes read by
+/// every decode step: f32 4 B, f16 2 B, q8_0 1.06 B, Q4_1 0.625 B, Q4_0 0.56 B.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightDtype {
     /// Keep f32 (exact copy of what the loader produced).
@@ -47,6 +88,25 @@ pub enum WeightDtype {
     F32,
     /// Round to f16 at upload (halves memory and decode bandwidth; llama.cpp's F16 format).
     F16,
+    /// Quantize f32 uploads to Q8_0 blocks (ggml's reference quantizer; matrices whose K is not
+    /// a multiple of 32 stay f16). ggml-typed uploads are kept as with [`WeightDtype::Native`].
+    Q8_0,
+    /// Keep GGUF tensors in their stored format where the CPU has a kernel for it (Q8_0,
+    /// Q4_0, Q4_1 blocks; F16; F32); f32 uploads (other formats, dequantized by the
+    /// loader) are stored as f16.
+    Native,
+}
+
+impl WeightDtype {
+    /// Lower-case name as `--weights` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::F16 => "f16",
+            WeightDtype::Q8_0 => "q8_0",
+            WeightDtype::Native => "native",
+        }
+    }
 }
 
 /// The CPU backend. Uses rayon's global pool (`RAYON_NUM_THREADS` sets the thread count).
@@ -86,11 +146,13 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
 
     fn name(&self) -> String {
-        let w = match self.weight_dtype {
-            WeightDtype::F32 => "f32",
-            WeightDtype::F16 => "f16",
-        };
-        format!("cpu ({} threads, {}, {w} weights)", rayon::current_num_threads(), kernels::simd_name())
+        format!(
+            "cpu ({} threads, {}, {} weights, isa {})",
+            rayon::current_num_threads(),
+            kernels::simd_name(),
+            self.weight_dtype.name(),
+            isa::active().name()
+        )
     }
 
     fn host_memory(&self) -> bool {
@@ -127,8 +189,55 @@ impl Backend for CpuBackend {
         if data.len() != n * k {
             return Err(shape_err("upload_weight", format!("{} values for [{n}, {k}]", data.len())));
         }
-        let packed = gemm::Packed::pack(&data, n, k, self.weight_dtype == WeightDtype::F16);
-        Ok(CpuWeight { n, k, packed })
+        if self.weight_dtype == WeightDtype::Q8_0 && k.is_multiple_of(quant::QK) && k > 0 {
+            let q = quant::QWeight::quantize_q8_0(&data, n, k).map_err(|e| Error::Invalid(format!("upload_weight: {e}")))?;
+            return Ok(CpuWeight { n, k, data: WeightData::Quant(q) });
+        }
+        let f16 = self.weight_dtype != WeightDtype::F32;
+        let packed = gemm::Packed::pack(&data, n, k, f16);
+        Ok(CpuWeight { n, k, data: WeightData::Panels(packed) })
+    }
+
+    fn accepts_ggml(&self, ggml_type: u32) -> bool {
+        let native = matches!(self.weight_dtype, WeightDtype::Native | WeightDtype::Q8_0);
+        native && (quant::QFormat::from_ggml(ggml_type).is_some() || ggml_type == ggml::F16 || ggml_type == ggml::F32)
+    }
+
+    fn upload_weight_ggml(&self, w: GgmlWeight) -> Result<CpuWeight> {
+        let GgmlWeight { ggml_type, n, k, bytes } = w;
+        let floats = |width: usize| -> Result<()> {
+            if bytes.len() != n * k * width {
+                return Err(shape_err("upload_weight_ggml", format!("{} bytes for a [{n}, {k}] weight of ggml type {ggml_type}", bytes.len())));
+            }
+            Ok(())
+        };
+        let data = match (quant::QFormat::from_ggml(ggml_type), ggml_type) {
+            (Some(f), _) => WeightData::Quant(
+                quant::QWeight::from_ggml(f, &bytes, n, k).map_err(|e| shape_err("upload_weight_ggml", e))?,
+            ),
+            (None, ggml::F16) => {
+                floats(2)?;
+                let vals: Vec<f32> = bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+                WeightData::Panels(gemm::Packed::pack(&vals, n, k, true))
+            }
+            (None, ggml::F32) => {
+                floats(4)?;
+                let vals: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                WeightData::Panels(gemm::Packed::pack(&vals, n, k, false))
+            }
+            (None, other) => return Err(Error::Unavailable(format!("upload_weight_ggml: the CPU backend has no kernel for ggml type {other}"))),
+        };
+        Ok(CpuWeight { n, k, data })
+    }
+
+    fn weight_kernel(&self, w: &CpuWeight) -> String {
+        let path = match (&w.data, isa::active()) {
+            (WeightData::Quant(_), isa::Isa::Avx2) => "avx2 int8 (maddubs)",
+            (WeightData::Quant(_), isa::Isa::Scalar) => "scalar int8",
+            (WeightData::Panels(_), isa::Isa::Avx2) => "avx2+fma f32",
+            (WeightData::Panels(_), isa::Isa::Scalar) => "scalar f32",
+        };
+        format!("{path}, {} weights", w.format_name())
     }
 
     fn weight_shape(&self, w: &CpuWeight) -> (usize, usize) {
@@ -143,7 +252,7 @@ impl Backend for CpuBackend {
             if id >= table.n {
                 return Err(Error::Invalid(format!("token id {id} out of range for an embedding table of {} rows", table.n)));
             }
-            table.packed.row_into(id, row);
+            table.row_into(id, row);
         }
         Ok(CpuTensor { rows: ids.len(), cols: k, data })
     }
@@ -162,7 +271,10 @@ impl Backend for CpuBackend {
         if m == 0 {
             return Ok(CpuTensor { rows: 0, cols: n, data: Vec::new() });
         }
-        let data = gemm::matmul(&x.data, m, &w.packed, bias);
+        let data = match &w.data {
+            WeightData::Panels(p) => gemm::matmul(&x.data, m, p, bias),
+            WeightData::Quant(q) => quant::matmul(isa::active(), &x.data, m, q, bias),
+        };
         Ok(CpuTensor { rows: m, cols: n, data })
     }
 
@@ -436,7 +548,7 @@ mod tests {
             // and against an f64 reference
             let mut wd = vec![0.0f32; n * k];
             for (j, row) in wd.chunks_mut(k).enumerate() {
-                w.packed.row_into(j, row);
+                w.row_into(j, row);
             }
             for i in 0..m {
                 for j in 0..n {
