@@ -268,6 +268,9 @@ pub struct QActs {
     s: Vec<f32>,
 }
 
+/// One row's slices of [`QActs`] (codes, scales, code sums, scaled sums) with its index.
+type RowSlices<'a> = (usize, (((&'a mut [u8], &'a mut [f32]), &'a mut [i32]), &'a mut [f32]));
+
 /// Quantize `x` (`m` rows of `k` values, `k` a multiple of 32; checked by the caller). Rows
 /// are independent (and run in parallel for large inputs); the AVX2 version does the same
 /// exactly rounded operations as [`quantize_block`] (finite inputs give identical codes).
@@ -275,7 +278,7 @@ pub fn quantize_acts(x: &[f32], m: usize, k: usize) -> QActs {
     let nb = k / QK;
     let mut a = QActs { m, k, nb, qs: vec![0; m * k], d: vec![0.0; m * nb], sq: vec![0; m * nb], s: vec![0.0; m * nb] };
     let avx2 = cfg!(target_arch = "x86_64") && crate::isa::detected() >= Isa::Avx2;
-    let row = |(i, (((q, d), sq), s)): (usize, (((&mut [u8], &mut [f32]), &mut [i32]), &mut [f32]))| {
+    let row = |(i, (((q, d), sq), s)): RowSlices<'_>| {
         let xr = &x[i * k..(i + 1) * k];
         for b in 0..nb {
             let (xb, qb) = (&xr[b * QK..(b + 1) * QK], &mut q[b * QK..(b + 1) * QK]);
