@@ -158,11 +158,10 @@ fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
 pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let mut tmp = create_temp_dir(dir, "tmp")?;
     build(&tmp.path)?;
-    if !dir.exists() || std::fs::read_dir(dir).is_ok_and(|mut r| r.next().is_none()) {
-        if std::fs::rename(&tmp.path, dir).is_ok() {
-            tmp.keep = true;
-            return Ok(());
-        }
+    let empty = !dir.exists() || std::fs::read_dir(dir).is_ok_and(|mut r| r.next().is_none());
+    if empty && std::fs::rename(&tmp.path, dir).is_ok() {
+        tmp.keep = true;
+        return Ok(());
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, format!("cannot create directory: {e}")))?;
     let rd = std::fs::read_dir(&tmp.path).map_err(|e| Error::file(&tmp.path, e.to_string()))?;

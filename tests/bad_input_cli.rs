@@ -161,7 +161,7 @@ fn untrained_drafter_cache_recovers_from_a_half_written_entry() {
     let o = generate_dspark(d.path(), &t);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read(&w).unwrap(), bytes);
-    assert_eq!(listing(&e.parent().unwrap()), vec!["tiny-dspark-random"]);
+    assert_eq!(listing(e.parent().unwrap()), vec!["tiny-dspark-random"]);
 }
 
 #[test]

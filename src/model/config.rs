@@ -183,7 +183,7 @@ impl Check<'_> {
     }
     /// The attention geometry: positive counts, KV heads dividing the query heads, an even head
     /// size; `derived_head_dim`: head_dim was not given, so the heads must divide the hidden size.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; MSRV is 1.85
     fn geometry(&self, hidden: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, derived_head_dim: bool, intermediate: usize, rms_eps: f32, rope_theta: f32) -> Result<()> {
         self.count("hidden_size", hidden, MAX_DIM)?;
         self.count("num_attention_heads", n_heads, MAX_DIM)?;

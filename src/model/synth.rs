@@ -123,7 +123,7 @@ fn check_alloc(dir: &Path, params: f64, dtype: StoreDtype) -> Result<()> {
     let per = 4.0 + if dtype == StoreDtype::F32 { 4.0 } else { 2.0 };
     let bytes = params * per;
     let gb = bytes / 1e9;
-    if !(bytes < (isize::MAX / 2) as f64) || Vec::<u8>::new().try_reserve_exact(bytes as usize).is_err() {
+    if bytes.is_nan() || bytes >= (isize::MAX / 2) as f64 || Vec::<u8>::new().try_reserve_exact(bytes as usize).is_err() {
         return Err(Error::file(dir, format!("a checkpoint of {params:.3e} values needs {gb:.1} GB of memory to write, which cannot be allocated here")));
     }
     Ok(())
