@@ -4,7 +4,7 @@
 //! candidates per depth, Ld = 16 depth rows, V = 49152, rank-64 random Markov head.
 //! Benches:
 //! - `ddtree_topk_prep`: [`depth_topk`] (full-vocab log-softmax + per-depth top-64).
-//! - `ddtree_heap`: [`build_ddtree`] on a precomputed `DepthTopK` (host heap only).
+//! - `ddtree_heap`: [`build_ddtree`] on a precomputed `TopK` (host heap only).
 //! - `sparkling_table_prep`: [`candidate_table`] (union, dense bias, per-(d,p) top-k).
 //! - `sparkling_heap`: [`build_sparkling_precompute`] on a prebuilt table (host heap only).
 //! - `sparkling_lazy_prep`: [`LazyCandidates::new`] (union + gathers; what the CPU engine runs).
