@@ -4,7 +4,7 @@
 //! candidates per depth, Ld = 16 depth rows, V = 49152, rank-64 random Markov head.
 //! Benches:
 //! - `ddtree_topk_prep`: [`depth_topk`] (full-vocab log-softmax + per-depth top-64).
-//! - `ddtree_heap`: [`build_ddtree`] on a precomputed `DepthTopK` (host heap only).
+//! - `ddtree_heap`: [`build_ddtree`] on a precomputed `TopK` (host heap only).
 //! - `sparkling_table_prep`: [`candidate_table`] (union, dense bias, per-(d,p) top-k).
 //! - `sparkling_heap`: [`build_sparkling_precompute`] on a prebuilt table (host heap only).
 //! - `sparkling_lazy_prep`: [`LazyCandidates::new`] (union + gathers; what the CPU engine runs).
@@ -33,11 +33,7 @@ struct SplitMix64(u64);
 
 impl SplitMix64 {
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        sparkling::decode::rng::splitmix64_next(&mut self.0)
     }
     /// Uniform in [-1, 1).
     fn sym(&mut self) -> f32 {

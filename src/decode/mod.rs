@@ -1,7 +1,9 @@
 //! The one decode loop (design §1): prefill, then rounds of draft → propose tree → verify with
 //! tree attention → accept (greedy walk or sample-and-match) → commit path + bonus → compact KV
-//! → carry the accepted rows' taps as the next drafter context. Methods differ only in the
-//! drafter they need and the proposer they use.
+//! → carry the accepted rows' taps (the target's tapped-layer features) as the next drafter
+//! context. Methods differ only in the drafter they need and the proposer they use. Words: the
+//! *root* is node 0 of a draft tree, the *anchor* its token (the last committed token), at
+//! position `root_pos`; *taps* are the target's tapped-layer features (the drafter's context).
 
 pub mod propose;
 pub mod rng;
@@ -219,7 +221,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             Some(d) if p.method == Method::Sparkling && tree_params.prep == TreePrep::Device => d.markov_device(b)?,
             _ => None,
         };
-        let taps: Vec<usize> = drafter.map(|d| d.cfg.target_layer_ids.clone()).unwrap_or_default();
+        let tap_layers: Vec<usize> = drafter.map(|d| d.cfg.target_layer_ids.clone()).unwrap_or_default();
         let mut cache = self.target.new_cache(b, capacity)?;
         let mut dcache = match drafter {
             Some(d) => Some(d.new_cache(b, capacity + d.cfg.block_size)?),
@@ -229,11 +231,11 @@ impl<'a, B: Backend> Engine<'a, B> {
         // Prefill: the first generated token comes from the last prompt row.
         let t0 = Instant::now();
         let positions: Vec<u32> = (0..prompt.len() as u32).collect();
-        let pre = self.target.forward(b, &mut cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &taps)?;
+        let pre = self.target.forward(b, &mut cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &tap_layers)?;
         let first = pick(b, &pre.logits, p, &[prompt.len() as u64]).await?[0];
         stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let mut ctx = pre.taps;
-        let mut root = first;
+        let mut taps = pre.taps;
+        let mut anchor = first;
         let mut root_pos = prompt.len();
         let mut stopped = self.push(&mut out, &[first], p, on_tokens);
         let decode_start = Instant::now();
@@ -242,16 +244,16 @@ impl<'a, B: Backend> Engine<'a, B> {
         while !stopped && out.len() < p.max_new_tokens {
             // 1. Draft and propose.
             let t = Instant::now();
-            let prop = match (drafter, dcache.as_mut(), ctx.as_ref()) {
+            let prop = match (drafter, dcache.as_mut(), taps.as_ref()) {
                 (Some(d), Some(dc), Some(c)) => {
-                    let logits = d.draft(b, self.target, dc, c, root, root_pos)?;
+                    let logits = d.draft(b, self.target, dc, c, anchor, root_pos)?;
                     let forward_ms = ms(t);
                     let draft = DraftLogits { logits: &logits, depth: d.cfg.draft_depth(), vocab: d.cfg.vocab, markov: d.markov.as_ref(), markov_dev };
-                    let prop = propose(b, p.method, &draft, root, &tree_params).await?;
+                    let prop = propose(b, p.method, &draft, anchor, &tree_params).await?;
                     stats.draft_ms += forward_ms;
                     prop
                 }
-                _ => Proposal::root(root),
+                _ => Proposal::root(anchor),
             };
             let tree = &prop.tree;
 
@@ -265,7 +267,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                 &positions,
                 AttnMask::Tree { parents: &tree.parents },
                 LogitRows::All,
-                &taps,
+                &tap_layers,
             )?;
             stats.verify_ms += ms(t);
 
@@ -292,11 +294,11 @@ impl<'a, B: Backend> Engine<'a, B> {
             let t = Instant::now();
             cache.compact(b, root_pos, &accepted)?;
             if let Some(tp) = ver.taps {
-                ctx = Some(b.gather_rows(&tp, &accepted)?);
+                taps = Some(b.gather_rows(&tp, &accepted)?);
             }
             stats.compact_ms += ms(t);
             root_pos += accepted.len();
-            root = bonus;
+            anchor = bonus;
             if b.host_memory() {
                 // Host backends never await a device, so without this a browser page would
                 // freeze for the whole generation (GPU backends yield at every read-back).

@@ -1,5 +1,5 @@
 //! Block-diffusion drafters: z-lab DFlash (reference §2.4) and DeepSpec DSpark (§3.5) share
-//! one backbone: context features → `hidden_norm(fc(ctx))` injected as extra K/V rows into every
+//! one backbone: target taps → `hidden_norm(fc(taps))` injected as extra K/V rows into every
 //! layer, non-causal attention over [draft cache ; context ; block], draft cache cropped back to
 //! the root position after each call (§2.5).
 
@@ -144,8 +144,8 @@ impl<B: Backend> Drafter<B> {
         KvCache::new(b, self.cfg.layers, capacity, self.cfg.n_kv_heads * self.cfg.head_dim)
     }
 
-    /// One drafter forward (§2.4 / §3.5). `ctx` holds target taps `[Lc, n_taps*H]` of the
-    /// committed tokens at positions `cache.len .. root_pos` (so `Lc = root_pos - cache.len`);
+    /// One drafter forward (§2.4 / §3.5). `taps` holds the target's tapped-layer features
+    /// `[Lc, n_taps*H]` of the committed tokens at positions `cache.len .. root_pos` (so `Lc = root_pos - cache.len`);
     /// the block is `[anchor, mask × (Bk-1)]` at positions `root_pos ..`. Returns the draft
     /// logits `[depth, V]`: DFlash rows for positions `root_pos+1 ..= root_pos+Bk-1` (in-place
     /// slots 1..Bk), DSpark rows for `root_pos+1 ..= root_pos+Bk` (shifted). The cache ends at
@@ -155,12 +155,12 @@ impl<B: Backend> Drafter<B> {
         b: &B,
         target: &Target<B>,
         cache: &mut KvCache<B>,
-        ctx: &B::Tensor,
+        taps: &B::Tensor,
         anchor: u32,
         root_pos: usize,
     ) -> Result<B::Tensor> {
         let c = &self.cfg;
-        let lc = b.shape(ctx).0;
+        let lc = b.shape(taps).0;
         if cache.len + lc != root_pos {
             return Err(Error::Input(format!(
                 "drafter context covers positions {}..{} but the root is at {root_pos}",
@@ -179,7 +179,7 @@ impl<B: Backend> Drafter<B> {
         let embed = self.embed.as_ref().unwrap_or(&target.embed);
         let mut x = b.embedding(embed, &ids)?;
         let ctx_h = if lc > 0 {
-            let f = b.matmul(ctx, &self.fc, None)?;
+            let f = b.matmul(taps, &self.fc, None)?;
             Some(b.rms_norm(&f, &self.hidden_norm, c.hidden, c.rms_eps)?)
         } else {
             None

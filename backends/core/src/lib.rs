@@ -142,9 +142,10 @@ pub trait Backend: Send + Sync {
     /// Human-readable backend and device name (e.g. `cpu (2 threads)`).
     fn name(&self) -> String;
 
-    /// Whether tensors live in host memory, so a download costs no transfer. The decode loop
-    /// then selects draft candidates on the host (`TreePrep::Host`); device backends keep the
-    /// default `false` and select on the device. Default: `false`.
+    /// Whether tensors live in host memory, so a download costs no transfer. The engine then
+    /// resolves `TreePrep::Auto` to host selection of the draft candidates (and picks smaller
+    /// default trees); device backends keep the default `false` and select on the device.
+    /// Callers of the engine never need to ask. Default: `false`.
     fn host_memory(&self) -> bool {
         false
     }
