@@ -88,8 +88,9 @@ pub enum WeightDtype {
     F32,
     /// Round to f16 at upload (halves memory and decode bandwidth; llama.cpp's F16 format).
     F16,
-    /// Quantize f32 uploads to Q8_0 blocks (ggml's reference quantizer; matrices whose K is not
-    /// a multiple of 32 stay f16). ggml-typed uploads are kept as with [`WeightDtype::Native`].
+    /// Quantize float weights (f32 uploads, GGUF F16/F32) to Q8_0 blocks (ggml's quantizer;
+    /// matrices whose K is not a multiple of 32 stay f16). GGUF Q8_0/Q4_0/Q4_1 blocks are kept
+    /// as stored, as with [`WeightDtype::Native`].
     Q8_0,
     /// Keep GGUF tensors in their stored format where the CPU has a kernel for it (Q8_0,
     /// Q4_0, Q4_1 blocks; F16; F32); f32 uploads (other formats, dequantized by the
@@ -218,11 +219,17 @@ impl Backend for CpuBackend {
             (None, ggml::F16) => {
                 floats(2)?;
                 let vals: Vec<f32> = bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+                if self.weight_dtype == WeightDtype::Q8_0 {
+                    return self.upload_weight(vals, n, k);
+                }
                 WeightData::Panels(gemm::Packed::pack(&vals, n, k, true))
             }
             (None, ggml::F32) => {
                 floats(4)?;
                 let vals: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                if self.weight_dtype == WeightDtype::Q8_0 {
+                    return self.upload_weight(vals, n, k);
+                }
                 WeightData::Panels(gemm::Packed::pack(&vals, n, k, false))
             }
             (None, other) => return Err(Error::Unavailable(format!("upload_weight_ggml: the CPU backend has no kernel for ggml type {other}"))),
@@ -557,6 +564,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn ggml_uploads_keep_or_quantize_by_weight_dtype() {
+        let (n, k) = (9, 64);
+        let vals = pseudo(n * k, 4);
+        let f16_bytes: Vec<u8> = vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+        let g = |t: u32, bytes: Vec<u8>| GgmlWeight { ggml_type: t, n, k, bytes };
+        let native = CpuBackend::with_weight_dtype(WeightDtype::Native);
+        let q8 = CpuBackend::with_weight_dtype(WeightDtype::Q8_0);
+        assert!(!CpuBackend::new().accepts_ggml(ggml::Q4_1), "f32 backends dequantize at the loader");
+        assert!(native.accepts_ggml(ggml::Q4_1) && native.accepts_ggml(ggml::F16) && !native.accepts_ggml(14));
+        assert_eq!(native.upload_weight_ggml(g(ggml::F16, f16_bytes.clone())).unwrap().format_name(), "f16");
+        assert_eq!(q8.upload_weight_ggml(g(ggml::F16, f16_bytes.clone())).unwrap().format_name(), "q8_0");
+        // Q8_0 blocks: d = 0.5, codes 0..32.
+        let block: Vec<u8> = half::f16::from_f32(0.5).to_le_bytes().into_iter().chain(0u8..32).collect();
+        let w = native.upload_weight_ggml(g(ggml::Q8_0, block.repeat(n * k / 32))).unwrap();
+        assert_eq!((w.format_name(), w.bytes()), ("q8_0", 16 * k + 2 * 16 * 2));
+        let mut row = vec![0.0f32; k];
+        w.row_into(n - 1, &mut row);
+        assert_eq!(row[31], 15.5);
+        // Wrong byte counts and unknown types are errors naming the problem, not panics.
+        assert!(matches!(native.upload_weight_ggml(g(ggml::F16, f16_bytes[1..].to_vec())), Err(Error::Shape { .. })));
+        assert!(native.upload_weight_ggml(g(ggml::Q4_1, vec![0; 7])).is_err());
+        assert!(matches!(native.upload_weight_ggml(g(14, vec![])), Err(Error::Unavailable(_))));
     }
 
     #[test]
