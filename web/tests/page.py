@@ -97,7 +97,7 @@ class Driver:
 
     def status(self):
         return self.js("""return {busy: demo.busy, load: document.getElementById('loadinfo').textContent,
-            error: document.getElementById('error').textContent, warn: document.getElementById('warn').textContent,
+            error: document.getElementById('error').textContent + document.getElementById('loaderror').textContent, warn: document.getElementById('warn').textContent,
             stats: document.getElementById('stats').textContent}""")
 
     def quit(self):
@@ -181,9 +181,9 @@ def main():
               "a software WebGPU adapter is detected and the CPU backend suggested and selected")
         click(d, "load")
         d.wait(IDLE, "the load to fail", 120)
-        err = d.js("return document.getElementById('error').textContent")
-        role = d.js("return document.getElementById('error').getAttribute('role')")
-        colour = d.js("return getComputedStyle(document.getElementById('error')).color")
+        err = d.js("return document.getElementById('loaderror').textContent")
+        role = d.js("return document.getElementById('loaderror').getAttribute('role')")
+        colour = d.js("return getComputedStyle(document.getElementById('loaderror')).color")
         check("404" in err and "scripts/fetch-assets smollm2" in err and role == "alert",
               f"a missing default model is an alert that says what to run ({err!r})")
         check(colour != d.js("return getComputedStyle(document.getElementById('loadinfo')).color"), "errors are coloured unlike info")

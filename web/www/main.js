@@ -47,8 +47,8 @@ const fmtMB = (n) => (n / 1e6).toFixed(1);
 const secs = (t0) => ((performance.now() - t0) / 1000).toFixed(1);
 const nextPaint = () => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
 function say(el, text) { el.textContent = text; }
-function showError(msg) { ui.error.textContent = msg; }
-function clearMessages() { ui.error.textContent = ""; ui.warn.textContent = ""; }
+function showError(msg, el = ui.error) { el.textContent = msg; }
+function clearMessages() { for (const id of ["error", "warn", "loaderror", "loadwarn"]) $(id).textContent = ""; }
 
 function setBusy(kind) {
   state.busy = kind;
@@ -271,11 +271,11 @@ async function load() {
     if (ui.method.selectedOptions[0]?.disabled) ui.method.value = "ar";
     if (kinds.length === 0) warnings.push("No drafter loaded: only the plain method (ar) is available.");
     say(ui.loadinfo, `Ready in ${secs(t0)} s: ${targetName}${kinds.length ? ` with the ${kinds.join(" and ")} drafters` : ""}, on ${state.loaded.backend}.`);
-    ui.warn.textContent = warnings.join("\n");
+    $("loadwarn").textContent = warnings.join("\n");
   } catch (e) {
     s?.free();
     say(ui.loadinfo, `Loading failed after ${secs(t0)} s.`);
-    showError(`Could not load the model: ${e.message ?? e}`);
+    showError(`Could not load the model: ${e.message ?? e}`, $("loaderror"));
   } finally {
     setBusy(null);
   }
@@ -331,7 +331,12 @@ function runKey() { return `${ui.prompt.value}\u0000${ui.maxnew.value}`; }
 
 async function generate(method) {
   if (!state.session || state.busy) return null;
-  clearMessages();
+  ui.error.textContent = "";
+  ui.warn.textContent = "";
+  if (state.loadedBackend === "webgpu" && state.softwareGpu && method !== "ar" && !(+ui.budget.value > 0 && +ui.budget.value <= 8)) {
+    ui.warn.textContent = "WebGPU runs on a software renderer here: with a tree size above 8 this can take minutes " +
+      "(Stop ends it). The processor (CPU) backend with tree size 8 is much faster here.";
+  }
   const id = ++state.runId;
   setBusy("gen");
   resetRunView(method);
