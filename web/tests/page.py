@@ -126,10 +126,32 @@ def click(d, id_):
     return d.js("const e = document.getElementById(arguments[0]); if (e.disabled) return false; e.click(); return true;", id_)
 
 
-def load(d, backend, timeout=600):
+def press(d, *keys):
+    acts = []
+    for k in keys:
+        acts += [{"type": "keyDown", "value": k}, {"type": "keyUp", "value": k}]
+    d.call("POST", f"/session/{d.sid}/actions", {"actions": [{"type": "key", "id": "kb", "actions": acts}]})
+
+
+TAB, ENTER = "\ue004", "\ue007"
+
+
+def load(d, backend, timeout=600, keyboard=False):
     set_value(d, "backend", backend)
     t = time.time()
-    click(d, "load")
+    if keyboard:
+        # Tab from the top of the page to the Load button, then Enter: no mouse needed.
+        d.js("document.activeElement?.blur(); window.scrollTo(0, 0)")
+        seen = []
+        for _ in range(30):
+            press(d, TAB)
+            seen.append(d.js("return document.activeElement.id || document.activeElement.tagName"))
+            if seen[-1] == "load":
+                break
+        check(seen[-1] == "load" and "backend" in seen, f"the keyboard reaches Run on and Load ({' → '.join(seen)})")
+        press(d, ENTER)
+    else:
+        click(d, "load")
     check(d.js("return document.getElementById('load').disabled && document.getElementById('go').disabled"), f"{backend}: Load and Generate are disabled while loading")
     d.wait(IDLE, "the load to finish", timeout)
     st = d.status()
@@ -194,7 +216,7 @@ def main():
         d.go(f"{page}/app/")
         d.wait("return document.getElementById('gpuinfo').textContent !== ''", "the WebGPU check")
         default_prompt = d.js("return document.getElementById('prompt').value")
-        load(d, "cpu")
+        load(d, "cpu", keyboard=True)
         r, st = generate(d, "sparkling", 24)
         check(r is not None and not r["cancelled"] and len(r["tokens"]) > 0 and r["text"], "sparkling generates text on the CPU backend")
         n_spans = d.js("return document.querySelectorAll('#out span').length")
