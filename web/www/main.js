@@ -302,7 +302,7 @@ function resetRunView(method) {
 function liveStats(t0, first) {
   const n = state.rounds.reduce((a, r) => a + r.length, 0);
   const steps = state.rounds.length - 1;
-  const tau = steps > 0 ? (n - 1) / steps : 0;
+  const tau = steps > 0 ? (n - state.rounds[0].length) / steps : 0;
   const tps = first && steps > 0 ? (n - 1) / ((performance.now() - first) / 1000) : 0;
   return `${secs(t0)} s · ${n} tokens · ${Math.max(steps, 0)} steps · τ ${tau.toFixed(2)} · ${tps.toFixed(1)} tokens/s`;
 }
@@ -322,8 +322,7 @@ function renderAccept() {
     bar.append(pct);
     ui.accept.append(bar);
   }
-  const tau = acc.reduce((a, x) => a + x + 1, 0) / acc.length;
-  $("acceptaxis").textContent = `depth 1 (left) to ${maxD} (right), over ${acc.length} steps; τ ${tau.toFixed(2)}`;
+  $("acceptaxis").textContent = `guessed token 1 (left) to ${maxD} (right), over ${acc.length} steps`;
   ui.accept.setAttribute("aria-label", `acceptance by depth: ${[...ui.accept.children].map((b) => b.title).join("; ")}`);
 }
 
