@@ -273,7 +273,21 @@ def main():
         sw = d.js("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
         check(sw[0] <= sw[1], f"no sideways scroll at 390 px (scrollWidth {sw[0]}, clientWidth {sw[1]})")
         d.shot("5-phone-390px")
+        d.js("document.getElementById('h-tree').scrollIntoView()")
+        d.shot("5b-phone-390px-lower")
         d.size(1100, 1400)
+
+        print("page test: a local .gguf file through the file picker")
+        el = d.call("POST", f"/session/{d.sid}/element", {"using": "css selector", "value": "#ggufFile"})
+        el = next(iter(el.values()))
+        gguf = os.path.realpath(os.path.join(WWW, "assets", "smollm2-135m-instruct-q4_1.gguf"))
+        d.call("POST", f"/session/{d.sid}/element/{el}/value", {"text": gguf})
+        check(d.js("return document.querySelector('input[name=src]:checked').value") == "file", "picking a file selects “a .gguf file on this computer”")
+        load(d, "cpu")
+        check("smollm2-135m-instruct-q4_1.gguf" in d.status()["load"] and "assets/" not in d.status()["load"], "the picked file is the loaded model")
+        r, st = generate(d, "ar", 8)
+        check(r is not None and r["tokens"] == sparkling_cpu[:8], "the picked file gives the served file's tokens")
+        d.js("document.querySelector('input[name=src][value=server]').checked = true")
 
         if WEBGPU:
             print("page test: the defaults on WebGPU (software adapter: a short run)")

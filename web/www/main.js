@@ -409,7 +409,7 @@ function renderRuns() {
   const ar = [...runs].reverse().find((r) => r.method === "ar");
   for (const r of runs) {
     const tr = body.insertRow();
-    const same = !ar ? "run plain to check" : r.tokens.length === ar.tokens.length && r.tokens.every((t, i) => t === ar.tokens[i]) ? "yes" : "NO";
+    const same = !ar ? "?" : r.tokens.length === ar.tokens.length && r.tokens.every((t, i) => t === ar.tokens[i]) ? "yes" : "NO";
     const cells = [r.method + (r.budget ? ` (tree ${r.budget})` : ""), r.tokens.length, r.tau.toFixed(2), r.tps.toFixed(1),
       ar ? `${(r.tps / ar.tps).toFixed(2)}×` : "—", r.method === "ar" ? "—" : same];
     for (const c of cells) tr.insertCell().textContent = c;
