@@ -287,6 +287,20 @@ def main():
         check("smollm2-135m-instruct-q4_1.gguf" in d.status()["load"] and "assets/" not in d.status()["load"], "the picked file is the loaded model")
         r, st = generate(d, "ar", 8)
         check(r is not None and r["tokens"] == sparkling_cpu[:8], "the picked file gives the served file's tokens")
+
+        print("page test: a local model folder through the folder picker (here: a folder holding the .gguf)")
+        folder = os.path.join(tmp, "picked-model")
+        os.makedirs(folder)
+        shutil.copy(gguf, folder)
+        el = d.call("POST", f"/session/{d.sid}/element", {"using": "css selector", "value": "#dirFile"})
+        el = next(iter(el.values()))
+        d.call("POST", f"/session/{d.sid}/element/{el}/value", {"text": folder})
+        check(d.js("return document.querySelector('input[name=src]:checked').value") == "dir" and d.js("return document.getElementById('dirFile').files.length") == 1,
+              "picking a folder selects “a model folder on this computer”")
+        load(d, "cpu")
+        check("picked-model" in d.status()["load"], "the picked folder is the loaded model")
+        r, st = generate(d, "ar", 8)
+        check(r is not None and r["tokens"] == sparkling_cpu[:8], "the picked folder gives the served file's tokens")
         d.js("document.querySelector('input[name=src][value=server]').checked = true")
 
         if WEBGPU:
