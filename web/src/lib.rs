@@ -18,7 +18,8 @@
 //! s.add_drafter(drafterConfigJsonText, drafterBytes); // DSpark and/or DFlash drafters
 //! s.set_tokenizer(tokenizerJsonText, tokenizerConfigJsonText);
 //! const r = await s.generate_text("Hello!", JSON.stringify({ method: "sparkling", max_new_tokens: 64 }), (ids, text) => ...);
-//! // r: { tokens, text, stopped, tau, tokens_per_s, rounds, prefill_ms, decode_ms, backend }
+//! // r: { tokens, text, stopped, cancelled, tau, tokens_per_s, rounds, prefill_ms, decode_ms, backend }
+//! s.cancel();   // stops every running generation of the session at its next round
 //! ```
 //!
 //! Errors reach JavaScript as exceptions (rejected promises) whose message names the file,
@@ -39,7 +40,8 @@ use sparkling::model::drafter::Drafter;
 use sparkling::model::target::Target;
 use sparkling::tokenizer::TextTokenizer;
 use sparkling_wgpu::{WgpuBackend, WgpuOptions};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::path::Path;
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
@@ -62,6 +64,8 @@ enum Models {
 pub struct Session {
     models: Rc<RefCell<Models>>,
     tokenizer: Rc<RefCell<Option<TextTokenizer>>>,
+    /// Bumped by [`Session::cancel`]: a generation started at another value stops.
+    epoch: Rc<Cell<u64>>,
 }
 
 fn js_err(e: impl std::fmt::Display) -> JsError {
@@ -85,7 +89,15 @@ impl Session {
             "cpu" => Models::Cpu(Loaded { b: CpuBackend::new(), target: None, drafters: Vec::new() }),
             other => return Err(JsError::new(&format!("unknown backend `{other}` (expected \"webgpu\" or \"cpu\")"))),
         };
-        Ok(Session { models: Rc::new(RefCell::new(models)), tokenizer: Rc::new(RefCell::new(None)) })
+        Ok(Session { models: Rc::new(RefCell::new(models)), tokenizer: Rc::new(RefCell::new(None)), epoch: Rc::new(Cell::new(0)) })
+    }
+
+    /// Stop every generation running on this session. Each stops at its next round boundary
+    /// (the engine's next read-back or yield) and resolves with `cancelled: true`, the tokens
+    /// committed so far, and `null` statistics; the models stay borrowed until then, so await
+    /// a cancelled generation's promise before loading. Generations started afterwards run.
+    pub fn cancel(&self) {
+        self.epoch.set(self.epoch.get().wrapping_add(1));
     }
 
     /// The backend and device in use (e.g. `wgpu: SwiftShader Device (BrowserWebGpu, Cpu, …)`).
@@ -187,9 +199,11 @@ impl Session {
     /// the CLI's rule, `sparkling::decode::stop_tokens`: the target's EOS plus the tokenizer's
     /// stop tokens), `tree_prep` (`"auto"`: device on WebGPU, host on the CPU backend). `prompt_ids`: a `Uint32Array` or an array of ids;
     /// `options`: an object or its JSON text. Unknown keys are an error. `on_tokens(ids, text)`, optional, is
-    /// called with each round's committed tokens (and their text when a tokenizer is set).
-    /// Resolves to `{ tokens, text, stopped, tau, tokens_per_s, rounds, prefill_ms, decode_ms,
-    /// backend }`. Several generations may run at once on one session (their rounds
+    /// called with each round's committed tokens (and their text when a tokenizer is set); when
+    /// it returns `false` the generation stops at the round's end (as with [`Session::cancel`]).
+    /// Resolves to `{ tokens, text, stopped, cancelled, tau, tokens_per_s, rounds, prefill_ms,
+    /// decode_ms, method, budget, backend }` (a cancelled run: the tokens so far, `null`
+    /// statistics). Several generations may run at once on one session (their rounds
     /// interleave); loading waits until none is running.
     /// Errors: no target loaded, a method whose drafter kind is not loaded, bad options (the
     /// message names the key), a prompt beyond the context, device failures.
@@ -230,8 +244,10 @@ impl Session {
     /// Run one generation as a promise (the session's models stay borrowed until it settles).
     fn start(&self, ids: Vec<u32>, opts: String, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
         let (models, tokenizer) = (Rc::clone(&self.models), Rc::clone(&self.tokenizer));
+        let (epoch, started) = (Rc::clone(&self.epoch), self.epoch.get());
         wasm_bindgen_futures::future_to_promise(async move {
-            let out = run(&models, &tokenizer, ids, &opts, on_tokens).await.map_err(|e| JsValue::from(js_err(e)))?;
+            let cancelled = move || epoch.get() != started;
+            let out = run(&models, &tokenizer, ids, &opts, on_tokens, &cancelled).await.map_err(|e| JsValue::from(js_err(e)))?;
             js_sys::JSON::parse(&out.to_string())
         })
     }
@@ -372,14 +388,15 @@ async fn run(
     prompt: Vec<u32>,
     options_json: &str,
     on_tokens: Option<js_sys::Function>,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<Value, String> {
     let opts: Value = serde_json::from_str(if options_json.trim().is_empty() { "{}" } else { options_json })
         .map_err(|e| format!("generate options: invalid JSON: {e}"))?;
     let m = models.try_borrow().map_err(|_| BUSY.to_string())?;
     let tok = tokenizer.try_borrow().map_err(|_| BUSY.to_string())?;
     let r = match &*m {
-        Models::Gpu(l) => generate(l, tok.as_ref(), &prompt, &opts, on_tokens.as_ref()).await,
-        Models::Cpu(l) => generate(l, tok.as_ref(), &prompt, &opts, on_tokens.as_ref()).await,
+        Models::Gpu(l) => generate(l, tok.as_ref(), &prompt, &opts, on_tokens.as_ref(), cancelled).await,
+        Models::Cpu(l) => generate(l, tok.as_ref(), &prompt, &opts, on_tokens.as_ref(), cancelled).await,
     };
     r.map_err(|e| e.to_string())
 }
@@ -390,6 +407,7 @@ async fn generate<B: Backend>(
     prompt: &[u32],
     opts: &Value,
     on_tokens: Option<&js_sys::Function>,
+    cancelled: &dyn Fn() -> bool,
 ) -> sparkling::Result<Value> {
     let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target or load_target_gguf first".into()))?;
     let default_stop = stop_tokens(&target.cfg.eos, tok.map_or(&[][..], |t| &t.stop));
@@ -406,19 +424,57 @@ async fn generate<B: Backend>(
     let engine = Engine { backend: &l.b, target, drafter };
     // The first exception thrown by `on_tokens` rejects the promise once the generation ends.
     let mut thrown: Option<String> = None;
+    // Tokens committed so far (a cancelled run resolves with them) and whether `on_tokens`
+    // returned `false`.
+    let mut so_far: Vec<u32> = Vec::new();
+    let stop = Cell::new(false);
     let mut cb = |ids: &[u32]| {
+        so_far.extend_from_slice(ids);
         if let Some(f) = on_tokens {
             let text = tok.and_then(|t| t.decode(ids, false).ok()).map(JsValue::from).unwrap_or(JsValue::NULL);
             let arr = js_sys::Uint32Array::from(ids);
-            if let Err(e) = f.call2(&JsValue::NULL, &arr, &text) {
-                thrown.get_or_insert_with(|| format!("{e:?}"));
+            match f.call2(&JsValue::NULL, &arr, &text) {
+                Ok(v) if v == JsValue::FALSE => stop.set(true),
+                Ok(_) => {}
+                Err(e) => {
+                    thrown.get_or_insert_with(|| format!("{e:?}"));
+                }
             }
         }
     };
-    let g = engine.generate_async(prompt, &p, &mut cb).await?;
+    // Cancellation drops the engine's future at its next await (a read-back, or the CPU
+    // backend's per-round yield); the engine itself has no stop hook.
+    let g = {
+        let mut fut = std::pin::pin!(engine.generate_async(prompt, &p, &mut cb));
+        std::future::poll_fn(|cx| {
+            if stop.get() || cancelled() {
+                return std::task::Poll::Ready(None);
+            }
+            fut.as_mut().poll(cx).map(Some)
+        })
+        .await
+    };
     if let Some(e) = thrown {
         return Err(sparkling::Error::Input(format!("the on_tokens callback threw: {e}")));
     }
+    let Some(g) = g else {
+        let text = tok.and_then(|t| t.decode(&so_far, false).ok());
+        return Ok(json!({
+            "tokens": so_far,
+            "text": text,
+            "stopped": false,
+            "cancelled": true,
+            "tau": null,
+            "tokens_per_s": null,
+            "rounds": null,
+            "prefill_ms": null,
+            "decode_ms": null,
+            "method": p.method.name(),
+            "budget": p.tree.budget,
+            "backend": l.b.name(),
+        }));
+    };
+    let g = g?;
     let text = match tok {
         Some(t) => Some(t.decode(&g.tokens, false)?),
         None => None,
@@ -427,6 +483,7 @@ async fn generate<B: Backend>(
         "tokens": g.tokens,
         "text": text,
         "stopped": g.stopped,
+        "cancelled": false,
         "tau": g.stats.tau(),
         "tokens_per_s": g.stats.tokens_per_s(),
         "rounds": g.stats.rounds,

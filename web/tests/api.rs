@@ -91,3 +91,28 @@ async fn mistakes_give_messages_not_crashes() {
     let r = JsFuture::from(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 3}"#), None)).await.unwrap();
     assert_eq!(tokens(&r).len(), 3);
 }
+
+#[wasm_bindgen_test]
+async fn stop_from_the_callback_or_cancel_ends_a_generation_early() {
+    let s = cpu_session_with_models().await;
+    let long = JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 40}"#);
+    // `on_tokens` returning false stops at the end of that round: prefill + 2 ar rounds.
+    let counter = Object::new();
+    let stop_at_3 = Function::new_with_args("ids, text", "this.n = (this.n || 0) + 1; return this.n < 3;").bind0(&counter);
+    let r = JsFuture::from(s.generate(ids(&[1, 2]), long.clone(), Some(stop_at_3))).await.unwrap();
+    assert_eq!(field(&r, "cancelled"), JsValue::TRUE);
+    assert_eq!(tokens(&r).len(), 3, "stops after the round whose callback returned false");
+    assert!(field(&r, "tau").is_null(), "a stopped run has no statistics");
+    // cancel() stops every running generation, before its first round here.
+    let p = s.generate(ids(&[1, 2]), long.clone(), None);
+    s.cancel();
+    let r = JsFuture::from(p).await.unwrap();
+    assert_eq!(field(&r, "cancelled"), JsValue::TRUE);
+    assert!(tokens(&r).len() < 40);
+    // Generations started after cancel() run to the end, with the tokens of an uninterrupted run.
+    let full = JsFuture::from(s.generate(ids(&[1, 2]), long, None)).await.unwrap();
+    assert_eq!(field(&full, "cancelled"), JsValue::FALSE);
+    assert_eq!(tokens(&full).len(), 40);
+    let stopped_tokens = tokens(&r);
+    assert_eq!(&tokens(&full)[..stopped_tokens.len()], &stopped_tokens[..]);
+}

@@ -1,71 +1,449 @@
-// SparklingTree browser demo: loads a target, its drafters and a tokenizer from same-origin
-// URLs into a Session (web/src/lib.rs) and streams the generated text.
-import init, { Session } from "./pkg/sparkling_web.js";
+// SparklingTree browser demo: loads a target (from this server, a local .gguf file or a local
+// model folder), its drafters and a tokenizer into a Session (web/src/lib.rs), streams the
+// answer coloured by decoding round, and keeps a table of runs to compare with plain `ar`.
+// State: one job at a time (load or generate); Stop cancels a generation, Load cancels a
+// running generation first; a superseded run's callbacks stop it and its result is ignored.
+
+// The files the page loads by default; scripts/web-demo links them and refuses to start when
+// one is missing (keep the two in step).
+const DEFAULTS = {
+  target: "assets/smollm2-135m-instruct-q4_1.gguf",
+  drafters: "models/smollm2-135m-dspark-b16,models/smollm2-135m-dflash-b16",
+  tokenizer: "",
+};
+const FETCH_HINT = "run `scripts/fetch-assets smollm2`, then restart `scripts/web-demo`";
+const SERVE_HINT = "serve the page with `scripts/web-demo` (it builds the package and links models/ and the fetched assets)";
+// Methods and the drafter kind each needs (src/decode: Method::drafter_kind).
+const NEEDS = { ar: null, dflash: "DFlash", ddtree: "DFlash", dspark: "DSpark", sparkling: "DSpark", treespark: "DSpark" };
 
 const $ = (id) => document.getElementById(id);
-const log = (m) => { $("log").textContent += m + "\n"; };
-let session = null;
-
-async function bytes(url) {
-  const r = await fetch(url);
-  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
-  return new Uint8Array(await r.arrayBuffer());
+const ui = {};
+for (const id of ["backend", "gpuinfo", "ggufFile", "dirFile", "target", "drafters", "tokenizer", "load", "loadinfo",
+  "prompt", "method", "budget", "maxnew", "go", "stop", "compare", "error", "warn", "stats", "out", "accept", "runs"]) {
+  ui[id] = $(id);
 }
-async function text(url, optional = false) {
-  const r = await fetch(url);
-  if (!r.ok) { if (optional) return null; throw new Error(`${url}: HTTP ${r.status}`); }
+ui.target.value = DEFAULTS.target;
+ui.drafters.value = DEFAULTS.drafters;
+ui.tokenizer.value = DEFAULTS.tokenizer;
+
+// The page's state, also read by the browser tests (web/tests/page.py) through window.demo.
+const state = {
+  busy: null,          // null | "load" | "gen"
+  session: null,       // the loaded Session
+  loaded: null,        // { backend, target, drafters: [kinds], key }
+  loadedBackend: null,
+  runId: 0,            // bumped by every Generate and Load: older runs are superseded
+  running: null,       // the promise of the running generation
+  runs: [],            // finished runs of this model: { method, budget, prompt, maxnew, tokens, tau, tps, text }
+  softwareGpu: false,
+  gpuDesc: "",
+  lastResult: null,
+  rounds: [],          // committed token ids per round of the current run (round 0: prefill)
+};
+window.demo = state;
+
+// ---------------------------------------------------------------- small helpers
+const fmtMB = (n) => (n / 1e6).toFixed(1);
+const secs = (t0) => ((performance.now() - t0) / 1000).toFixed(1);
+const nextPaint = () => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+function say(el, text) { el.textContent = text; }
+function showError(msg, el = ui.error) { el.textContent = msg; }
+function clearMessages() { for (const id of ["error", "warn", "loaderror", "loadwarn"]) $(id).textContent = ""; }
+
+function setBusy(kind) {
+  state.busy = kind;
+  document.body.dataset.busy = kind ?? "";
+  const loading = kind === "load", generating = kind === "gen";
+  for (const el of [ui.backend, ui.ggufFile, ui.dirFile, ui.target, ui.drafters, ui.tokenizer, ...document.querySelectorAll("input[name=src]")]) {
+    el.disabled = loading;
+  }
+  ui.load.disabled = loading;  // Load during a generation cancels the generation first
+  const ready = state.session !== null && !loading && !generating;
+  for (const el of [ui.go, ui.compare, ui.method, ui.budget, ui.maxnew, ui.prompt]) {
+    el.disabled = !ready && el !== ui.prompt;
+  }
+  ui.prompt.readOnly = generating;
+  ui.stop.disabled = !generating;
+  ui.load.textContent = generating ? "Stop and load model" : "Load model";
+}
+
+// ---------------------------------------------------------------- the wasm package
+let wasmModule = null;
+async function engine() {
+  if (wasmModule) return wasmModule;
+  let m;
+  try {
+    m = await import("./pkg/sparkling_web.js");
+  } catch (e) {
+    throw new Error(`The engine (pkg/sparkling_web.js) did not load: ${e.message ?? e}.\n` +
+      `Build and serve the page with \`scripts/web-demo\` (once per machine: \`scripts/install-web-tools\`).`);
+  }
+  await m.default();
+  wasmModule = m;
+  return m;
+}
+
+// ---------------------------------------------------------------- WebGPU adapter check
+async function checkGpu(autoSwitch) {
+  let desc = "", soft = false, none = "";
+  if (!navigator.gpu) {
+    none = "This browser offers no WebGPU (Chrome or Edge 113+ have it; Firefox and Safari in recent versions).";
+  } else {
+    let a = null;
+    try { a = await navigator.gpu.requestAdapter(); } catch (_) { a = null; }
+    if (!a) {
+      none = "WebGPU is present but no graphics adapter is available to it.";
+    } else {
+      let info = a.info;
+      if (!info && a.requestAdapterInfo) { try { info = await a.requestAdapterInfo(); } catch (_) { info = null; } }
+      info = info ?? {};
+      desc = [info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" ").trim();
+      soft = Boolean(a.isFallbackAdapter || info.isFallbackAdapter) ||
+        /swiftshader|llvmpipe|lavapipe|softpipe|software|basic render|warp/i.test(desc);
+    }
+  }
+  state.softwareGpu = soft || Boolean(none);
+  state.gpuDesc = desc;
+  ui.gpuinfo.className = "msg " + (state.softwareGpu ? "warn" : "info");
+  if (none) {
+    if (autoSwitch) ui.backend.value = "cpu";
+    say(ui.gpuinfo, `${none} The processor (CPU) is selected: it works everywhere, with a tree size of 8 or less.`);
+  } else if (soft) {
+    if (autoSwitch) ui.backend.value = "cpu";
+    say(ui.gpuinfo, `WebGPU here is a software renderer (${desc || "fallback adapter"}): it runs on the processor and is ` +
+      `far slower than the CPU backend (minutes for a short answer). ${autoSwitch ? "The processor (CPU) is selected" : "Pick the processor (CPU)"}, ` +
+      `with a tree size of 8 or less.`);
+  } else {
+    say(ui.gpuinfo, `WebGPU adapter: ${desc || "(the browser does not name it)"}.`);
+  }
+}
+
+// ---------------------------------------------------------------- loading
+async function readStream(stream, total, label, t0) {
+  const reader = stream.getReader();
+  const chunks = [];
+  let got = 0, lastShown = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    chunks.push(value);
+    got += value.length;
+    const now = performance.now();
+    if (now - lastShown > 100) {
+      lastShown = now;
+      say(ui.loadinfo, `${label}: ${fmtMB(got)}${total ? ` of ${fmtMB(total)}` : ""} MB · ${secs(t0)} s`);
+    }
+  }
+  const out = new Uint8Array(got);
+  let off = 0;
+  for (const c of chunks) { out.set(c, off); off += c.length; }
+  return out;
+}
+
+// Fetch a same-origin URL with progress; a failure names the URL and what to run.
+async function fetchBytes(url, label, t0, hint) {
+  let r;
+  try { r = await fetch(url); } catch (e) {
+    throw new Error(`${url}: the server did not answer (${e.message ?? e}). Is \`scripts/web-demo\` still running?`);
+  }
+  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}${r.status === 404 && hint ? `. To fix: ${hint}.` : ""}`);
+  return readStream(r.body, +r.headers.get("content-length") || 0, label, t0);
+}
+async function fetchText(url, hint, optional = false) {
+  let r;
+  try { r = await fetch(url); } catch (e) {
+    throw new Error(`${url}: the server did not answer (${e.message ?? e}). Is \`scripts/web-demo\` still running?`);
+  }
+  if (!r.ok) {
+    if (optional) return null;
+    throw new Error(`${url}: HTTP ${r.status}${r.status === 404 && hint ? `. To fix: ${hint}.` : ""}`);
+  }
   return r.text();
 }
-
-$("load").onclick = async () => {
-  $("go").disabled = true;
+const hintFor = (url) => url === DEFAULTS.target ? FETCH_HINT : url.startsWith("models/") ? SERVE_HINT : "check the address under “Addresses the demo model loads from”";
+const kindOf = (configText) => {
   try {
-    await init();
-    session?.free();  // a new Session per Load: release the previous one's wasm memory
-    session = null;
-    session = await Session.create($("backend").value);
-    log(`backend: ${session.backend_name()}`);
-    const t = $("target").value.replace(/\/$/, "");
-    if (t.endsWith(".gguf")) {
-      session.load_target_gguf(await bytes(t));
+    const arch = (JSON.parse(configText).architectures ?? []).join(" ");
+    return /dspark/i.test(arch) ? "DSpark" : /dflash/i.test(arch) ? "DFlash" : "drafter";
+  } catch (_) { return "drafter"; }
+};
+
+// The files of a picked folder: config.json + model.safetensors (or a .gguf), tokenizer files.
+function folderFiles(list) {
+  const files = [...list].sort((a, b) => a.webkitRelativePath.split("/").length - b.webkitRelativePath.split("/").length);
+  const named = (n) => files.find((f) => f.name === n);
+  return {
+    config: named("config.json"), weights: named("model.safetensors"), index: named("model.safetensors.index.json"),
+    gguf: files.find((f) => f.name.endsWith(".gguf")), tokenizer: named("tokenizer.json"), tokenizerConfig: named("tokenizer_config.json"),
+    name: files[0]?.webkitRelativePath.split("/")[0] ?? "folder",
+  };
+}
+
+async function load() {
+  if (state.busy === "load") return;
+  clearMessages();
+  if (state.busy === "gen") await cancelRun();
+  setBusy("load");
+  const t0 = performance.now();
+  const backend = ui.backend.value;
+  const src = document.querySelector("input[name=src]:checked").value;
+  const warnings = [];
+  let s = null;
+  try {
+    say(ui.loadinfo, "starting the engine…");
+    const W = await engine();
+    // One Session per Load: release the previous one's wasm memory first.
+    if (state.session) { state.session.free(); state.session = null; state.loaded = null; }
+    say(ui.loadinfo, `opening the ${backend === "cpu" ? "processor (CPU)" : "WebGPU"} backend…`);
+    try {
+      s = await W.Session.create(backend);
+    } catch (e) {
+      throw new Error(`${e.message ?? e}${backend === "webgpu" ? "\nTo fix: pick “processor (CPU)” under “Run on”." : ""}`);
+    }
+    let targetName;
+    if (src === "server") {
+      const t = ui.target.value.trim().replace(/\/$/, "");
+      targetName = t;
+      if (t.endsWith(".gguf")) {
+        const bytes = await fetchBytes(t, `downloading the model (${t})`, t0, hintFor(t));
+        await preparing(t0);
+        s.load_target_gguf(bytes);
+      } else {
+        const cfg = await fetchText(`${t}/config.json`, hintFor(t));
+        const bytes = await fetchBytes(`${t}/model.safetensors`, `downloading the model (${t})`, t0, hintFor(t));
+        await preparing(t0);
+        s.load_target(cfg, bytes);
+      }
+    } else if (src === "file") {
+      const f = ui.ggufFile.files[0];
+      if (!f) throw new Error("No file chosen: pick a .gguf file next to “a .gguf file on this computer”.");
+      targetName = f.name;
+      const bytes = await readStream(f.stream(), f.size, `reading ${f.name}`, t0);
+      await preparing(t0);
+      s.load_target_gguf(bytes);
     } else {
-      session.load_target(await text(`${t}/config.json`), await bytes(`${t}/model.safetensors`));
+      const d = folderFiles(ui.dirFile.files);
+      targetName = d.name;
+      if (d.config && d.weights) {
+        const cfg = await d.config.text();
+        const bytes = await readStream(d.weights.stream(), d.weights.size, `reading ${d.name}/model.safetensors`, t0);
+        await preparing(t0);
+        s.load_target(cfg, bytes);
+      } else if (d.gguf) {
+        const bytes = await readStream(d.gguf.stream(), d.gguf.size, `reading ${d.gguf.name}`, t0);
+        await preparing(t0);
+        s.load_target_gguf(bytes);
+      } else if (d.index) {
+        throw new Error(`${d.name} holds a sharded checkpoint (model.safetensors.index.json): the browser loads one model.safetensors file; merge the shards first.`);
+      } else {
+        throw new Error(ui.dirFile.files.length ? `${d.name}: no config.json + model.safetensors (nor a .gguf) in this folder.` : "No folder chosen: pick a model folder next to “a model folder on this computer”.");
+      }
+      if (d.tokenizer) {
+        s.set_tokenizer(await d.tokenizer.text(), d.tokenizerConfig ? await d.tokenizerConfig.text() : undefined);
+      }
     }
-    log(`target: ${t}`);
-    for (const d of $("drafters").value.split(",").map((s) => s.trim().replace(/\/$/, "")).filter(Boolean)) {
-      session.add_drafter(await text(`${d}/config.json`), await bytes(`${d}/model.safetensors`));
-      log(`drafter: ${d}`);
+    // Drafters: a drafter that does not fit (another model) is a warning, not a failure.
+    const kinds = [];
+    for (const dname of ui.drafters.value.split(",").map((x) => x.trim().replace(/\/$/, "")).filter(Boolean)) {
+      try {
+        const cfg = await fetchText(`${dname}/config.json`, hintFor(dname));
+        const bytes = await fetchBytes(`${dname}/model.safetensors`, `downloading the drafter ${dname}`, t0, hintFor(dname));
+        s.add_drafter(cfg, bytes);
+        kinds.push(kindOf(cfg));
+      } catch (e) {
+        warnings.push(`drafter ${dname} not used: ${e.message ?? e}`);
+      }
     }
-    const k = $("tokenizer").value.trim().replace(/\/$/, "");
-    if (k) {
-      session.set_tokenizer(await text(`${k}/tokenizer.json`), await text(`${k}/tokenizer_config.json`, true));
-      log(`tokenizer: ${k}`);
+    const k = ui.tokenizer.value.trim().replace(/\/$/, "");
+    if (k && src === "server") {
+      s.set_tokenizer(await fetchText(`${k}/tokenizer.json`, hintFor(k)), (await fetchText(`${k}/tokenizer_config.json`, null, true)) ?? undefined);
     }
-    $("go").disabled = false;
-    log("ready");
+    state.session = s;
+    s = null;
+    state.loaded = { backend: state.session.backend_name(), target: targetName, drafters: kinds, key: `${targetName}|${backend}|${performance.now()}` };
+    state.loadedBackend = backend;
+    state.runs = [];
+    renderRuns();
+    for (const opt of ui.method.options) {
+      const need = NEEDS[opt.value];
+      opt.disabled = need !== null && !kinds.includes(need);
+    }
+    if (ui.method.selectedOptions[0]?.disabled) ui.method.value = "ar";
+    if (kinds.length === 0) warnings.push("No drafter loaded: only the plain method (ar) is available.");
+    say(ui.loadinfo, `Ready in ${secs(t0)} s: ${targetName}${kinds.length ? ` with the ${kinds.join(" and ")} drafters` : ""}, on ${state.loaded.backend}.`);
+    $("loadwarn").textContent = warnings.join("\n");
   } catch (e) {
-    log(`error: ${e.message ?? e}`);
+    s?.free();
+    say(ui.loadinfo, `Loading failed after ${secs(t0)} s.`);
+    showError(`Could not load the model: ${e.message ?? e}`, $("loaderror"));
+  } finally {
+    setBusy(null);
   }
-};
+}
+// Converting the weights blocks the page for a moment: say so before it starts.
+async function preparing(t0) {
+  say(ui.loadinfo, `preparing the weights (${secs(t0)} s so far; the page pauses for a few seconds)…`);
+  await nextPaint();
+}
 
-$("go").onclick = async () => {
-  $("out").textContent = "";
-  $("go").disabled = true;
-  // Empty fields are left out so the engine's defaults apply (budget: 64 on WebGPU, 8 on the CPU).
-  const opts = { method: $("method").value };
-  if ($("budget").value !== "") opts.budget = +$("budget").value;
-  if ($("maxnew").value !== "") opts.max_new_tokens = +$("maxnew").value;
-  try {
-    const r = await session.generate_text($("prompt").value, opts, (_ids, piece) => {
-      if (piece !== null) $("out").textContent += piece;
-    });
-    $("out").textContent = r.text;
-    $("stats").textContent =
-      `${r.method} (budget ${r.budget}) on ${r.backend}: ${r.tokens.length} tokens, ` +
-      `τ = ${r.tau.toFixed(2)} tokens per target forward, ${r.tokens_per_s.toFixed(1)} tok/s decode, ` +
-      `prefill ${r.prefill_ms.toFixed(0)} ms, ${r.rounds} rounds`;
-  } catch (e) {
-    log(`error: ${e.message ?? e}`);
+// ---------------------------------------------------------------- generation
+const roundColour = (i) => i === 0 ? "#e4e4e8" : `hsl(${(i * 67) % 360} 75% 84%)`;
+
+function resetRunView(method) {
+  ui.out.textContent = "";
+  ui.stats.textContent = "";
+  // The plain method guesses nothing: keep the last tree method's chart for comparison.
+  if (method !== "ar") { ui.accept.textContent = ""; $("acceptaxis").textContent = ""; }
+  $("outlabel").textContent = `Answer (${method})`;
+  state.rounds = [];
+  state.lastResult = null;
+}
+
+function liveStats(t0, first) {
+  const n = state.rounds.reduce((a, r) => a + r.length, 0);
+  const steps = state.rounds.length - 1;
+  const tau = steps > 0 ? (n - state.rounds[0].length) / steps : 0;
+  const tps = first && steps > 0 ? (n - 1) / ((performance.now() - first) / 1000) : 0;
+  return `${secs(t0)} s · ${n} tokens · ${Math.max(steps, 0)} steps · τ ${tau.toFixed(2)} · ${tps.toFixed(1)} tokens/s`;
+}
+
+function renderAccept() {
+  const acc = state.rounds.slice(1).map((r) => r.length - 1);  // drafted tokens accepted per round
+  ui.accept.textContent = "";
+  if (acc.length === 0) return;
+  const maxD = Math.max(8, ...acc);
+  for (let d = 1; d <= maxD; d++) {
+    const share = acc.filter((a) => a >= d).length / acc.length;
+    const bar = document.createElement("div");
+    bar.style.height = `${Math.max(share * 100, 1)}%`;
+    bar.title = `depth ${d}: ${(share * 100).toFixed(0)}% of ${acc.length} steps`;
+    const pct = document.createElement("span");
+    pct.textContent = `${(share * 100).toFixed(0)}%`;
+    bar.append(pct);
+    ui.accept.append(bar);
   }
-  $("go").disabled = false;
-};
+  $("acceptaxis").textContent = `guessed token 1 (left) to ${maxD} (right), over ${acc.length} steps`;
+  ui.accept.setAttribute("aria-label", `acceptance by depth: ${[...ui.accept.children].map((b) => b.title).join("; ")}`);
+}
+
+function runKey() { return `${ui.prompt.value}\u0000${ui.maxnew.value}`; }
+
+async function generate(method) {
+  if (!state.session || state.busy) return null;
+  ui.error.textContent = "";
+  ui.warn.textContent = "";
+  if (state.loadedBackend === "webgpu" && state.softwareGpu && method !== "ar" && !(+ui.budget.value > 0 && +ui.budget.value <= 8)) {
+    ui.warn.textContent = "WebGPU runs on a software renderer here: with a tree size above 8 this can take minutes " +
+      "(Stop ends it). The processor (CPU) backend with tree size 8 is much faster here.";
+  }
+  const id = ++state.runId;
+  setBusy("gen");
+  resetRunView(method);
+  const opts = { method };
+  if (ui.budget.value !== "" && method !== "ar") opts.budget = +ui.budget.value;
+  if (ui.maxnew.value !== "") opts.max_new_tokens = +ui.maxnew.value;
+  const t0 = performance.now();
+  let first = null;
+  const tick = setInterval(() => { if (id === state.runId) say(ui.stats, `${method}: ${liveStats(t0, first)}`); }, 200);
+  say(ui.stats, `${method}: reading the message…`);
+  const prompt = ui.prompt.value, key = runKey();
+  let result = null;
+  try {
+    state.running = state.session.generate_text(prompt, opts, (ids, piece) => {
+      if (id !== state.runId) return false;  // superseded: stop this run
+      if (first === null) first = performance.now();
+      const i = state.rounds.length;
+      state.rounds.push([...ids]);
+      const span = document.createElement("span");
+      span.style.background = roundColour(i);
+      span.title = i === 0 ? "first token (reading the message)" : `step ${i}: ${ids.length} token${ids.length > 1 ? "s" : ""}`;
+      span.dataset.round = i;
+      span.textContent = piece ?? "";
+      ui.out.append(span);
+      if (i > 0 && method !== "ar") renderAccept();
+      return true;
+    });
+    const r = await state.running;
+    if (id !== state.runId) return null;
+    result = r;
+    state.lastResult = r;
+    if (r.cancelled) {
+      say(ui.stats, `${method}: stopped after ${r.tokens.length} tokens and ${secs(t0)} s.`);
+    } else {
+      say(ui.stats, `${method}${method !== "ar" ? ` (tree size ${r.budget})` : ""}: ${r.tokens.length} tokens in ${secs(t0)} s · ` +
+        `τ ${r.tau.toFixed(2)} tokens per model step · ${r.tokens_per_s.toFixed(1)} tokens/s · ${r.rounds} steps · ` +
+        `reading the message ${r.prefill_ms.toFixed(0)} ms${r.stopped ? "" : " · stopped at the length limit"}`);
+      state.runs.push({ key, method, budget: method === "ar" ? null : r.budget, tokens: r.tokens, tau: r.tau, tps: r.tokens_per_s });
+      renderRuns();
+    }
+  } catch (e) {
+    if (id === state.runId) {
+      say(ui.stats, `${method}: failed after ${secs(t0)} s.`);
+      showError(`Generation failed: ${e.message ?? e}`);
+    }
+  } finally {
+    clearInterval(tick);
+    if (id === state.runId) {
+      state.running = null;
+      setBusy(null);
+    }
+  }
+  return result;
+}
+
+// Stop the running generation and wait until it has let go of the models.
+async function cancelRun() {
+  const p = state.running;
+  state.runId++;
+  state.session?.cancel();
+  if (p) { try { await p; } catch (_) { /* reported by its own run, or superseded */ } }
+  state.running = null;
+  setBusy(null);
+}
+
+function renderRuns() {
+  const body = ui.runs.tBodies[0];
+  body.textContent = "";
+  const key = runKey();
+  const runs = state.runs.filter((r) => r.key === key);
+  const ar = [...runs].reverse().find((r) => r.method === "ar");
+  for (const r of runs) {
+    const tr = body.insertRow();
+    const same = !ar ? "?" : r.tokens.length === ar.tokens.length && r.tokens.every((t, i) => t === ar.tokens[i]) ? "yes" : "NO";
+    const cells = [r.method + (r.budget ? ` (tree ${r.budget})` : ""), r.tokens.length, r.tau.toFixed(2), r.tps.toFixed(1),
+      ar ? `${(r.tps / ar.tps).toFixed(2)}×` : "—", r.method === "ar" ? "—" : same];
+    for (const c of cells) tr.insertCell().textContent = c;
+  }
+}
+
+async function compare() {
+  const m = ui.method.value;
+  const key = runKey();
+  const have = (method) => state.runs.some((r) => r.key === key && r.method === method);
+  if (m !== "ar" && !have(m)) {
+    const r = await generate(m);
+    if (!r || r.cancelled) return;
+  }
+  if (!have("ar")) await generate("ar");
+}
+
+// ---------------------------------------------------------------- wiring
+ui.load.onclick = load;
+ui.go.onclick = () => generate(ui.method.value);
+ui.compare.onclick = compare;
+ui.stop.onclick = () => { if (state.busy === "gen") state.session?.cancel(); };
+ui.prompt.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !ui.go.disabled) { e.preventDefault(); ui.go.click(); }
+});
+ui.prompt.addEventListener("input", renderRuns);
+ui.maxnew.addEventListener("input", renderRuns);
+ui.ggufFile.addEventListener("change", () => { document.querySelector("input[name=src][value=file]").checked = true; });
+ui.dirFile.addEventListener("change", () => { document.querySelector("input[name=src][value=dir]").checked = true; });
+ui.backend.addEventListener("change", async () => {
+  if (ui.backend.value === "webgpu") await checkGpu(false);
+  if (state.session && ui.backend.value !== state.loadedBackend) {
+    say(ui.loadinfo, `The model is loaded on the ${state.loadedBackend === "cpu" ? "processor" : "graphics card"}: press “Load model” to move it.`);
+  }
+});
+setBusy(null);
+checkGpu(true);

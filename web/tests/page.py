@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""Browser tests of the demo page itself (issue 16), run by scripts/web-test after the
+wasm-bindgen tests: headless Chromium (the flags of web/webdriver.json) driven through
+chromedriver's WebDriver protocol with the standard library only (no Selenium/Playwright).
+
+The page is served from a temporary root with two copies of web/www (symbolic links):
+`app/` as scripts/web-demo serves it, and `fresh/` without the fetched assets (a fresh
+machine). Checks: the default addresses, the software-WebGPU warning, a load error that says
+what to run, Load disabled while loading, Load + Generate with the defaults on the CPU backend
+(and on WebGPU unless SPARKLING_WEB_PAGE_WEBGPU=0), Stop mid-run, Load during a run, the
+comparison with `ar` (same tokens), no sideways scroll at 390 px. Screenshots go to
+$SPARKLING_WEB_SHOTS (default target/web-screenshots), not to the repository.
+
+Usage: web/tests/page.py   (after `scripts/web-demo --build-only`)
+"""
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+WWW = os.path.join(ROOT, "web", "www")
+SHOTS = os.environ.get("SPARKLING_WEB_SHOTS", os.path.join(ROOT, "target", "web-screenshots"))
+CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
+WEBGPU = os.environ.get("SPARKLING_WEB_PAGE_WEBGPU", "1") != "0"
+
+failures = []
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, what, timeout=20):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"page test: {what} did not start on port {port}")
+
+
+class Driver:
+    def __init__(self, port):
+        self.base = f"http://127.0.0.1:{port}"
+        with open(os.path.join(ROOT, "web", "webdriver.json")) as f:
+            caps = json.load(f)
+        caps["goog:chromeOptions"]["args"] += ["--window-size=1100,1400", "--hide-scrollbars"]
+        r = self.call("POST", "/session", {"capabilities": {"alwaysMatch": caps}})
+        self.sid = r["sessionId"]
+        self.call("POST", f"/session/{self.sid}/timeouts", {"script": 600000})
+
+    def call(self, method, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=900) as r:
+                return json.load(r)["value"]
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(f"webdriver {method} {path}: {e.read().decode(errors='replace')[:600]}") from None
+
+    def go(self, url):
+        self.call("POST", f"/session/{self.sid}/url", {"url": url})
+
+    def js(self, script, *args):
+        return self.call("POST", f"/session/{self.sid}/execute/sync", {"script": script, "args": list(args)})
+
+    def size(self, w, h):
+        self.call("POST", f"/session/{self.sid}/window/rect", {"width": w, "height": h})
+
+    def shot(self, name):
+        os.makedirs(SHOTS, exist_ok=True)
+        png = base64.b64decode(self.call("GET", f"/session/{self.sid}/screenshot"))
+        path = os.path.join(SHOTS, name + ".png")
+        with open(path, "wb") as f:
+            f.write(png)
+        print(f"  screenshot {path}")
+
+    def wait(self, cond_js, what, timeout=600):
+        end = time.time() + timeout
+        while time.time() < end:
+            v = self.js(cond_js)
+            if v:
+                return v
+            time.sleep(0.2)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}; page: {self.status()}")
+
+    def status(self):
+        return self.js("""return {busy: demo.busy, load: document.getElementById('loadinfo').textContent,
+            error: document.getElementById('error').textContent + document.getElementById('loaderror').textContent, warn: document.getElementById('warn').textContent,
+            stats: document.getElementById('stats').textContent}""")
+
+    def quit(self):
+        try:
+            self.call("DELETE", f"/session/{self.sid}")
+        except Exception:
+            pass
+
+
+def check(cond, what):
+    print(("  ok   " if cond else "  FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+IDLE = "return demo.busy === null"
+READY = "return demo.busy === null && demo.session !== null"
+
+
+def set_value(d, id_, value):
+    d.js("const e = document.getElementById(arguments[0]); e.value = arguments[1]; e.dispatchEvent(new Event('input')); e.dispatchEvent(new Event('change'));", id_, value)
+
+
+def click(d, id_):
+    # A real click event on the element (what the keyboard's Enter/Space on a focused button does too).
+    return d.js("const e = document.getElementById(arguments[0]); if (e.disabled) return false; e.click(); return true;", id_)
+
+
+def press(d, *keys):
+    acts = []
+    for k in keys:
+        acts += [{"type": "keyDown", "value": k}, {"type": "keyUp", "value": k}]
+    d.call("POST", f"/session/{d.sid}/actions", {"actions": [{"type": "key", "id": "kb", "actions": acts}]})
+
+
+TAB, ENTER = "\ue004", "\ue007"
+
+
+def load(d, backend, timeout=600, keyboard=False):
+    set_value(d, "backend", backend)
+    t = time.time()
+    if keyboard:
+        # Tab from the top of the page to the Load button, then Enter: no mouse needed.
+        d.js("document.activeElement?.blur(); window.scrollTo(0, 0)")
+        seen = []
+        for _ in range(30):
+            press(d, TAB)
+            seen.append(d.js("return document.activeElement.id || document.activeElement.tagName"))
+            if seen[-1] == "load":
+                break
+        check(seen[-1] == "load" and "backend" in seen, f"the keyboard reaches Run on and Load ({' → '.join(seen)})")
+        press(d, ENTER)
+    else:
+        click(d, "load")
+    check(d.js("return document.getElementById('load').disabled && document.getElementById('go').disabled"), f"{backend}: Load and Generate are disabled while loading")
+    d.wait(IDLE, "the load to finish", timeout)
+    st = d.status()
+    check(st["error"] == "" and st["load"].startswith("Ready"), f"{backend}: Load with the defaults succeeds in {time.time() - t:.0f} s ({st['load']!r} {st['error']!r})")
+
+
+def generate(d, method, maxnew, budget="", timeout=600):
+    set_value(d, "method", method)
+    set_value(d, "maxnew", str(maxnew))
+    set_value(d, "budget", str(budget))
+    t = time.time()
+    click(d, "go")
+    d.wait(IDLE, f"{method} to finish", timeout)
+    r = d.js("return demo.lastResult")
+    st = d.status()
+    print(f"  {method}: {time.time() - t:.0f} s, {st['stats']}")
+    return r, st
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="sparkling-page-")
+    procs = []
+    d = None
+    try:
+        # Serve `app/` (as scripts/web-demo links it) and `fresh/` (no fetched assets).
+        for name in ("app", "fresh"):
+            os.makedirs(os.path.join(tmp, name))
+            for f in ("index.html", "main.js", "pkg", "models"):
+                os.symlink(os.path.realpath(os.path.join(WWW, f)), os.path.join(tmp, name, f))
+        os.symlink(os.path.realpath(os.path.join(WWW, "assets")), os.path.join(tmp, "app", "assets"))
+        hp, dp = free_port(), free_port()
+        procs.append(subprocess.Popen([sys.executable, "-m", "http.server", str(hp), "--bind", "127.0.0.1", "--directory", tmp],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([CHROMEDRIVER, f"--port={dp}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_port(hp, "the page server")
+        wait_port(dp, "chromedriver")
+        d = Driver(dp)
+        page = f"http://127.0.0.1:{hp}"
+
+        print("page test: a fresh machine (no fetched assets)")
+        d.go(f"{page}/fresh/")
+        d.wait("return document.getElementById('gpuinfo').textContent !== ''", "the WebGPU check")
+        check(d.js("return document.getElementById('target').value") == "assets/smollm2-135m-instruct-q4_1.gguf",
+              "the default target is the GGUF `scripts/fetch-assets smollm2` fetches")
+        soft = d.js("return demo.softwareGpu")
+        info = d.js("return document.getElementById('gpuinfo').textContent")
+        print(f"  WebGPU: {info}")
+        check(not soft or (d.js("return document.getElementById('backend').value") == "cpu" and "processor" in info),
+              "a software WebGPU adapter is detected and the CPU backend suggested and selected")
+        click(d, "load")
+        d.wait(IDLE, "the load to fail", 120)
+        err = d.js("return document.getElementById('loaderror').textContent")
+        role = d.js("return document.getElementById('loaderror').getAttribute('role')")
+        colour = d.js("return getComputedStyle(document.getElementById('loaderror')).color")
+        check("404" in err and "scripts/fetch-assets smollm2" in err and role == "alert",
+              f"a missing default model is an alert that says what to run ({err!r})")
+        check(colour != d.js("return getComputedStyle(document.getElementById('loadinfo')).color"), "errors are coloured unlike info")
+        check(d.js("return document.getElementById('go').disabled"), "Generate stays disabled without a model")
+        d.shot("1-fresh-machine-load-error")
+
+        print("page test: the defaults on the CPU backend")
+        d.go(f"{page}/app/")
+        d.wait("return document.getElementById('gpuinfo').textContent !== ''", "the WebGPU check")
+        default_prompt = d.js("return document.getElementById('prompt').value")
+        load(d, "cpu", keyboard=True)
+        r, st = generate(d, "sparkling", 24)
+        check(r is not None and not r["cancelled"] and len(r["tokens"]) > 0 and r["text"], "sparkling generates text on the CPU backend")
+        n_spans = d.js("return document.querySelectorAll('#out span').length")
+        check(n_spans == r["rounds"] + 1, f"the answer is shown coloured by round ({n_spans} spans, {r['rounds']} rounds + the first token)")
+        check(d.js("return document.getElementById('out').textContent") == r["text"], "the streamed text equals the result's text")
+        check(d.js("return document.querySelectorAll('#accept div').length") >= 8, "the acceptance-by-depth chart is drawn")
+        sparkling_cpu = r["tokens"]
+        d.shot("2-cpu-sparkling")
+
+        print("page test: compare with ar")
+        t = time.time()
+        click(d, "compare")
+        d.wait("return demo.busy === null && document.querySelectorAll('#runs tbody tr').length >= 2", "the ar run", 600)
+        rows = d.js("return [...document.querySelectorAll('#runs tbody tr')].map(r => [...r.cells].map(c => c.textContent))")
+        print(f"  {time.time() - t:.0f} s; runs: {rows}")
+        check(len(rows) == 2 and rows[1][0] == "ar" and rows[0][5] == "yes", "the comparison lists ar and sparkling gives ar's tokens")
+        d.shot("3-compare-with-ar")
+
+        print("page test: Stop mid-run")
+        set_value(d, "method", "sparkling")
+        set_value(d, "maxnew", "400")
+        set_value(d, "prompt", "Tell a long story about a forest, with many details.")
+        click(d, "go")
+        d.wait("return demo.rounds.length >= 3", "three rounds", 300)
+        check(d.js("return document.getElementById('go').disabled && !document.getElementById('stop').disabled && document.getElementById('compare').disabled"),
+              "during a generation Generate and Compare are disabled, Stop enabled")
+        d.shot("4-during-generation")
+        click(d, "stop")
+        d.wait(IDLE, "the stop", 120)
+        r = d.js("return demo.lastResult")
+        st = d.status()
+        check(r is not None and r["cancelled"] and 0 < len(r["tokens"]) < 400 and "stopped" in st["stats"] and st["error"] == "",
+              f"Stop ends the run early ({len(r['tokens']) if r else None} tokens; {st['stats']!r})")
+
+        print("page test: Load during a run")
+        click(d, "go")
+        d.wait("return demo.rounds.length >= 3", "three rounds", 300)
+        check(d.js("return document.getElementById('load').textContent").startswith("Stop and load"), "Load during a run says it stops the run")
+        click(d, "load")
+        d.wait(READY, "the reload", 600)
+        spans = d.js("return document.querySelectorAll('#out span').length")
+        time.sleep(2)
+        check(d.js("return document.querySelectorAll('#out span').length") == spans and d.status()["error"] == "",
+              "the old run stops: no more tokens reach the page, no error")
+        set_value(d, "prompt", default_prompt)
+        r, st = generate(d, "sparkling", 24)
+        check(r is not None and r["tokens"] == sparkling_cpu and d.js("return document.getElementById('out').textContent") == r["text"],
+              "a new Generate after the reload shows only its own run, with the same tokens as before")
+        check(d.js("return document.querySelectorAll('#runs tbody tr').length") == 1, "the comparison table was cleared for the new model")
+
+        print("page test: 390 px wide (a phone)")
+        d.size(390, 1400)
+        time.sleep(0.5)
+        sw = d.js("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        check(sw[0] <= sw[1], f"no sideways scroll at 390 px (scrollWidth {sw[0]}, clientWidth {sw[1]})")
+        d.shot("5-phone-390px")
+        d.js("document.getElementById('h-tree').scrollIntoView()")
+        d.shot("5b-phone-390px-lower")
+        d.size(1100, 1400)
+
+        print("page test: a local .gguf file through the file picker")
+        el = d.call("POST", f"/session/{d.sid}/element", {"using": "css selector", "value": "#ggufFile"})
+        el = next(iter(el.values()))
+        gguf = os.path.realpath(os.path.join(WWW, "assets", "smollm2-135m-instruct-q4_1.gguf"))
+        d.call("POST", f"/session/{d.sid}/element/{el}/value", {"text": gguf})
+        check(d.js("return document.querySelector('input[name=src]:checked').value") == "file", "picking a file selects “a .gguf file on this computer”")
+        load(d, "cpu")
+        check("smollm2-135m-instruct-q4_1.gguf" in d.status()["load"] and "assets/" not in d.status()["load"], "the picked file is the loaded model")
+        r, st = generate(d, "ar", 8)
+        check(r is not None and r["tokens"] == sparkling_cpu[:8], "the picked file gives the served file's tokens")
+
+        print("page test: a local model folder through the folder picker (here: a folder holding the .gguf)")
+        folder = os.path.join(tmp, "picked-model")
+        os.makedirs(folder)
+        shutil.copy(gguf, folder)
+        el = d.call("POST", f"/session/{d.sid}/element", {"using": "css selector", "value": "#dirFile"})
+        el = next(iter(el.values()))
+        d.call("POST", f"/session/{d.sid}/element/{el}/value", {"text": folder})
+        check(d.js("return document.querySelector('input[name=src]:checked').value") == "dir" and d.js("return document.getElementById('dirFile').files.length") == 1,
+              "picking a folder selects “a model folder on this computer”")
+        load(d, "cpu")
+        check("picked-model" in d.status()["load"], "the picked folder is the loaded model")
+        r, st = generate(d, "ar", 8)
+        check(r is not None and r["tokens"] == sparkling_cpu[:8], "the picked folder gives the served file's tokens")
+        d.js("document.querySelector('input[name=src][value=server]').checked = true")
+
+        if WEBGPU:
+            print("page test: the defaults on WebGPU (software adapter: a short run)")
+            load(d, "webgpu")
+            warn = d.js("return document.getElementById('gpuinfo').textContent")
+            check(not soft or "software" in warn, "choosing WebGPU on a software adapter warns")
+            r, st = generate(d, "sparkling", 8, budget=4, timeout=600)
+            check(r is not None and not r["cancelled"] and r["tokens"] == sparkling_cpu[:8], "sparkling on WebGPU gives the CPU backend's tokens")
+            d.shot("6-webgpu")
+    finally:
+        if d:
+            d.quit()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"page test: {len(failures)} failed:\n  " + "\n  ".join(failures))
+        sys.exit(1)
+    print("page test: all passed")
+
+
+if __name__ == "__main__":
+    main()
