@@ -103,9 +103,28 @@ fn parent_of(path: &Path) -> &Path {
 /// directory); when it returns `Ok` the file is synced and renamed over `path`. On an error or
 /// a panic in `fill`, `path` is untouched and the temporary is removed. The parent directory
 /// must exist.
+///
+/// What is already at `path` decides how: a symbolic link is followed and its target written
+/// atomically (the link stays a link); a device, FIFO or socket (`/dev/stdout`, a named pipe)
+/// is written through in place, never replaced by a regular file; an existing model file
+/// (`*.gguf`, `*.safetensors`, or any file starting with the GGUF magic) is never replaced —
+/// an error names it.
 pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if path.is_dir() {
         return Err(Error::file(path, "is a directory, expected a file path"));
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_symlink() {
+            let target = std::fs::canonicalize(path).map_err(|e| Error::file(path, format!("is a symbolic link whose target cannot be resolved: {e}")))?;
+            return write_with(&target, fill);
+        }
+        if !meta.file_type().is_file() {
+            // A device or pipe: write through it (no temporary, no rename over it).
+            return fill(path);
+        }
+        if is_model_file(path) {
+            return Err(Error::file(path, "holds a model (GGUF or safetensors); refusing to replace it with this output — choose another file name"));
+        }
     }
     let parent = parent_of(path);
     if !parent.is_dir() {
@@ -121,6 +140,17 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result
     Ok(())
 }
 
+/// Whether the existing regular file `path` is a model: a `.gguf` / `.safetensors` name or the
+/// GGUF magic in its first four bytes.
+fn is_model_file(path: &Path) -> bool {
+    let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
+    if matches!(ext.as_deref(), Some("gguf") | Some("safetensors")) {
+        return true;
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"GGUF"
+}
+
 /// Write `bytes` to `path` atomically (see [`write_with`]).
 pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
     write_with(path, |tmp| std::fs::write(tmp, bytes).map_err(|e| Error::file(path, format!("cannot write: {e}"))))
@@ -132,6 +162,19 @@ pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn check_writable(path: &Path, arg: &str) -> Result<()> {
     if path.is_dir() {
         return Err(Error::file(path, format!("{arg}: is a directory, expected a file path")));
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_symlink() {
+            let target = std::fs::canonicalize(path).map_err(|e| Error::file(path, format!("{arg}: a symbolic link whose target cannot be resolved: {e}")))?;
+            return check_writable(&target, arg);
+        }
+        if !meta.file_type().is_file() {
+            // A device or pipe is written through in place (see `write_with`).
+            return Ok(());
+        }
+        if is_model_file(path) {
+            return Err(Error::file(path, format!("{arg}: holds a model (GGUF or safetensors); refusing to replace it with this output — choose another file name")));
+        }
     }
     let t = Temp { path: sibling(path, "probe"), keep: false };
     std::fs::OpenOptions::new()
@@ -234,6 +277,37 @@ mod tests {
         let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn devices_links_and_models_are_never_replaced() {
+        let d = tmpdir();
+        // A device is written through and stays a device.
+        write_bytes(Path::new("/dev/null"), b"{}").unwrap();
+        assert!(!std::fs::symlink_metadata("/dev/null").unwrap().file_type().is_file());
+        // A symbolic link stays a link; its target gets the bytes.
+        let real = d.join("real.json");
+        std::fs::write(&real, "old").unwrap();
+        #[cfg(unix)]
+        {
+            let link = d.join("link.json");
+            std::os::unix::fs::symlink(&real, &link).unwrap();
+            write_bytes(&link, b"new").unwrap();
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+            assert_eq!(std::fs::read_to_string(&real).unwrap(), "new");
+        }
+        // A model file (by name or by GGUF magic) is refused and left as it was.
+        let gguf = d.join("model.bin");
+        std::fs::write(&gguf, b"GGUF\x03\0\0\0").unwrap();
+        let e = write_bytes(&gguf, b"{}").unwrap_err().to_string();
+        assert!(e.contains("holds a model"), "{e}");
+        assert_eq!(std::fs::read(&gguf).unwrap(), b"GGUF\x03\0\0\0");
+        let st = d.join("w.safetensors");
+        std::fs::write(&st, b"x").unwrap();
+        assert!(write_bytes(&st, b"{}").is_err());
+        assert!(check_writable(&st, "--json").is_err());
+        assert_eq!(std::fs::read(&st).unwrap(), b"x");
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -6,6 +6,14 @@
 //! `backends/` behind the [`sparkling_core::Backend`] trait.
 #![warn(missing_docs)]
 
+/// `eprintln!` that never panics on a closed or full stderr (issue 15); see `src/main.rs`.
+macro_rules! eprintln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 pub mod assets;
 pub mod decode;
 pub mod error;

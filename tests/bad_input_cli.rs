@@ -239,6 +239,43 @@ fn generate_into_a_full_disk_is_a_clear_error() {
 }
 
 #[test]
+fn a_full_stderr_neither_panics_nor_loses_the_stats() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipping: no /dev/full");
+        return;
+    };
+    let d = tmpdir("cli-stderr");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let st = d.path().join("stats.json");
+    let o = sparkling(d.path())
+        .args(["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "8", "--ignore-eos", "--stats-json", s(&st)])
+        .stdout(Stdio::piped())
+        .stderr(full)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "status {:?}", o.status);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
+    assert_eq!(v["tokens"].as_array().map(|a| a.len()), Some(8));
+}
+
+#[test]
+fn stats_json_never_replaces_a_model_or_a_device() {
+    let d = tmpdir("cli-stats-target");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let weights = t.join("model.safetensors");
+    let before = std::fs::read(&weights).unwrap();
+    let gen = |out: &Path| run(d.path(), &["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--ignore-eos", "--stats-json", s(out)]);
+    let o = gen(&weights);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("holds a model"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&weights).unwrap(), before);
+    // A device is written through, not replaced by a regular file.
+    let o = gen(Path::new("/dev/null"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!std::fs::symlink_metadata("/dev/null").unwrap().file_type().is_file());
+}
+
+#[test]
 fn profile_into_a_closed_pipe_writes_its_json_first() {
     let d = tmpdir("cli-profile");
     let t = tiny_target(d.path(), "tiny", 4);

@@ -162,7 +162,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     for &(meth, budget) in &runs {
         pb.set_message(format!("{} b{budget}", meth.name()));
         let mut params = gen_params(meth, Some(budget.max(1)), &gen_args, stop.clone(), m.backend.host_memory())?;
-        super::bound_tree(&mut params.tree, m.target.cfg.vocab);
+        super::bound_tree(&mut params.tree, m.target.cfg.vocab, meth);
         let engine = Engine { backend: &m.backend, target: &m.target, drafter: meth.drafter_kind().and_then(|k| m.drafter(k)) };
         let mut total = Stats::default();
         let mut mismatches = 0usize;

@@ -161,7 +161,7 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
         stop.clear();
     }
     let mut params = gen_params(method, a.budget, a, stop, m.backend.host_memory())?;
-    super::bound_tree(&mut params.tree, m.target.cfg.vocab);
+    super::bound_tree(&mut params.tree, m.target.cfg.vocab, method);
     let engine = Engine { backend: &m.backend, target: &m.target, drafter: method.drafter_kind().and_then(|k| m.drafter(k)) };
     let mut text = TextStream::new();
     let stdout = std::io::stdout();

@@ -98,12 +98,22 @@ pub fn stdout_error(e: std::io::Error) -> Error {
 
 /// Bound the tree knobs by what they can mean (issue 15): more candidates per depth than the
 /// vocabulary holds, a fan-out above the candidates or a TreeSpark k above the vocabulary only
-/// add work (or allocations that abort); they are clamped with a note saying so.
-pub fn bound_tree(t: &mut sparkling::decode::propose::TreeParams, vocab: usize) {
-    clamp("--candidates", &mut t.candidates, vocab, "the vocabulary size");
-    clamp("--max-fanout", &mut t.max_fanout, t.candidates, "--candidates");
+/// add work (or allocations that abort); they are clamped, with a note when `method` uses them.
+pub fn bound_tree(t: &mut sparkling::decode::propose::TreeParams, vocab: usize, method: sparkling::decode::Method) {
+    use sparkling::decode::Method;
+    // A note only for the knobs `method` uses; the others are bounded silently.
+    let note = |used: bool, arg: &str, v: &mut usize, max: usize, what: &str| {
+        if used {
+            clamp(arg, v, max, what);
+        } else {
+            *v = (*v).min(max);
+        }
+    };
+    note(method == Method::Sparkling, "--candidates", &mut t.candidates, vocab, "the vocabulary size");
+    note(method == Method::Sparkling, "--max-fanout", &mut t.max_fanout, t.candidates, "--candidates");
     // TreeSpark's candidate pool grows as depth × k²: k beyond the budget adds nothing.
-    clamp("--treespark-k", &mut t.treespark_k, vocab.min(t.budget.max(1)).min(MAX_TREESPARK_K), "the vocabulary size, --budget and 1024");
+    let k_max = vocab.min(t.budget.max(1)).min(MAX_TREESPARK_K);
+    note(method == Method::TreeSpark, "--treespark-k", &mut t.treespark_k, k_max, "the vocabulary size, --budget and 1024");
 }
 
 /// Largest TreeSpark k (its pool holds depth × k² candidates).
