@@ -350,14 +350,19 @@ fn absurd_sizes_are_clamped_or_refused_naming_the_argument() {
     let d = tmpdir("cli-sizes");
     let t = tiny_target(d.path(), "tiny", 4);
     let base = ["generate", "--target", s(&t), "--prompt-ids", "1,2,3"];
-    // Candidates, fan-out and k far beyond the vocabulary: clamped, with a note.
-    for method in ["sparkling", "treespark"] {
+    // Candidates, fan-out and k far beyond the vocabulary: clamped, with a note for the knobs
+    // the method uses (and none for the others).
+    for (method, used, unused) in [
+        ("sparkling", "--candidates 1000000000 exceeds the vocabulary size (64)", "--treespark-k"),
+        ("treespark", "--treespark-k 1000000000 exceeds the vocabulary size, --budget and 1024", "--candidates"),
+    ] {
         let mut a = base.to_vec();
         a.extend(["--max-new-tokens", "4", "--method", method, "--candidates", "1000000000", "--max-fanout", "1000000000", "--treespark-k", "1000000000"]);
         let o = run(d.path(), &a);
         no_panic(&o);
         assert!(o.status.success(), "{method}: {}", stderr(&o));
-        assert!(stderr(&o).contains("--candidates 1000000000 exceeds the vocabulary size (64)"), "{}", stderr(&o));
+        assert!(stderr(&o).contains(used), "{}", stderr(&o));
+        assert!(!stderr(&o).contains(unused), "{}", stderr(&o));
     }
     // Refused: a budget beyond the context, absurd thread counts, token counts.
     for (extra, arg) in [
