@@ -66,6 +66,20 @@ pub fn hf_name(gguf: &str) -> Option<String> {
 /// `head_dim` rows, GGUF row `2j + half` holds HF row `half*head_dim/2 + j`.
 /// `data` is `[n_heads*head_dim, cols]` row-major (cols = 1 for a bias).
 pub fn unpermute_rows(data: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
+    unpermute(data, n_heads, cols)
+}
+
+/// [`unpermute_rows`] on raw bytes: `data` holds `rows` equal-sized rows (ggml blocks, which
+/// are whole rows, so the permutation moves them unchanged).
+pub fn permute_row_bytes(data: &[u8], rows: usize, n_heads: usize) -> Vec<u8> {
+    if rows == 0 {
+        return data.to_vec();
+    }
+    unpermute(data, n_heads, data.len() / rows)
+}
+
+/// The row permutation of [`unpermute_rows`] for rows of `cols` elements of any type.
+fn unpermute<T: Copy + Default>(data: &[T], n_heads: usize, cols: usize) -> Vec<T> {
     if cols == 0 || n_heads == 0 {
         // A malformed file (a zero dimension, no heads): left as is for the shape checks to
         // report, never a division by zero (found by tests/fuzz.rs).
@@ -73,30 +87,13 @@ pub fn unpermute_rows(data: &[f32], n_heads: usize, cols: usize) -> Vec<f32> {
     }
     let rows = data.len() / cols;
     let hd = rows / n_heads;
-    let mut out = vec![0.0f32; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..n_heads {
         for j in 0..hd / 2 {
             for half in 0..2 {
                 let src = h * hd + 2 * j + half;
                 let dst = h * hd + half * hd / 2 + j;
                 out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
-}
-
-/// [`unpermute_rows`] on raw bytes: `data` holds `rows` equal-sized rows (ggml blocks).
-pub fn permute_row_bytes(data: &[u8], rows: usize, n_heads: usize) -> Vec<u8> {
-    let rb = data.len() / rows;
-    let hd = rows / n_heads;
-    let mut out = vec![0u8; data.len()];
-    for h in 0..n_heads {
-        for j in 0..hd / 2 {
-            for half in 0..2 {
-                let src = h * hd + 2 * j + half;
-                let dst = h * hd + half * hd / 2 + j;
-                out[dst * rb..(dst + 1) * rb].copy_from_slice(&data[src * rb..(src + 1) * rb]);
             }
         }
     }
@@ -159,7 +156,7 @@ impl TensorSource for GgufSource {
         let [n, k] = shape;
         // Rows are whole runs of blocks, so the Q/K un-permutation moves row byte ranges.
         let bytes = match self.permuted_heads(&g) {
-            Some(h) if n > 0 && raw.len() % n == 0 && n % h == 0 => permute_row_bytes(raw, n, h),
+            Some(h) if n > 0 && h > 0 && raw.len() % n == 0 && n % h == 0 => permute_row_bytes(raw, n, h),
             Some(_) => return Err(Error::tensor(&self.file.path, &g, format!("{n} rows do not split into heads"))),
             None => raw.to_vec(),
         };
@@ -212,5 +209,11 @@ mod tests {
         // GGUF rows = [r0, r2, r1, r3].
         let gguf = [0.0f32, 2.0, 1.0, 3.0, 10.0, 12.0, 11.0, 13.0];
         assert_eq!(unpermute_rows(&gguf, 2, 1), vec![0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0]);
+        // Raw rows (2 bytes each) move exactly as the f32 rows do; no rows or no heads: unchanged.
+        let bytes: Vec<u8> = gguf.iter().flat_map(|&v| [v as u8, v as u8 + 100]).collect();
+        let moved: Vec<u8> = unpermute_rows(&gguf, 2, 1).iter().flat_map(|&v| [v as u8, v as u8 + 100]).collect();
+        assert_eq!(permute_row_bytes(&bytes, 8, 2), moved);
+        assert_eq!(permute_row_bytes(&bytes, 0, 2), bytes);
+        assert_eq!(permute_row_bytes(&bytes, 8, 0), bytes);
     }
 }
