@@ -130,9 +130,38 @@ fn init_drafter_of_an_absurd_size_is_an_error_and_writes_nothing() {
     }
 }
 
+#[test]
+fn init_drafter_default_taps_fit_a_shallow_target() {
+    // Issue 15: the default `--taps 3` failed on a 4-layer target; it now takes what fits.
+    let d = tmpdir("cli-taps");
+    let t = tiny_target(d.path(), "target", 4);
+    let out = d.path().join("drafter");
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out)]);
+    no_panic(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(v["target_layer_ids"], serde_json::json!([2]), "one tap, the middle layer of 4");
+    // An explicit count beyond what the target has is still refused, naming the limit.
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&d.path().join("d2")), "--taps", "2"]);
+    assert!(!o.status.success() && stderr(&o).contains("--taps 2 must be in 1..=1"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_directory_given_as_a_gguf_file_is_named_as_such() {
+    let d = tmpdir("cli-dir-gguf");
+    let g = d.path().join("model.gguf");
+    std::fs::create_dir(&g).unwrap();
+    let o = run(d.path(), &["generate", "--target", s(&g), "--method", "ar", "--prompt-ids", "1,2", "--max-new-tokens", "2"]);
+    no_panic(&o);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("model.gguf") && e.contains("is a directory"), "{e}");
+}
+
 /// The cache entry of the untrained DSpark drafter `generate` creates for target `t`.
 fn cache_entry(assets: &Path, t: &Path) -> PathBuf {
-    assets.join("drafters").join(format!("{}-dspark-random", t.file_name().unwrap().to_string_lossy()))
+    let c = tiny_target_config(Arch::Qwen3, 64);
+    assets.join("drafters").join(format!("{}-dspark-random-v{}-h{}-l4", t.file_name().unwrap().to_string_lossy(), c.vocab, c.hidden))
 }
 
 fn generate_dspark(assets: &Path, t: &Path) -> Output {
@@ -146,7 +175,7 @@ fn untrained_drafter_cache_recovers_from_a_half_written_entry() {
     // What an interrupted first run of an older version left: config.json, no weights.
     let e = cache_entry(d.path(), &t);
     let scratch = d.path().join("scratch");
-    let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 16, markov_rank: 64, taps: 3, mask_token_id: None, confidence_head: true };
+    let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 16, markov_rank: 64, taps: 1, mask_token_id: None, confidence_head: true };
     write_random_drafter(&scratch, &tiny_target_config(Arch::Qwen3, 64), &init, 0, StoreDtype::Bf16).unwrap();
     std::fs::create_dir_all(&e).unwrap();
     std::fs::copy(scratch.join("config.json"), e.join("config.json")).unwrap();
@@ -161,7 +190,7 @@ fn untrained_drafter_cache_recovers_from_a_half_written_entry() {
     let o = generate_dspark(d.path(), &t);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read(&w).unwrap(), bytes);
-    assert_eq!(listing(e.parent().unwrap()), vec!["tiny-dspark-random"]);
+    assert_eq!(listing(e.parent().unwrap()), vec![e.file_name().unwrap().to_string_lossy().into_owned()]);
 }
 
 #[test]
@@ -185,7 +214,7 @@ fn untrained_drafter_cache_is_safe_under_concurrent_first_use() {
         }
         let e = cache_entry(d.path(), &t);
         assert_eq!(listing(&e), vec!["config.json", "model.safetensors"]);
-        assert_eq!(listing(e.parent().unwrap()), vec!["tiny-dspark-random"], "temporaries left behind");
+        assert_eq!(listing(e.parent().unwrap()), vec![e.file_name().unwrap().to_string_lossy().into_owned()], "temporaries left behind");
     }
 }
 
@@ -236,6 +265,22 @@ fn generate_into_a_full_disk_is_a_clear_error() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(e.contains("standard output") && e.contains("No space left"), "{e}");
+}
+
+#[test]
+fn help_into_a_full_disk_is_an_error() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipping: no /dev/full");
+        return;
+    };
+    let d = tmpdir("cli-help-full");
+    let o = sparkling(d.path()).args(["generate", "--help"]).stdout(full).output().unwrap();
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("standard output"), "{}", stderr(&o));
+    // To a pipe, the help is printed in full and the status is 0.
+    let o = run(d.path(), &["generate", "--help"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("--max-new-tokens"));
 }
 
 #[test]

@@ -6,7 +6,7 @@ use clap::Args;
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{read_json, Arch, DrafterKind, TargetConfig};
 use sparkling::fsio::check_out_dir;
-use sparkling::model::synth::{check_drafter_init, preset_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype, PRESETS};
+use sparkling::model::synth::{check_drafter_init, default_taps, preset_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype, PRESETS};
 use sparkling::{Error, Result};
 use std::path::PathBuf;
 
@@ -30,9 +30,10 @@ pub struct InitDrafterArgs {
     /// Markov head rank r (dspark).
     #[arg(long, default_value_t = 64)]
     pub markov_rank: usize,
-    /// Number of tapped target layers (spread from layer 1 to N-3).
-    #[arg(long, default_value_t = 3)]
-    pub taps: usize,
+    /// Number of tapped target layers (spread from layer 1 to N-3). Default: 3, or as many as a
+    /// shallow target has (N-3, at least 1).
+    #[arg(long)]
+    pub taps: Option<usize>,
     /// Mask token id (default: the last vocabulary row).
     #[arg(long)]
     pub mask_token_id: Option<u32>,
@@ -115,7 +116,7 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
         layers: a.layers,
         block_size: a.block_size,
         markov_rank: a.markov_rank,
-        taps: a.taps,
+        taps: a.taps.unwrap_or_else(|| default_taps(cfg.layers, 3)),
         mask_token_id: a.mask_token_id,
         confidence_head: kind == DrafterKind::DSpark,
     };
@@ -176,9 +177,10 @@ pub struct SynthArgs {
     /// Draft layers (5 in the z-lab / DeepSpec Qwen3 drafters).
     #[arg(long, default_value_t = 5)]
     pub drafter_layers: usize,
-    /// Tapped target layers (5 → [1, 9, 17, 25, 33] for a 36-layer target).
-    #[arg(long, default_value_t = 5)]
-    pub taps: usize,
+    /// Tapped target layers (5 → [1, 9, 17, 25, 33] for a 36-layer target). Default: 5, or as
+    /// many as a shallow target has (N-3, at least 1).
+    #[arg(long)]
+    pub taps: Option<usize>,
     /// Write only the target (no drafters).
     #[arg(long)]
     pub no_drafters: bool,
@@ -211,8 +213,11 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
     if a.drafter_layers == 0 {
         return Err(Error::Input("--drafter-layers must be ≥ 1".into()));
     }
-    if a.taps == 0 || a.taps + 3 > cfg.layers {
-        return Err(Error::Input(format!("--taps {} must be in 1..={} (distinct layers from 1 to N-3 of a {}-layer target)", a.taps, cfg.layers.saturating_sub(3), cfg.layers)));
+    let taps = a.taps.unwrap_or_else(|| default_taps(cfg.layers, 5));
+    if !a.no_drafters {
+        // Every drafter argument is checked before the (large) target is written.
+        let init = DrafterInit { kind: DrafterKind::DSpark, layers: a.drafter_layers, block_size: a.block_size, markov_rank: a.markov_rank, taps, mask_token_id: None, confidence_head: true };
+        check_drafter_init(&cfg, &init)?;
     }
     check_out_dir(&a.out.join("target"), a.force, "--out")?;
     if !a.no_drafters {
@@ -232,7 +237,7 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
         return Ok(());
     }
     for (kind, name, rank) in [(DrafterKind::DSpark, "dspark", a.markov_rank), (DrafterKind::DFlash, "dflash", 0)] {
-        let init = DrafterInit { kind, layers: a.drafter_layers, block_size: a.block_size, markov_rank: rank, taps: a.taps, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
+        let init = DrafterInit { kind, layers: a.drafter_layers, block_size: a.block_size, markov_rank: rank, taps, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
         let dir = a.out.join(format!("{name}-b{}", a.block_size));
         let d = write_random_drafter(&dir, &cfg, &init, a.seed + 1, dtype)?;
         eprintln!("wrote a random {name} drafter ({} layers, block {}, taps {:?}, Markov rank {}) to {}", d.layers, d.block_size, d.target_layer_ids, d.markov_rank, dir.display());

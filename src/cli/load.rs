@@ -305,14 +305,18 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
             continue;
         }
         let stem = tpath.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "target".into());
-        let dir = assets::dir().join("drafters").join(format!("{stem}-{}-random", format!("{kind:?}").to_lowercase()));
+        // Keyed by the target's geometry too: two targets sharing a file name get their own.
+        let c = &target.cfg;
+        let dir = assets::dir()
+            .join("drafters")
+            .join(format!("{stem}-{}-random-v{}-h{}-l{}", format!("{kind:?}").to_lowercase(), c.vocab, c.hidden, c.layers));
         {
             let init = DrafterInit {
                 kind,
                 layers: 1,
                 block_size: 16,
                 markov_rank: 64,
-                taps: 3,
+                taps: sparkling::model::synth::default_taps(target.cfg.layers, 3),
                 mask_token_id: None,
                 confidence_head: kind == DrafterKind::DSpark,
             };

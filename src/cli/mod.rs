@@ -54,7 +54,13 @@ enum Command {
 
 /// Parse arguments and run the chosen subcommand.
 pub fn run() -> Result<()> {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        // `--help` / `--version` go to stdout through `write_stdout`, so a full disk is an error
+        // (clap's own printer ignores write failures and exits 0); usage errors exit 2 as usual.
+        Err(e) if !e.use_stderr() => return write_stdout(&e.render().to_string()),
+        Err(e) => e.exit(),
+    };
     let threads = match &cli.cmd {
         Command::Generate(a) => a.model.threads,
         Command::Bench(a) => a.model.threads,

@@ -22,7 +22,11 @@ impl FileBytes {
         #[cfg(not(target_arch = "wasm32"))]
         {
             let f = std::fs::File::open(path).map_err(|e| Error::file(path, format!("cannot open: {e}")))?;
-            let len = f.metadata().map_err(|e| Error::file(path, format!("cannot stat: {e}")))?.len();
+            let meta = f.metadata().map_err(|e| Error::file(path, format!("cannot stat: {e}")))?;
+            if meta.is_dir() {
+                return Err(Error::file(path, "is a directory: expected a model file"));
+            }
+            let len = meta.len();
             if len == 0 {
                 // Mapping an empty file fails on some systems; the parsers report "too small".
                 return Ok(FileBytes::Owned(Vec::new()));

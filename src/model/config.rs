@@ -276,6 +276,24 @@ impl Keys<'_> {
         }
         Err(Error::config(self.path, "rope_theta", "missing (looked for `rope_theta` and `rope_parameters.rope_theta`)"))
     }
+    /// `hidden_act`, when given, must be the SiLU of the SwiGLU MLP every supported model uses
+    /// (reference §1.3; `swish` is the same function).
+    fn activation(&self) -> Result<()> {
+        match self.v.get("hidden_act") {
+            None | Some(Value::Null) => Ok(()),
+            Some(Value::String(s)) if s == "silu" || s == "swish" => Ok(()),
+            Some(other) => Err(Error::config(self.path, "hidden_act", format!("{other} is not supported (expected \"silu\")"))),
+        }
+    }
+    /// A list of tap layer ids (`target_layer_ids`): non-negative integers (an entry of another
+    /// type is an error, not skipped). A layer may repeat: its hidden state is then fed twice,
+    /// which is what the spread rule gives a shallow target (4 layers, 2 taps → `[1, 1]`).
+    fn layer_ids(&self, key: &str, a: &[Value]) -> Result<Vec<usize>> {
+        a.iter()
+            .enumerate()
+            .map(|(i, x)| x.as_u64().map(|id| id as usize).ok_or_else(|| Error::config(self.path, key, format!("entry {i} is {x}: expected a non-negative integer"))))
+            .collect()
+    }
     fn ids(&self, key: &str) -> Vec<u32> {
         match self.v.get(key) {
             Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
@@ -294,6 +312,7 @@ impl TargetConfig {
             .ok_or_else(|| Error::config(path, "model_type", format!("`{mt}` is not supported (llama, qwen2, qwen3)")))?;
         let hidden = k.usize("hidden_size")?;
         let n_heads = k.usize("num_attention_heads")?;
+        k.activation()?;
         let derived_head_dim = v.get("head_dim").is_none_or(Value::is_null);
         let cfg = TargetConfig {
             arch,
@@ -335,6 +354,11 @@ impl TargetConfig {
             Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
             _ => return Err(Error::tensor(path, "token_embd.weight", "missing or not 2-D")),
         };
+        if let Ok(declared) = g.get_u64(&key("vocab_size")) {
+            if declared != vocab as u64 {
+                return Err(Error::config(path, &key("vocab_size"), format!("{declared}, but token_embd.weight has {vocab} vocabulary rows")));
+            }
+        }
         let tok_id = |k: &str| g.get_u64(k).ok().map(|x| x as u32);
         let mut eos: Vec<u32> = Vec::new();
         for k in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
@@ -439,7 +463,7 @@ impl DrafterConfig {
                 let nk = Keys { path, v: n };
                 let mask = nk.usize("mask_token_id").map_err(|_| Error::config(path, "dflash_config.mask_token_id", "missing or not an integer"))?;
                 let ids = match n.get("target_layer_ids").and_then(Value::as_array) {
-                    Some(a) => a.iter().filter_map(Value::as_u64).map(|x| x as usize).collect(),
+                    Some(a) => k.layer_ids("dflash_config.target_layer_ids", a)?,
                     None => default_target_layer_ids(k.usize("num_target_layers")?, layers),
                 };
                 (mask as u32, ids)
@@ -447,12 +471,18 @@ impl DrafterConfig {
             DrafterKind::DSpark => {
                 let mask = k.usize("mask_token_id")?;
                 let ids = match v.get("target_layer_ids").and_then(Value::as_array) {
-                    Some(a) => a.iter().filter_map(Value::as_u64).map(|x| x as usize).collect(),
+                    Some(a) => k.layer_ids("target_layer_ids", a)?,
                     None => default_target_layer_ids(k.usize("num_target_layers")?, layers),
                 };
                 (mask as u32, ids)
             }
         };
+        k.activation()?;
+        match v.get("markov_head_type") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "vanilla" => {}
+            Some(other) => return Err(Error::config(path, "markov_head_type", format!("{other} is not supported (expected \"vanilla\": the low-rank W2·W1[prev] bias, reference §3.3)"))),
+        }
         if target_layer_ids.is_empty() {
             return Err(Error::config(path, "target_layer_ids", "empty"));
         }
@@ -557,6 +587,38 @@ mod tests {
         assert_eq!(c.kind, DrafterKind::DSpark);
         assert_eq!(c.draft_depth(), 7);
         assert_eq!(c.head_dim, 16);
+    }
+
+    fn dspark_json() -> Value {
+        serde_json::json!({
+            "architectures": ["Qwen3DSparkModel"], "hidden_size": 64, "num_attention_heads": 4,
+            "num_hidden_layers": 1, "intermediate_size": 128, "vocab_size": 100, "block_size": 7,
+            "mask_token_id": 99, "target_layer_ids": [1, 3], "markov_rank": 8, "rope_theta": 10000.0,
+            "hidden_act": "silu", "markov_head_type": "vanilla"
+        })
+    }
+
+    fn drafter_err(edit: impl FnOnce(&mut Value)) -> String {
+        let mut v = dspark_json();
+        edit(&mut v);
+        DrafterConfig::from_hf_json(Path::new("d/config.json"), &v).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn unsupported_keys_are_refused_by_name() {
+        assert_eq!(DrafterConfig::from_hf_json(Path::new("d/config.json"), &dspark_json()).unwrap().target_layer_ids, vec![1, 3]);
+        let e = drafter_err(|v| v["hidden_act"] = "gelu".into());
+        assert!(e.contains("d/config.json") && e.contains("hidden_act") && e.contains("gelu"), "{e}");
+        let e = drafter_err(|v| v["markov_head_type"] = "gated".into());
+        assert!(e.contains("markov_head_type") && e.contains("gated") && e.contains("vanilla"), "{e}");
+        let e = drafter_err(|v| v["target_layer_ids"] = serde_json::json!([1, "3"]));
+        assert!(e.contains("target_layer_ids") && e.contains("entry 1"), "{e}");
+        let t = serde_json::json!({
+            "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 128, "vocab_size": 100, "rope_theta": 10000.0, "hidden_act": "relu"
+        });
+        let e = TargetConfig::from_hf_json(Path::new("t/config.json"), &t).unwrap_err().to_string();
+        assert!(e.contains("t/config.json") && e.contains("hidden_act") && e.contains("relu"), "{e}");
     }
 
     #[test]

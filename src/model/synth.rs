@@ -263,6 +263,19 @@ pub struct DrafterInit {
     pub confidence_head: bool,
 }
 
+/// The most tap layers a drafter can take from a target of `target_layers` layers (≥ 3): the
+/// taps are distinct layers spread from 1 to N−3 (reference §2.2), and one tap (the middle
+/// layer) always fits.
+pub fn max_taps(target_layers: usize) -> usize {
+    target_layers.saturating_sub(3).max(1)
+}
+
+/// The tap count `init-drafter` / `synth` use when `--taps` is not given: `preferred`, or fewer
+/// on a shallow target ([`max_taps`]).
+pub fn default_taps(target_layers: usize, preferred: usize) -> usize {
+    preferred.min(max_taps(target_layers))
+}
+
 /// Check `init` against the target it is sized for, before anything is allocated: every size
 /// is bounded by what it can mean (issue 15). Errors name the `init-drafter` argument.
 pub fn check_drafter_init(target: &TargetConfig, init: &DrafterInit) -> Result<()> {
@@ -276,11 +289,14 @@ pub fn check_drafter_init(target: &TargetConfig, init: &DrafterInit) -> Result<(
     if init.kind == DrafterKind::DSpark && init.markov_rank > target.vocab {
         return bad(format!("--markov-rank {} exceeds the vocabulary ({}): a rank above it means nothing", init.markov_rank, target.vocab));
     }
-    if init.taps == 0 || init.taps + 3 > target.layers {
+    if target.layers < 3 {
+        return bad(format!("the target has {} layers; a drafter needs a target of ≥ 3 layers to tap", target.layers));
+    }
+    if init.taps == 0 || init.taps > max_taps(target.layers) {
         return bad(format!(
             "--taps {} must be in 1..={} (distinct layers from 1 to N-3 of a {}-layer target)",
             init.taps,
-            target.layers.saturating_sub(3),
+            max_taps(target.layers),
             target.layers
         ));
     }

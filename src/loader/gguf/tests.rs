@@ -634,3 +634,29 @@ mod vectors {
     pub(super) const ATTN_Q_ROW0: [f32; 8] = [-0.09631348, 0.15734863, -0.09631348, -0.73046875, 1.1719971, -0.09631348, 0.030517578, 0.66467285];
 }
 use vectors::*;
+
+#[test]
+fn declared_vocab_size_must_match_the_embedding_rows() {
+    // Issue 15: `{arch}.vocab_size` disagreeing with token_embd.weight was accepted silently.
+    let emb = f32_bytes(&vec![0.0; 4 * 3]);
+    let file = |declared: u32| {
+        TempFile::with(&gguf_bytes(
+            &[
+                ("general.architecture", MetaValue::Str("llama".into())),
+                ("llama.embedding_length", MetaValue::U32(4)),
+                ("llama.attention.head_count", MetaValue::U32(2)),
+                ("llama.vocab_size", MetaValue::U32(declared)),
+            ],
+            &[("token_embd.weight", vec![4, 3], ggml_type::F32, emb.clone())],
+        ))
+    };
+    let f = file(2);
+    let g = GgufFile::open(&f.0).unwrap();
+    let e = crate::model::config::TargetConfig::from_gguf(&g).unwrap_err().to_string();
+    assert!(e.contains("llama.vocab_size") && e.contains("2, but token_embd.weight has 3"), "{e}");
+    // The matching declaration passes this check (and fails later, on the first missing key).
+    let f = file(3);
+    let g = GgufFile::open(&f.0).unwrap();
+    let e = crate::model::config::TargetConfig::from_gguf(&g).unwrap_err().to_string();
+    assert!(!e.contains("vocab_size"), "{e}");
+}
