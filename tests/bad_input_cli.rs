@@ -449,3 +449,38 @@ fn tokenizer_argument_is_the_file_it_names() {
     let o = run(d.path(), &["generate", "--target", s(&t), "--tokenizer", s(&missing), "--method", "ar", "--prompt", "w1", "--max-new-tokens", "2"]);
     assert!(!o.status.success() && stderr(&o).contains("nope.json"), "{}", stderr(&o));
 }
+
+#[test]
+fn show_tree_prints_each_round_with_the_accepted_path() {
+    let d = tmpdir("cli-show-tree");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let o = run(d.path(), &["generate", "--target", s(&t), "--method", "ddtree", "--budget", "4", "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--ignore-eos", "--show-tree", "--threads", "1"]);
+    no_panic(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    let committed: Vec<String> = String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect();
+    assert_eq!(committed.len(), 6);
+    // Every round line names its position; the bonus tokens and accepted nodes (✓ below the
+    // root) rebuild the committed ids after the first (prefill) token.
+    let mut rebuilt: Vec<String> = Vec::new();
+    let mut rounds = 0;
+    let mut lines = e.lines().peekable();
+    while let Some(l) = lines.next() {
+        let Some(rest) = l.strip_prefix("round ") else { continue };
+        assert!(rest.contains(&format!("@ position {}", 3 + rebuilt.len())), "{l}");
+        assert!(rest.contains("4 drafted nodes"), "{l}");
+        let bonus = rest.rsplit("bonus ").next().unwrap().to_string();
+        let mut first = true;
+        while let Some(n) = lines.peek().filter(|n| n.starts_with("  ")) {
+            if !first && n.contains('✓') {
+                rebuilt.push(n.trim().trim_start_matches('✓').trim().to_string());
+            }
+            first = false;
+            lines.next();
+        }
+        rebuilt.push(bonus);
+        rounds += 1;
+    }
+    assert!(rounds >= 1, "{e}");
+    assert_eq!(&rebuilt[..5.min(rebuilt.len())], &committed[1..1 + 5.min(rebuilt.len())], "{e}");
+}

@@ -118,3 +118,55 @@ fn every_method_matches_ar_with_quantized_targets() {
         }
     }
 }
+
+#[test]
+fn round_observer_sees_the_verified_tree_and_the_committed_path() {
+    // Issue 16: the per-round view (tree + accepted path + bonus) is what the loop committed:
+    // the accepted nodes' tokens plus the bonus, round after round, rebuild the generation
+    // (after the prefill's first token), and every view is a well-formed tree.
+    let b = CpuBackend::new();
+    let tdir = tmpdir("target");
+    let target = random_target(tdir.path(), sparkling::model::config::Arch::Llama, 24, 5);
+    let d = tmpdir("dspark");
+    let dspark = random_drafter(d.path(), &target.cfg, DrafterKind::DSpark, 7, 8, 3);
+    let d2 = tmpdir("dflash");
+    let dflash = random_drafter(d2.path(), &target.cfg, DrafterKind::DFlash, 7, 0, 3);
+    let prompt = [4u32, 9, 1, 7];
+    let mut multi_total = 0usize;
+    for method in [Method::Ar, Method::DDTree, Method::Sparkling, Method::DSpark] {
+        let drafter = match method.drafter_kind() {
+            Some(DrafterKind::DFlash) => Some(&dflash),
+            Some(DrafterKind::DSpark) => Some(&dspark),
+            None => None,
+        };
+        let e = Engine { backend: &b, target: &target, drafter };
+        let mut rebuilt: Vec<u32> = Vec::new();
+        let mut rounds = 0usize;
+        let mut multi = 0usize;
+        let g = e
+            .generate_observed(&prompt, &params(method, 64, 0.0, 0, 30, vec![]), &mut |_| {}, &mut |r| {
+                assert_eq!(r.round, rounds, "{}", method.name());
+                assert_eq!(r.root_pos, prompt.len() + rebuilt.len(), "{}: the root sits after the committed tokens", method.name());
+                let t = r.tree;
+                assert_eq!(r.accepted[0], 0);
+                for w in r.accepted.windows(2) {
+                    assert_eq!(t.parents[w[1]] as usize, w[0], "{}: accepted path is a parent chain", method.name());
+                }
+                if method == Method::Ar {
+                    assert_eq!(t.len(), 1);
+                }
+                multi += usize::from(r.accepted.len() > 1);
+                rebuilt.extend(r.accepted[1..].iter().map(|&i| t.tokens[i]));
+                rebuilt.push(r.bonus);
+                rounds += 1;
+            })
+            .unwrap();
+        assert_eq!(rounds, g.stats.rounds, "{}", method.name());
+        assert_eq!(&rebuilt[..g.tokens.len() - 1], &g.tokens[1..], "{}", method.name());
+        if method == Method::Ar {
+            assert_eq!(rounds, 29);
+        }
+        multi_total += multi;
+    }
+    assert!(multi_total > 0, "some round should accept a drafted node (vocabulary 24, 64 nodes)");
+}

@@ -137,6 +137,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     let pb = ProgressBar::new((runs.len() * prompts.len()) as u64);
     pb.set_style(ProgressStyle::with_template("{msg:28} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     let gen_args = GenerateArgs {
+        show_tree: false,
         model: a.model.clone(),
         chat: None,
         prompt: None,

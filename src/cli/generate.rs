@@ -4,7 +4,7 @@ use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
 use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{stop_tokens, Engine, GenParams, Method, Stats};
+use sparkling::decode::{stop_tokens, Engine, GenParams, Method, RoundView, Stats};
 use sparkling::tokenizer::TextStream;
 use sparkling::{Error, Result};
 use std::io::Write;
@@ -75,6 +75,33 @@ pub struct GenerateArgs {
     /// Write the stats as JSON to this file.
     #[arg(long)]
     pub stats_json: Option<std::path::PathBuf>,
+    /// Print every verified draft tree to stderr: one line per round (position, nodes, accepted
+    /// path + bonus token), then the tree indented by depth, accepted nodes marked `✓`.
+    #[arg(long)]
+    pub show_tree: bool,
+}
+
+/// The `--show-tree` text of one round: a summary line, then one line per node (the root
+/// first), indented by depth, `✓` on the accepted path, `·` elsewhere. `text` renders a token.
+pub fn render_round(r: &RoundView<'_>, text: &dyn Fn(u32) -> String) -> String {
+    let t = r.tree;
+    let path: Vec<String> = r.accepted[1..].iter().map(|&i| text(t.tokens[i])).collect();
+    let mut s = format!(
+        "round {} @ position {}: {} drafted node{}, accepted {}{}{} + bonus {}\n",
+        r.round,
+        r.root_pos,
+        t.len() - 1,
+        if t.len() == 2 { "" } else { "s" },
+        r.accepted.len() - 1,
+        if path.is_empty() { "" } else { ": " },
+        path.join(" "),
+        text(r.bonus)
+    );
+    for i in 0..t.len() {
+        let mark = if r.accepted.contains(&i) { '✓' } else { '·' };
+        s.push_str(&format!("  {}{mark} {}\n", "  ".repeat(t.depths[i] as usize), text(t.tokens[i])));
+    }
+    s
 }
 
 /// Parse `--tree-prep`: `auto` (the engine resolves it per backend), `host`, `device`. Errors
@@ -168,7 +195,17 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     // A failed write to stdout: a closed pipe ends the program quietly, unless a stats file is
     // still to be written (then the run finishes without printing); other errors are reported.
     let mut out_err: Option<std::io::Error> = None;
-    let g = engine.generate(&prompt, &params, &mut |new| {
+    let token_text = |t: u32| match (&m.tokenizer, a.ids) {
+        (Some(tok), false) => format!("{:?}", tok.decode(&[t], false).unwrap_or_default()),
+        _ => t.to_string(),
+    };
+    let mut show = |r: &RoundView<'_>| {
+        if a.show_tree {
+            // Like the eprintln! shadow in main.rs: a failed stderr write never panics.
+            let _ = write!(std::io::stderr(), "{}", render_round(r, &token_text));
+        }
+    };
+    let g = engine.generate_observed(&prompt, &params, &mut |new| {
         if out_err.is_some() {
             return;
         }
@@ -191,7 +228,7 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
             }
             out_err = Some(e);
         }
-    })?;
+    }, &mut show)?;
     if let Some(p) = &a.stats_json {
         let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": g.stats.tau(), "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
         sparkling::fsio::write_bytes(p, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;

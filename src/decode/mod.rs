@@ -14,6 +14,7 @@ use crate::model::config::DrafterKind;
 use crate::model::drafter::Drafter;
 use crate::model::target::{LogitRows, Target};
 use propose::{propose, DraftLogits, Proposal, TreeParams, TreePrep};
+use sparkling_core::tree::DraftTree;
 use sparkling_core::{AttnMask, Backend, SampleParams};
 pub use stats::Stats;
 use web_time::Instant;
@@ -166,6 +167,22 @@ pub struct Generation {
     pub stats: Stats,
 }
 
+/// One verified round as the decode loop saw it, for the round observer of
+/// [`Engine::generate_observed_async`] (issue 16: the live tree view).
+#[derive(Debug, Clone, Copy)]
+pub struct RoundView<'t> {
+    /// 0-based round index (the prefill is not a round).
+    pub round: usize,
+    /// Sequence position of the root (the anchor token); node `i` sits at `root_pos + tree.depths[i]`.
+    pub root_pos: usize,
+    /// The tree the target verified in this round (node 0 = the anchor; `ar`: the root only).
+    pub tree: &'t DraftTree,
+    /// Accepted node indices from the root (`accepted[0] == 0`), each the child of the one before.
+    pub accepted: &'t [usize],
+    /// The target's own token after the accepted path (committed with it).
+    pub bonus: u32,
+}
+
 /// Target + optional drafter on one backend.
 pub struct Engine<'a, B: Backend> {
     /// Backend.
@@ -192,14 +209,26 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// drafter for the method, backend failures; in a browser (wasm32) always an error, since
     /// a page cannot block: use `generate_async`.
     pub fn generate(&self, prompt: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> Result<Generation> {
+        self.generate_observed(prompt, p, on_tokens, &mut |_| {})
+    }
+
+    /// [`Engine::generate`] that also shows each verified round to `on_round` (see
+    /// [`Engine::generate_observed_async`]). Same tokens, statistics and errors.
+    pub fn generate_observed(
+        &self,
+        prompt: &[u32],
+        p: &GenParams,
+        on_tokens: &mut dyn FnMut(&[u32]),
+        on_round: &mut dyn FnMut(&RoundView<'_>),
+    ) -> Result<Generation> {
         #[cfg(target_arch = "wasm32")]
         {
-            let _ = (prompt, p, on_tokens);
+            let _ = (prompt, p, on_tokens, on_round);
             Err(Error::Input("Engine::generate cannot block in a browser: use Engine::generate_async".into()))
         }
         #[cfg(not(target_arch = "wasm32"))]
         {
-            pollster::block_on(self.generate_async(prompt, p, on_tokens))
+            pollster::block_on(self.generate_observed_async(prompt, p, on_tokens, on_round))
         }
     }
 
@@ -207,6 +236,20 @@ impl<'a, B: Backend> Engine<'a, B> {
     /// the same loop, awaiting each round's read-backs (tree prep and acceptance) through the
     /// backend's `*_async` ops. Same tokens, statistics and errors as `generate`.
     pub async fn generate_async(&self, prompt: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> Result<Generation> {
+        self.generate_observed_async(prompt, p, on_tokens, &mut |_| {}).await
+    }
+
+    /// [`Engine::generate_async`] that also shows each verified round to `on_round` (after
+    /// acceptance, before `on_tokens` receives the round's committed tokens): the tree the
+    /// target verified and the path it accepted (issue 16: the live tree view; `generate
+    /// --show-tree`). Same tokens, statistics and errors as `generate`.
+    pub async fn generate_observed_async(
+        &self,
+        prompt: &[u32],
+        p: &GenParams,
+        on_tokens: &mut dyn FnMut(&[u32]),
+        on_round: &mut dyn FnMut(&RoundView<'_>),
+    ) -> Result<Generation> {
         let b = self.backend;
         p.validate()?;
         let Checked { drafter, capacity } = self.check(prompt, p)?;
@@ -284,6 +327,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             let bonus = post[cur];
             stats.accept_ms += ms(t);
             stats.record_round(&prop, accepted.len());
+            on_round(&RoundView { round: stats.rounds - 1, root_pos, tree, accepted: &accepted, bonus });
 
             // 4. Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
             let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
