@@ -38,16 +38,23 @@ impl ChatTemplate {
 
     /// Render one user turn (with the generation prompt).
     pub fn render(&self, user: &str, system: Option<&str>) -> String {
+        self.pieces(user, system).into_iter().map(|(text, _)| text).collect()
+    }
+
+    /// The rendered turn as pieces in order, each flagged `true` when it is message text (the
+    /// system or user message) rather than template markup; [`ChatTemplate::render`] is their
+    /// concatenation.
+    pub fn pieces<'m>(&'m self, user: &'m str, system: Option<&'m str>) -> Vec<(&'m str, bool)> {
         let ChatTemplate::ChatMl { default_system, qwen3_no_think } = self;
-        let mut s = String::new();
+        let mut p = Vec::new();
         if let Some(sys) = system.or(default_system.as_deref()) {
-            s.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
+            p.extend([("<|im_start|>system\n", false), (sys, true), ("<|im_end|>\n", false)]);
         }
-        s.push_str(&format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"));
+        p.extend([("<|im_start|>user\n", false), (user, true), ("<|im_end|>\n<|im_start|>assistant\n", false)]);
         if *qwen3_no_think {
-            s.push_str("<think>\n\n</think>\n\n");
+            p.push(("<think>\n\n</think>\n\n", false));
         }
-        s
+        p
     }
 }
 
@@ -114,9 +121,26 @@ impl TextTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// Encode one chat turn with the template (no BOS: ChatML models do not use one).
+    /// Encode one chat turn with the template (no BOS: ChatML models do not use one). The
+    /// message text is data: a control-token string typed in it (`<|im_end|>`, `<|im_start|>`)
+    /// is encoded as ordinary text, never as the control token, so a message cannot end its
+    /// own turn or forge another role's. Messages without such strings encode exactly as the
+    /// rendered template does.
     pub fn encode_chat(&self, user: &str, system: Option<&str>) -> Result<Vec<u32>> {
-        self.encode_raw(&self.template.render(user, system))
+        let pieces = self.template.pieces(user, system);
+        let specials: Vec<String> = self.inner.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
+        let forged = pieces.iter().any(|&(text, message)| message && specials.iter().any(|sp| text.contains(sp.as_str())));
+        if !forged {
+            return self.encode_raw(&self.template.render(user, system));
+        }
+        let mut literal = self.inner.clone();
+        literal.set_encode_special_tokens(true);
+        let mut ids = Vec::new();
+        for (text, message) in pieces {
+            let t = if message { &literal } else { &self.inner };
+            ids.extend_from_slice(t.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?.get_ids());
+        }
+        Ok(ids)
     }
 
     /// Decode ids to text (special tokens kept visible only if `keep_special`).
