@@ -185,6 +185,11 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             pb.set_message(format!("{} b{}", meth.name(), budget.name()));
             let engine = Engine { backend: &m.backend, target: &m.target, drafter: meth.drafter_kind().and_then(|k| m.drafter(k)) };
             let g = engine.generate(p, &params_of[ri], &mut |_| {})?;
+            // `auto` rows keep learning across prompts (calibration, timings, skip schedule),
+            // as a server would across requests.
+            if let (Some(ab), Some(st)) = (params_of[ri].auto_budget.as_mut(), g.auto_state.clone()) {
+                ab.resume = Some(st);
+            }
             if let Some(c) = &g.cost_model {
                 // Measured once: every auto row uses it from now on, and later runs find it cached.
                 super::costs::save(&cost_path, c);

@@ -84,6 +84,10 @@ pub struct AutoBudget {
     /// caches it in the asset directory); `None`: the engine measures one after the prefill
     /// and returns it in [`super::Generation::cost_model`].
     pub cost: Option<CostModel>,
+    /// The policy state a previous generation ended with ([`super::Generation::auto_state`]):
+    /// its calibration, timings and draft/skip schedule carry over (a server or a benchmark
+    /// keeps learning across requests); ignored when its N_max differs from `tree.budget`.
+    pub resume: Option<AutoState>,
 }
 
 /// The measured cost of a round's parts (ms).
@@ -281,10 +285,12 @@ pub fn expected_tokens(depths: &[u32], q: &[f64]) -> Vec<f64> {
 }
 
 /// Online calibration of the drafter's path probabilities, per depth: `factor(d) = (accepted
-/// mass + prior) / (predicted mass + prior)`, both exponentially decayed (`decay` per
-/// observed round), where the predicted mass of a round at depth `d` is the sum of the
-/// verified depth-`d` nodes' probabilities and the accepted mass is 1 when the accepted path
-/// reached depth `d`. Depths a round's tree does not reach are not updated.
+/// mass + prior · factor(d−1)) / (predicted mass + prior)`, `factor(0) = 1`, both masses
+/// exponentially decayed (`decay` per observed round), where the predicted mass of a round at
+/// depth `d` is the sum of the verified depth-`d` nodes' probabilities and the accepted mass
+/// is 1 when the accepted path reached depth `d`. Depths a round's tree does not reach are not
+/// updated. The prior shrinks a depth towards the depth above it, not towards 1: a drafter
+/// whose first depth proved over-confident is not trusted deeper down until it earns it.
 #[derive(Debug, Clone)]
 pub struct Calibration {
     /// Decayed predicted mass per depth (index = depth, 0 unused).
@@ -304,11 +310,28 @@ impl Default for Calibration {
 }
 
 impl Calibration {
-    /// The factor of depth `d` (1 where nothing was observed).
+    /// The factor of depth `d` (that of depth `d − 1` where nothing was observed; 1 at
+    /// depth 0).
     pub fn factor(&self, d: usize) -> f64 {
-        let p = self.predicted.get(d).copied().unwrap_or(0.0);
-        let a = self.accepted.get(d).copied().unwrap_or(0.0);
-        (a + self.prior) / (p + self.prior)
+        let mut f = 1.0;
+        for k in 1..=d {
+            let p = self.predicted.get(k).copied().unwrap_or(0.0);
+            let a = self.accepted.get(k).copied().unwrap_or(0.0);
+            f = (a + self.prior * f) / (p + self.prior);
+        }
+        f
+    }
+
+    /// The factors of depths `0 ..= dmax` (one pass).
+    pub fn factors(&self, dmax: usize) -> Vec<f64> {
+        let mut out = Vec::with_capacity(dmax + 1);
+        out.push(1.0);
+        for k in 1..=dmax {
+            let p = self.predicted.get(k).copied().unwrap_or(0.0);
+            let a = self.accepted.get(k).copied().unwrap_or(0.0);
+            out.push((a + self.prior * out[k - 1]) / (p + self.prior));
+        }
+        out
     }
 
     /// Account one verified round: `mass[d]` = the predicted mass of the tree's depth-`d`
@@ -461,6 +484,15 @@ impl AutoState {
         self.verify_ms(1) + self.round_ms()
     }
 
+    /// The longest probe interval: [`MAX_PROBE_INTERVAL`] rounds, stretched by the drafter's
+    /// cost in AR steps when a drafter call costs more than one (so probes of a losing drafter
+    /// cost at most ~1/64 of the decode time).
+    pub fn max_interval(&self) -> usize {
+        let steps = self.draft_ms() / self.ar_ms().max(1e-9);
+        let k = if steps.is_finite() { steps.clamp(1.0, 16.0) } else { 1.0 };
+        (MAX_PROBE_INTERVAL as f64 * k).round() as usize
+    }
+
     /// Run the drafter this round? Yes while the recent drafted rounds predicted a gain over
     /// AR (and on the first round); else the round is a plain AR step, except every
     /// `interval`-th one (a probe; the interval starts at [`FIRST_PROBE_INTERVAL`], doubles
@@ -484,7 +516,8 @@ impl AutoState {
         let order = pop_order(tree);
         let order = &order[..order.len().min(self.n_max)];
         let depths: Vec<u32> = order.iter().map(|&i| tree.depths[i]).collect();
-        let q: Vec<f64> = order.iter().map(|&i| (tree.scores[i] as f64).exp() * self.calib.factor(tree.depths[i] as usize)).collect();
+        let f = self.calib.factors(depths.iter().copied().max().unwrap_or(0) as usize);
+        let q: Vec<f64> = order.iter().map(|&i| (tree.scores[i] as f64).exp() * f[tree.depths[i] as usize]).collect();
         let expected = expected_tokens(&depths, &q);
         let (d, r) = (self.draft_ms(), self.round_ms());
         let choice = choose(&expected, &|rows| self.verify_ms(rows), d, r);
@@ -495,7 +528,7 @@ impl AutoState {
         if self.gain.get_or(0.0) >= 0.0 {
             self.interval = FIRST_PROBE_INTERVAL;
         } else if was_probe {
-            self.interval = (self.interval * 2).min(MAX_PROBE_INTERVAL);
+            self.interval = (self.interval * 2).min(self.max_interval());
         }
         self.skipped = 0;
         let kept = truncate(tree, order, choice.n);
@@ -696,7 +729,21 @@ mod tests {
         assert!((cal.factor(1) - 0.4).abs() < 0.08, "depth 1 factor {}", cal.factor(1));
         // Depth 2: true P(reach 2) = 0.4·q1·min(1, 1.5·q2/q1) = 0.6·q2 ⇒ factor 0.6.
         assert!((cal.factor(2) - 0.6).abs() < 0.15, "depth 2 factor {}", cal.factor(2));
-        assert_eq!(cal.factor(5), 1.0);
+        // Unobserved depths inherit the deepest observed factor.
+        assert_eq!(cal.factor(5), cal.factor(2));
+        assert_eq!(cal.factors(3), vec![1.0, cal.factor(1), cal.factor(2), cal.factor(2)]);
+        assert_eq!(Calibration::default().factor(3), 1.0);
+    }
+
+    /// An over-confident chain (claims ≈ 1 at every depth, never accepted) loses the trust of
+    /// its deep nodes after one round, not only of its first.
+    #[test]
+    fn calibration_distrusts_deeper_depths_first() {
+        let mut cal = Calibration::default();
+        cal.observe(&[None, Some(1.0), Some(1.0), Some(1.0), Some(1.0)], 0);
+        let f = cal.factors(4);
+        assert!((f[1] - 0.2).abs() < 1e-12);
+        assert!(f[2] < 0.05 && f[3] < 0.01 && f[4] < f[3], "{f:?}");
     }
 
     #[test]

@@ -192,6 +192,9 @@ pub struct Generation {
     /// The cost model `--budget auto` measured in this generation (when none was given), for
     /// the caller to cache and pass back in [`AutoBudget::cost`].
     pub cost_model: Option<CostModel>,
+    /// The `--budget auto` policy state at the end (pass it back in [`AutoBudget::resume`] to
+    /// continue learning in the next generation).
+    pub auto_state: Option<AutoState>,
 }
 
 /// Target + optional drafter on one backend.
@@ -241,7 +244,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
         let mut out: Vec<u32> = Vec::new();
         if p.max_new_tokens == 0 {
-            return Ok(Generation { tokens: out, stopped: false, stats, cost_model: None });
+            return Ok(Generation { tokens: out, stopped: false, stats, cost_model: None, auto_state: None });
         }
         let tree_params = TreeParams { prep: p.tree.prep.resolve(b.host_memory()), ..p.tree };
         // SparklingTree device prep reads the Markov head on the device (uploaded once).
@@ -267,6 +270,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         // length, when the caller has none) and the per-generation policy state.
         let mut cost_model = None;
         let mut auto: Option<AutoState> = match (&p.auto_budget, drafter) {
+            (Some(AutoBudget { resume: Some(s), .. }), Some(_)) if s.n_max == tree_params.budget && s.cost.is_valid() => Some(s.clone()),
             (Some(a), Some(d)) => {
                 let cost = match &a.cost {
                     Some(c) if c.is_valid() => c.clone(),
@@ -409,7 +413,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
         stats.new_tokens = out.len();
         stats.decode_tokens = out.len().saturating_sub(1);
-        Ok(Generation { tokens: out, stopped, stats, cost_model })
+        Ok(Generation { tokens: out, stopped, stats, cost_model, auto_state: auto })
     }
 
     /// The checks of one generation request, before any device work: a non-empty prompt of
