@@ -6,6 +6,7 @@ use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
+use sparkling::decode::budget::BudgetChoice;
 use sparkling::decode::{Engine, Method, Stats};
 use sparkling::{Error, Result};
 use super::write_stdout;
@@ -28,9 +29,12 @@ pub struct BenchArgs {
     /// Methods, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "ar,dflash,ddtree,dspark,sparkling,treespark")]
     pub methods: Vec<String>,
-    /// Budgets, comma-separated (each tree/chain method runs at every budget; ar once).
+    /// Budgets, comma-separated: numbers and/or `auto` (the per-round choice of `generate
+    /// --budget auto`); each tree/chain method runs at every budget, ar once. Every prompt
+    /// runs all (method, budget) pairs before the next prompt (interleaved, so machine-load
+    /// drift hits every row alike).
     #[arg(long, value_delimiter = ',', default_value = "64")]
-    pub budgets: Vec<usize>,
+    pub budgets: Vec<String>,
     /// Maximum new tokens per prompt.
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
@@ -99,6 +103,9 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
 /// Run `bench` on the backend named by `--backend`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
+    for b in &a.budgets {
+        BudgetChoice::parse(b, "--budgets")?;
+    }
     super::generate::tree_prep(&a.tree_prep)?; // refuse a bad value before loading anything
     if let Some(j) = &a.json {
         sparkling::fsio::check_writable(j, "--json")?; // fail before the benchmark, not after
@@ -126,12 +133,13 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         }
     }
     let stop = sparkling::decode::stop_tokens(&m.target.cfg.eos, &tok.stop);
-    let mut runs: Vec<(Method, usize)> = Vec::new();
+    let budgets = a.budgets.iter().map(|b| BudgetChoice::parse(b, "--budgets")).collect::<Result<Vec<_>>>()?;
+    let mut runs: Vec<(Method, BudgetChoice)> = Vec::new();
     for &meth in methods {
         if meth == Method::Ar {
-            runs.push((meth, 0));
+            runs.push((meth, BudgetChoice::Fixed(0)));
         } else {
-            runs.extend(a.budgets.iter().map(|&b| (meth, b)));
+            runs.extend(budgets.iter().map(|&b| (meth, b)));
         }
     }
     let pb = ProgressBar::new((runs.len() * prompts.len()) as u64);
@@ -159,26 +167,49 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         stats_json: None,
     };
     let mut reference: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
-    let mut results = Vec::new();
+    let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
+    let mut params_of = Vec::new();
     for &(meth, budget) in &runs {
-        pb.set_message(format!("{} b{budget}", meth.name()));
-        let mut params = gen_params(meth, Some(budget.max(1)), &gen_args, stop.clone(), m.backend.host_memory())?;
+        let budget = match budget {
+            BudgetChoice::Fixed(n) => BudgetChoice::Fixed(n.max(1)),
+            auto => auto,
+        };
+        let mut params = gen_params(meth, Some(budget), &gen_args, stop.clone(), m.backend.host_memory())?;
         super::bound_tree(&mut params.tree, m.target.cfg.vocab, meth);
-        let engine = Engine { backend: &m.backend, target: &m.target, drafter: meth.drafter_kind().and_then(|k| m.drafter(k)) };
-        let mut total = Stats::default();
-        let mut mismatches = 0usize;
-        for (i, p) in prompts.iter().enumerate() {
-            let g = engine.generate(p, &params, &mut |_| {})?;
+        super::costs::attach(&mut params, &cost_path);
+        params_of.push(params);
+    }
+    let mut totals: Vec<(Stats, usize)> = vec![(Stats::default(), 0); runs.len()];
+    // Interleaved: prompt-major, every (method, budget) on a prompt before the next prompt.
+    for (i, p) in prompts.iter().enumerate() {
+        for (ri, &(meth, budget)) in runs.iter().enumerate() {
+            pb.set_message(format!("{} b{}", meth.name(), budget.name()));
+            let engine = Engine { backend: &m.backend, target: &m.target, drafter: meth.drafter_kind().and_then(|k| m.drafter(k)) };
+            let g = engine.generate(p, &params_of[ri], &mut |_| {})?;
+            // `auto` rows keep learning across prompts (calibration, timings, skip schedule),
+            // as a server would across requests.
+            if let (Some(ab), Some(st)) = (params_of[ri].auto_budget.as_mut(), g.auto_state.clone()) {
+                ab.resume = Some(st);
+            }
+            if let Some(c) = &g.cost_model {
+                // Measured once: every auto row uses it from now on, and later runs find it cached.
+                super::costs::save(&cost_path, c);
+                for q in params_of.iter_mut() {
+                    if let Some(ab) = q.auto_budget.as_mut() {
+                        ab.cost.get_or_insert_with(|| c.clone());
+                    }
+                }
+            }
             match &reference[i] {
                 None => reference[i] = Some(g.tokens.clone()),
-                Some(r) if *r != g.tokens => mismatches += 1,
+                Some(r) if *r != g.tokens => totals[ri].1 += 1,
                 _ => {}
             }
-            total.merge(&g.stats);
+            totals[ri].0.merge(&g.stats);
             pb.inc(1);
         }
-        results.push((meth, budget, total, mismatches));
     }
+    let results: Vec<(Method, BudgetChoice, Stats, usize)> = runs.iter().zip(totals).map(|(&(m, b), (s, x))| (m, b, s, x)).collect();
     pb.finish_and_clear();
     let ar_tps = results.iter().find(|r| r.0 == Method::Ar).map(|r| r.2.tokens_per_s());
     let mut table = String::new();
@@ -190,23 +221,31 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         a.temperature,
         m.backend.name()
     );
-    let _ = writeln!(table, "| method | budget | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run |");
-    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(table, "| method | budget | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run | tree sizes (nodes: rounds) |");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
     for (meth, budget, s, mism) in &results {
         let [d, p, h, v, ac, c] = s.per_round_ms();
         let speed = ar_tps.map(|x| s.tokens_per_s() / x).unwrap_or(f64::NAN);
         let _ = writeln!(
             table,
-            "| {} | {} | {:.2} | {:.1} | {:.2}× | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} |",
+            "| {} | {} | {:.2} | {:.1} | {:.2}× | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} |",
             meth.name(),
-            if *meth == Method::Ar { "-".to_string() } else { budget.to_string() },
+            if *meth == Method::Ar { "-".to_string() } else { budget.name() },
             s.tau(),
             s.tokens_per_s(),
-            speed
+            speed,
+            super::generate::size_histogram(s).unwrap_or_else(|| "-".into())
         );
+        let budget_json = match budget {
+            BudgetChoice::Auto => serde_json::json!("auto"),
+            BudgetChoice::Fixed(n) => serde_json::json!(n),
+        };
+        let auto_json = s.predicted_vs_observed_tau().map(|(pred, obs)| {
+            serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "drafts_skipped": s.drafts_skipped, "policy_us_per_round": s.policy_us_per_round()})
+        });
         json_rows.push(serde_json::json!({
-            "method": meth.name(), "budget": budget, "tau": s.tau(), "tokens_per_s": s.tokens_per_s(),
+            "method": meth.name(), "budget": budget_json, "auto": auto_json, "tau": s.tau(), "tokens_per_s": s.tokens_per_s(),
             "speedup_vs_ar": speed, "per_round_ms": {"draft": d, "prep": p, "heap": h, "verify": v, "accept": ac, "compact": c},
             "conditional_acceptance": s.conditional_acceptance(), "outputs_differing_from_first_run": mism, "stats": s,
         }));

@@ -4,6 +4,7 @@ use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
 use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::propose::{TreeParams, TreePrep};
+use sparkling::decode::budget::BudgetChoice;
 use sparkling::decode::{stop_tokens, Engine, GenParams, Method, RoundView, Stats};
 use sparkling::tokenizer::TextStream;
 use sparkling::{Error, Result};
@@ -29,12 +30,14 @@ pub struct GenerateArgs {
     /// Decoding method: ar, dflash, ddtree, dspark, sparkling, treespark.
     #[arg(long, default_value = "sparkling")]
     pub method: String,
-    /// Tree budget: non-root nodes verified per round (chains: max chain length).
-    /// Default 64 (treespark: 32) on GPU backends; 8 on the cpu backend, where a verify costs
-    /// about one decode step per 4 tree rows and the smallest budget is the fastest
-    /// (BENCHMARKS.md §7).
+    /// Tree budget: `auto` (default) chooses per round the prefix of the tree worth its
+    /// measured cost — none at all (a plain AR step, drafter skipped) when drafting does not
+    /// pay — from a cost curve measured once per model × backend × threads × weights (cached
+    /// under `$SPARKLING_ASSETS/costs/`, printed by `sparkling profile`), building trees of up
+    /// to 16 nodes on the cpu backend, 64 (treespark 32) elsewhere; or a number: non-root
+    /// nodes verified every round (chains: max chain length).
     #[arg(long)]
-    pub budget: Option<usize>,
+    pub budget: Option<String>,
     /// SparklingTree candidates: top-C tokens per depth in the union table (C ≥ vocabulary
     /// takes every token; the device table costs O(n²) in the union size n ≈ depth·C).
     #[arg(long, default_value_t = 128)]
@@ -114,11 +117,11 @@ pub fn tree_prep(s: &str) -> Result<TreePrep> {
 /// defaults ([`GenParams::new`]). `host_memory`: the backend's [`Backend::host_memory`], which
 /// picks the default budget (`--tree-prep auto` is resolved by the engine).
 /// Errors: an unknown `--tree-prep`, and [`GenParams::validate`]'s.
-pub fn gen_params(method: Method, budget: Option<usize>, a: &GenerateArgs, stop: Vec<u32>, host_memory: bool) -> Result<GenParams> {
+pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs, stop: Vec<u32>, host_memory: bool) -> Result<GenParams> {
     let prep = tree_prep(&a.tree_prep)?;
-    let d = GenParams::new(method, host_memory);
+    let d = GenParams::new(method, host_memory).with_budget(budget.unwrap_or(BudgetChoice::Auto));
     let p = GenParams {
-        tree: TreeParams { budget: budget.unwrap_or(d.tree.budget), candidates: a.candidates, max_fanout: a.max_fanout, treespark_k: a.treespark_k, prep },
+        tree: TreeParams { budget: d.tree.budget, candidates: a.candidates, max_fanout: a.max_fanout, treespark_k: a.treespark_k, prep },
         sampling: SampleParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p },
         seed: a.seed,
         max_new_tokens: a.max_new_tokens,
@@ -147,12 +150,33 @@ pub fn print_stats(method: Method, s: &Stats) {
         let acc: Vec<String> = s.conditional_acceptance().iter().take(16).map(|x| format!("{x:.2}")).collect();
         eprintln!("  conditional acceptance by depth: {}", acc.join(" "));
     }
+    if let Some(h) = size_histogram(s) {
+        eprintln!("  tree sizes (nodes: rounds): {h}");
+    }
+    if let Some((pred, obs)) = s.predicted_vs_observed_tau() {
+        eprintln!(
+            "  budget auto: drafter skipped in {} of {} rounds; drafted rounds τ predicted {pred:.2} vs observed {obs:.2}; policy {:.1} µs/round",
+            s.drafts_skipped,
+            s.rounds,
+            s.policy_us_per_round()
+        );
+    }
+}
+
+/// The chosen tree sizes as `n: rounds` pairs (sizes with no round left out), or `None` when
+/// no round had a drafter.
+pub fn size_histogram(s: &Stats) -> Option<String> {
+    let parts: Vec<String> = s.tree_sizes.iter().enumerate().filter(|(_, &c)| c > 0).map(|(n, c)| format!("{n}: {c}")).collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 /// Run `generate` on the backend named by `--backend`.
 pub fn run(a: GenerateArgs) -> Result<()> {
     let method = Method::parse(&a.method)?;
     tree_prep(&a.tree_prep)?; // refuse a bad value before loading anything
+    if let Some(b) = &a.budget {
+        BudgetChoice::parse(b, "--budget")?;
+    }
     let kinds: Vec<_> = method.drafter_kind().into_iter().collect();
     let s = select(&a.model)?;
     match s.backend {
@@ -187,8 +211,11 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     if a.ignore_eos {
         stop.clear();
     }
-    let mut params = gen_params(method, a.budget, a, stop, m.backend.host_memory())?;
+    let budget = a.budget.as_deref().map(|b| BudgetChoice::parse(b, "--budget")).transpose()?;
+    let mut params = gen_params(method, budget, a, stop, m.backend.host_memory())?;
     super::bound_tree(&mut params.tree, m.target.cfg.vocab, method);
+    let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
+    super::costs::attach(&mut params, &cost_path);
     let engine = Engine { backend: &m.backend, target: &m.target, drafter: method.drafter_kind().and_then(|k| m.drafter(k)) };
     let mut text = TextStream::new();
     let stdout = std::io::stdout();
@@ -232,6 +259,9 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     if let Some(p) = &a.stats_json {
         let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": g.stats.tau(), "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
         sparkling::fsio::write_bytes(p, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
+    }
+    if let Some(c) = &g.cost_model {
+        super::costs::save(&cost_path, c);
     }
     if let Some(e) = out_err {
         return Err(super::stdout_error(e));

@@ -74,6 +74,8 @@ pub struct Loaded<B: Backend> {
     pub target: Target<B>,
     pub tokenizer: Option<TextTokenizer>,
     pub drafters: Vec<Drafter<B>>,
+    /// The target's path (keys the `--budget auto` cost cache).
+    pub target_path: PathBuf,
 }
 
 impl<B: Backend> Loaded<B> {
@@ -334,7 +336,7 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         let dsrc = open_source(&dir)?;
         drafters.push(Drafter::load(&backend, dsrc.as_ref(), dcfg, &target.cfg)?);
     }
-    Ok(Loaded { backend, target, tokenizer, drafters })
+    Ok(Loaded { backend, target, tokenizer, drafters, target_path: tpath.to_path_buf() })
 }
 
 /// `--tokenizer`: a directory (its tokenizer.json and tokenizer_config.json), a GGUF file (its

@@ -49,6 +49,10 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
     let mut out = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         let num = |k: &str| r[k].as_f64().ok_or_else(|| bad(&format!("row {i} has no number `{k}`")));
+        if r["budget"].as_str() == Some("auto") {
+            // `--budgets auto` rows have no fixed budget to place on the budget axis.
+            continue;
+        }
         out.push(Row {
             method: r["method"].as_str().ok_or_else(|| bad(&format!("row {i} has no `method`")))?.to_string(),
             budget: num("budget")? as usize,

@@ -270,6 +270,12 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         Ok(ms)
     })?));
 
+    // The `--budget auto` cost curve on this cache (context P): the verify forward + argmax of
+    // r rows at the points the engine measures, N_max = B, and one drafter forward.
+    let ctx4 = b.gather_rows(&ctx_all, &(p.saturating_sub(4)..p).collect::<Vec<_>>())?;
+    let curve = sparkling::decode::budget::CostModel::measure(b, t, &mut cache, root, a.budget, &taps, Some((d, &ctx4)))?;
+    let cost_path = super::costs::cache_path(&a.model, &m.target_path, &b.name());
+
     // Greedy exactness on these shapes (optional).
     let mut report = String::new();
     let check = if a.check_tokens > 0 {
@@ -289,6 +295,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             seed: 0,
             max_new_tokens: a.check_tokens,
             stop: vec![],
+            auto_budget: None,
         };
         let ar = Engine { backend: b, target: t, drafter: None }.generate(short, &gp(Method::Ar), &mut |_| {})?;
         let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(short, &gp(Method::Sparkling), &mut |_| {})?;
@@ -325,6 +332,26 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let _ = writeln!(report, "| outside forwards | accept + candidate_table + heap + compaction | {outside:.3} | |");
     let _ = writeln!(
         report,
+        "\n`--budget auto` cost curve at context {p} (verify forward + argmax, min of ≤ 2 runs; measured in {:.0} ms; drafter forward {:.2} ms):",
+        curve.measure_ms,
+        curve.draft_ms
+    );
+    let _ = writeln!(report, "| verify rows (1+n) | ms | × 1 row |");
+    let _ = writeln!(report, "|---|---|---|");
+    for (r, ms) in curve.rows.iter().zip(&curve.verify_ms) {
+        let _ = writeln!(report, "| {r} | {ms:.2} | {:.2} |", ms / curve.verify_ms[0]);
+    }
+    match super::costs::load(&cost_path, 0) {
+        Some(c) => {
+            let pts: Vec<String> = c.rows.iter().zip(&c.verify_ms).map(|(r, ms)| format!("{r}: {ms:.1}")).collect();
+            let _ = writeln!(report, "cached curve used by `generate --budget auto` (context {}; {}): {}", c.context, cost_path.display(), pts.join(", "));
+        }
+        None => {
+            let _ = writeln!(report, "no cached curve yet ({}): the first `generate --budget auto` measures one", cost_path.display());
+        }
+    }
+    let _ = writeln!(
+        report,
         "verify / ar_step = {:.2}; decode weight bytes ≈ {gb:.2} GB ({params} params × {wb} B): AR step at {:.0} GB/s effective",
         get("verify") / get("ar_step"),
         gb / (get("ar_step") / 1e3)
@@ -347,6 +374,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             "decode_weight_bytes": params * wb,
             "ar_step_effective_gb_per_s": gb / (get("ar_step") / 1e3),
             "check": check,
+            "budget_auto_cost_curve": curve,
         });
         sparkling::fsio::write_bytes(path, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
         eprintln!("wrote {}", path.display());

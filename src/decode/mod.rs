@@ -5,6 +5,7 @@
 //! *root* is node 0 of a draft tree, the *anchor* its token (the last committed token), at
 //! position `root_pos`; *taps* are the target's tapped-layer features (the drafter's context).
 
+pub mod budget;
 pub mod propose;
 pub mod rng;
 pub mod stats;
@@ -13,7 +14,8 @@ use crate::error::{Error, Result};
 use crate::model::config::DrafterKind;
 use crate::model::drafter::Drafter;
 use crate::model::target::{LogitRows, Target};
-use propose::{propose, DraftLogits, Proposal, TreeParams, TreePrep};
+use budget::{AutoBudget, AutoState, CostModel};
+use propose::{propose_scored, DraftLogits, Proposal, TreeParams, TreePrep};
 use sparkling_core::tree::DraftTree;
 use sparkling_core::{AttnMask, Backend, SampleParams};
 pub use stats::Stats;
@@ -107,22 +109,45 @@ pub struct GenParams {
     pub max_new_tokens: usize,
     /// Token ids that end generation (the stop token is emitted, then generation ends).
     pub stop: Vec<u32>,
+    /// `--budget auto` ([`budget`]): each round verifies the prefix of the tree's pop order
+    /// worth its measured cost (`tree.budget` is then N_max, the largest tree built), or skips
+    /// the drafter; `None`: every round verifies `tree.budget` nodes.
+    pub auto_budget: Option<AutoBudget>,
 }
 
 impl GenParams {
     /// The library's defaults for `method` on a backend with (`host_memory`) or without host
-    /// tensors: [`Method::default_budget`], 128 SparklingTree candidates per depth, fan-out 64,
+    /// tensors: `--budget auto` with N_max = [`budget::auto_max_budget`] (16 on the CPU
+    /// backend, else 64, TreeSpark 32), 128 SparklingTree candidates per depth, fan-out 64,
     /// TreeSpark k = 4, [`TreePrep::Auto`], greedy (T = 0, top-k off, top-p 1), seed 0,
-    /// 256 new tokens, no stop tokens (see [`stop_tokens`]). The CLI and the browser start here.
+    /// 256 new tokens, no stop tokens (see [`stop_tokens`]). The CLI and the browser start here;
+    /// [`GenParams::with_budget`] sets a fixed budget.
     pub fn new(method: Method, host_memory: bool) -> GenParams {
         GenParams {
             method,
-            tree: TreeParams { budget: method.default_budget(host_memory), candidates: 128, max_fanout: 64, treespark_k: 4, prep: TreePrep::Auto },
+            tree: TreeParams { budget: budget::auto_max_budget(method, host_memory), candidates: 128, max_fanout: 64, treespark_k: 4, prep: TreePrep::Auto },
             sampling: SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
             seed: 0,
             max_new_tokens: 256,
             stop: Vec::new(),
+            auto_budget: Some(AutoBudget::default()),
         }
+    }
+
+    /// These parameters with budget `b`: [`budget::BudgetChoice::Fixed`] sets `tree.budget`
+    /// and turns `--budget auto` off; [`budget::BudgetChoice::Auto`] turns it on (keeping a
+    /// cost model already set) with N_max = `tree.budget`.
+    pub fn with_budget(mut self, b: budget::BudgetChoice) -> GenParams {
+        match b {
+            budget::BudgetChoice::Fixed(n) => {
+                self.tree.budget = n;
+                self.auto_budget = None;
+            }
+            budget::BudgetChoice::Auto => {
+                self.auto_budget.get_or_insert_with(AutoBudget::default);
+            }
+        }
+        self
     }
 
     /// Check the values no caller may pass: a temperature that is negative or not finite,
@@ -165,6 +190,12 @@ pub struct Generation {
     pub stopped: bool,
     /// Statistics.
     pub stats: Stats,
+    /// The cost model `--budget auto` measured in this generation (when none was given), for
+    /// the caller to cache and pass back in [`AutoBudget::cost`].
+    pub cost_model: Option<CostModel>,
+    /// The `--budget auto` policy state at the end (pass it back in [`AutoBudget::resume`] to
+    /// continue learning in the next generation).
+    pub auto_state: Option<AutoState>,
 }
 
 /// One verified round as the decode loop saw it, for the round observer of
@@ -256,7 +287,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
         let mut out: Vec<u32> = Vec::new();
         if p.max_new_tokens == 0 {
-            return Ok(Generation { tokens: out, stopped: false, stats });
+            return Ok(Generation { tokens: out, stopped: false, stats, cost_model: None, auto_state: None });
         }
         let tree_params = TreeParams { prep: p.tree.prep.resolve(b.host_memory()), ..p.tree };
         // SparklingTree device prep reads the Markov head on the device (uploaded once).
@@ -277,24 +308,82 @@ impl<'a, B: Backend> Engine<'a, B> {
         let pre = self.target.forward(b, &mut cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &tap_layers)?;
         let first = pick(b, &pre.logits, p, &[prompt.len() as u64]).await?[0];
         stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let mut taps = pre.taps;
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        // `--budget auto`: the cost model (measured here, on the live cache at the prompt's
+        // length, when the caller has none) and the per-generation policy state.
+        let mut cost_model = None;
+        let mut auto: Option<AutoState> = match (&p.auto_budget, drafter) {
+            (Some(AutoBudget { resume: Some(s), .. }), Some(_)) if s.n_max == tree_params.budget && s.cost.is_valid() => Some(s.clone()),
+            (Some(a), Some(d)) => {
+                let cost = match &a.cost {
+                    Some(c) if c.is_valid() => c.clone(),
+                    _ => {
+                        let t = Instant::now();
+                        let ctx = match &pre.taps {
+                            Some(tp) => {
+                                let n = b.shape(tp).0;
+                                Some(b.gather_rows(tp, &(n.saturating_sub(4)..n).collect::<Vec<_>>())?)
+                            }
+                            None => None,
+                        };
+                        let c = CostModel::measure(b, self.target, &mut cache, first, tree_params.budget, &tap_layers, ctx.as_ref().map(|x| (d, x)))?;
+                        stats.cost_measure_ms += ms(t);
+                        cost_model = Some(c.clone());
+                        c
+                    }
+                };
+                Some(AutoState::new(cost, tree_params.budget))
+            }
+            _ => None,
+        };
+        // Taps of committed tokens the drafter has not consumed yet (one entry per round; more
+        // than one after rounds that skipped the drafter).
+        let mut pending: Vec<B::Tensor> = pre.taps.into_iter().collect();
         let mut anchor = first;
         let mut root_pos = prompt.len();
         let mut stopped = self.push(&mut out, &[first], p, on_tokens);
         let decode_start = Instant::now();
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
 
         while !stopped && out.len() < p.max_new_tokens {
-            // 1. Draft and propose.
+            // 1. Draft and propose (under `--budget auto`: unless the policy skips the drafter,
+            // then truncate the tree to the prefix worth its cost).
             let t = Instant::now();
-            let prop = match (drafter, dcache.as_mut(), taps.as_ref()) {
-                (Some(d), Some(dc), Some(c)) => {
-                    let logits = d.draft(b, self.target, dc, c, anchor, root_pos)?;
+            let run_drafter = match auto.as_mut() {
+                Some(a) => {
+                    let go = a.should_draft();
+                    stats.policy_us += ms(t) * 1e3;
+                    go
+                }
+                None => true,
+            };
+            let mut decision = None;
+            let prop = match (drafter, dcache.as_mut()) {
+                (Some(d), Some(dc)) if run_drafter && !pending.is_empty() => {
+                    let ctx = if pending.len() == 1 {
+                        pending.pop().expect("one pending entry")
+                    } else {
+                        let parts: Vec<&B::Tensor> = pending.iter().collect();
+                        let c = b.concat_rows(&parts)?;
+                        pending.clear();
+                        c
+                    };
+                    let logits = d.draft(b, self.target, dc, &ctx, anchor, root_pos)?;
                     let forward_ms = ms(t);
                     let draft = DraftLogits { logits: &logits, depth: d.cfg.draft_depth(), vocab: d.cfg.vocab, markov: d.markov.as_ref(), markov_dev };
-                    let prop = propose(b, p.method, &draft, anchor, &tree_params).await?;
+                    let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
                     stats.draft_ms += forward_ms;
+                    if let Some(a) = auto.as_mut() {
+                        let tp = Instant::now();
+                        let dec = a.choose(&prop.tree, ms(t));
+                        prop.tree = dec.tree.clone();
+                        decision = Some(dec);
+                        stats.policy_us += ms(tp) * 1e3;
+                    }
                     prop
+                }
+                (Some(_), Some(_)) => {
+                    stats.drafts_skipped += 1;
+                    Proposal::root(anchor)
                 }
                 _ => Proposal::root(anchor),
             };
@@ -312,7 +401,8 @@ impl<'a, B: Backend> Engine<'a, B> {
                 LogitRows::All,
                 &tap_layers,
             )?;
-            stats.verify_ms += ms(t);
+            let verify_ms = ms(t);
+            stats.verify_ms += verify_ms;
 
             // 3. Accept: the target's own token per row, walked down the tree (§4.9.1).
             let t = Instant::now();
@@ -325,8 +415,12 @@ impl<'a, B: Backend> Engine<'a, B> {
                 cur = child;
             }
             let bonus = post[cur];
-            stats.accept_ms += ms(t);
+            let accept_ms = ms(t);
+            stats.accept_ms += accept_ms;
             stats.record_round(&prop, accepted.len());
+            if drafter.is_some() {
+                stats.record_size(tree.len() - 1);
+            }
             on_round(&RoundView { round: stats.rounds - 1, root_pos, tree, accepted: &accepted, bonus });
 
             // 4. Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
@@ -338,9 +432,20 @@ impl<'a, B: Backend> Engine<'a, B> {
             let t = Instant::now();
             cache.compact(b, root_pos, &accepted)?;
             if let Some(tp) = ver.taps {
-                taps = Some(b.gather_rows(&tp, &accepted)?);
+                pending.push(b.gather_rows(&tp, &accepted)?);
             }
-            stats.compact_ms += ms(t);
+            let compact_ms = ms(t);
+            stats.compact_ms += compact_ms;
+            if let Some(a) = auto.as_mut() {
+                let tp = Instant::now();
+                let reached = accepted.len() - 1;
+                let drafted = decision.as_ref().map(|d| (&d.raw_mass[..], reached));
+                if let Some(d) = &decision {
+                    stats.record_prediction(d.choice.expected, accepted.len(), &d.raw_mass, reached);
+                }
+                a.observe(tree.len(), verify_ms + accept_ms, compact_ms + ms(tp), drafted);
+                stats.policy_us += ms(tp) * 1e3;
+            }
             root_pos += accepted.len();
             anchor = bonus;
             if b.host_memory() {
@@ -352,7 +457,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
         stats.new_tokens = out.len();
         stats.decode_tokens = out.len().saturating_sub(1);
-        Ok(Generation { tokens: out, stopped, stats })
+        Ok(Generation { tokens: out, stopped, stats, cost_model, auto_state: auto })
     }
 
     /// The checks of one generation request, before any device work: a non-empty prompt of

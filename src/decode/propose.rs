@@ -118,11 +118,26 @@ fn ms(t: Instant) -> f64 {
 /// both are the §5.2 c tree; the host lazy builder reproduces the precompute table).
 /// Errors: backend failures.
 pub async fn propose<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, anchor: u32, p: &TreeParams) -> Result<Proposal> {
+    propose_scored(b, method, d, anchor, p, false).await
+}
+
+/// [`propose`], with path log-probabilities in the chains' `scores` when `chain_scores` (the
+/// `--budget auto` policy needs them; trees always carry theirs): `dflash` the running sum of
+/// each depth's top-1 log-probability (device: a top-1 [`Backend::topk`] instead of the argmax),
+/// `dspark` of the Markov-conditioned ones. Same tokens either way.
+pub async fn propose_scored<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, anchor: u32, p: &TreeParams, chain_scores: bool) -> Result<Proposal> {
     let device = p.prep.resolve(b.host_memory()) == TreePrep::Device;
     let t0 = Instant::now();
     let (depth, vocab) = (d.depth, d.vocab);
     Ok(match method {
         Method::Ar => Proposal::root(anchor),
+        Method::DFlash if device && chain_scores => {
+            let n = depth.min(p.budget);
+            let top = b.topk_async(d.logits, 1).await?;
+            let n = n.min(top.ids.len());
+            let lp: Vec<f32> = (0..n).map(|i| top.logp(i)).collect();
+            Proposal { tree: scored_chain(anchor, &top.ids[..n], &lp), prep_ms: ms(t0), ..Proposal::default() }
+        }
         Method::DFlash if device => {
             let n = depth.min(p.budget);
             let ids = b.argmax_async(d.logits).await?;
@@ -156,7 +171,7 @@ pub async fn propose<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, 
         // Host builders (and dspark / treespark everywhere): the whole logits come back.
         _ => {
             let host = b.download_async(d.logits).await?;
-            let mut prop = propose_host(method, &host, depth, vocab, d.markov, anchor, p);
+            let mut prop = propose_host(method, &host, depth, vocab, d.markov, anchor, p, chain_scores);
             prop.download_ms = ms(t0);
             prop
         }
@@ -164,14 +179,31 @@ pub async fn propose<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, 
 }
 
 /// The host tree builders over downloaded draft logits `[depth, V]`.
-fn propose_host(method: Method, logits: &[f32], depth: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, p: &TreeParams) -> Proposal {
+#[allow(clippy::too_many_arguments)]
+fn propose_host(method: Method, logits: &[f32], depth: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, p: &TreeParams, chain_scores: bool) -> Proposal {
     let t0 = Instant::now();
     let (tree, prep_ms, heap_ms) = match method {
         Method::Ar => (DraftTree::root(anchor), 0.0, 0.0),
+        Method::DFlash if chain_scores => {
+            let n = depth.min(p.budget);
+            let (drafts, lp): (Vec<u32>, Vec<f32>) = logits
+                .chunks(vocab)
+                .take(n)
+                .map(|row| {
+                    let a = argmax(row);
+                    (a, tree::log_prob(row[a as usize], tree::log_sum_exp(row)))
+                })
+                .unzip();
+            (scored_chain(anchor, &drafts, &lp), ms(t0), 0.0)
+        }
         Method::DFlash => {
             let n = depth.min(p.budget);
             let drafts: Vec<u32> = logits.chunks(vocab).take(n).map(argmax).collect();
             (DraftTree::chain(anchor, &drafts), ms(t0), 0.0)
+        }
+        Method::DSpark if chain_scores => {
+            let (drafts, lp) = tree::markov_greedy_chain_scored(logits, depth, vocab, markov, anchor, depth.min(p.budget));
+            (scored_chain(anchor, &drafts, &lp), ms(t0), 0.0)
         }
         Method::DSpark => {
             let drafts = tree::markov_greedy_chain(logits, depth, vocab, markov, anchor, depth.min(p.budget));
@@ -194,6 +226,17 @@ fn propose_host(method: Method, logits: &[f32], depth: usize, vocab: usize, mark
         Method::TreeSpark => (tree::build_treespark(logits, depth, vocab, markov, anchor, p.treespark_k, p.budget), 0.0, ms(t0)),
     };
     Proposal { tree, download_ms: 0.0, prep_ms, heap_ms }
+}
+
+/// A chain whose node scores are the running sums of the per-depth log-probabilities `lp`.
+fn scored_chain(anchor: u32, drafts: &[u32], lp: &[f32]) -> DraftTree {
+    let mut t = DraftTree::chain(anchor, drafts);
+    let mut acc = 0.0f64;
+    for (s, &l) in t.scores[1..].iter_mut().zip(lp) {
+        acc += l as f64;
+        *s = acc as f32;
+    }
+    t
 }
 
 /// Index of the row's largest value (the first on ties).

@@ -37,6 +37,28 @@ pub struct Stats {
     pub verified_nodes: usize,
     /// `accepted_at_depth[d]` = rounds whose accepted path reached depth `d+1`.
     pub accepted_at_depth: Vec<usize>,
+    /// `tree_sizes[n]` = rounds that verified `n` non-root nodes (methods with a drafter;
+    /// under `--budget auto` the chosen sizes, 0 = a plain AR step).
+    pub tree_sizes: Vec<usize>,
+    /// Rounds in which `--budget auto` skipped the drafter (plain AR steps; their taps are fed
+    /// to the drafter when it next runs).
+    pub drafts_skipped: usize,
+    /// `--budget auto`: rounds with a prediction (the drafter ran), the tokens the policy
+    /// predicted for them (calibrated, bonus included) and the tokens they committed.
+    pub predicted_rounds: usize,
+    /// Σ predicted tokens of those rounds.
+    pub predicted_tokens: f64,
+    /// Σ committed tokens of those rounds.
+    pub predicted_rounds_committed: usize,
+    /// `--budget auto`, per depth `d` (index `d - 1`): the drafter's raw predicted mass of the
+    /// verified depth-`d` nodes, summed over the rounds whose tree reached depth `d` …
+    pub calib_predicted: Vec<f64>,
+    /// … and the number of those rounds whose accepted path reached depth `d`.
+    pub calib_accepted: Vec<usize>,
+    /// Time spent in the `--budget auto` policy (choice, truncation, bookkeeping), µs.
+    pub policy_us: f64,
+    /// Time spent measuring the cost model (first use only), ms.
+    pub cost_measure_ms: f64,
 }
 
 impl Stats {
@@ -57,6 +79,46 @@ impl Stats {
         for c in self.accepted_at_depth.iter_mut().take(depth_reached) {
             *c += 1;
         }
+    }
+
+    /// Account a round's verified tree size (non-root nodes).
+    pub fn record_size(&mut self, n: usize) {
+        if self.tree_sizes.len() <= n {
+            self.tree_sizes.resize(n + 1, 0);
+        }
+        self.tree_sizes[n] += 1;
+    }
+
+    /// Account a `--budget auto` round in which the drafter ran: the predicted tokens, the
+    /// committed tokens (accepted path + bonus), the raw predicted mass per depth (index =
+    /// depth, `None` where the tree had no node) and the depth the accepted path reached.
+    pub fn record_prediction(&mut self, predicted: f64, committed: usize, raw_mass: &[Option<f64>], reached: usize) {
+        self.predicted_rounds += 1;
+        self.predicted_tokens += predicted;
+        self.predicted_rounds_committed += committed;
+        for (d, m) in raw_mass.iter().enumerate().skip(1) {
+            if let Some(m) = m {
+                if self.calib_predicted.len() < d {
+                    self.calib_predicted.resize(d, 0.0);
+                    self.calib_accepted.resize(d, 0);
+                }
+                self.calib_predicted[d - 1] += m;
+                self.calib_accepted[d - 1] += usize::from(reached >= d);
+            }
+        }
+    }
+
+    /// `--budget auto`: (predicted τ, observed τ) over the rounds in which the drafter ran.
+    pub fn predicted_vs_observed_tau(&self) -> Option<(f64, f64)> {
+        (self.predicted_rounds > 0).then(|| {
+            let r = self.predicted_rounds as f64;
+            (self.predicted_tokens / r, self.predicted_rounds_committed as f64 / r)
+        })
+    }
+
+    /// Policy time per round, µs.
+    pub fn policy_us_per_round(&self) -> f64 {
+        self.policy_us / self.rounds.max(1) as f64
     }
 
     /// Mean acceptance length τ: committed tokens per round, bonus included (reference §6.1,
@@ -111,6 +173,28 @@ impl Stats {
         for (a, b) in self.accepted_at_depth.iter_mut().zip(&o.accepted_at_depth) {
             *a += b;
         }
+        if self.tree_sizes.len() < o.tree_sizes.len() {
+            self.tree_sizes.resize(o.tree_sizes.len(), 0);
+        }
+        for (a, b) in self.tree_sizes.iter_mut().zip(&o.tree_sizes) {
+            *a += b;
+        }
+        self.drafts_skipped += o.drafts_skipped;
+        self.predicted_rounds += o.predicted_rounds;
+        self.predicted_tokens += o.predicted_tokens;
+        self.predicted_rounds_committed += o.predicted_rounds_committed;
+        if self.calib_predicted.len() < o.calib_predicted.len() {
+            self.calib_predicted.resize(o.calib_predicted.len(), 0.0);
+            self.calib_accepted.resize(o.calib_accepted.len(), 0);
+        }
+        for (a, b) in self.calib_predicted.iter_mut().zip(&o.calib_predicted) {
+            *a += b;
+        }
+        for (a, b) in self.calib_accepted.iter_mut().zip(&o.calib_accepted) {
+            *a += b;
+        }
+        self.policy_us += o.policy_us;
+        self.cost_measure_ms += o.cost_measure_ms;
     }
     /// Per-round means of each stage, ms: (draft, prep, heap, verify, accept, compact).
     pub fn per_round_ms(&self) -> [f64; 6] {

@@ -31,7 +31,7 @@ pub mod treespark;
 
 pub use ddtree::build_ddtree;
 pub use treespark::build_treespark;
-pub use sparkling::{build_sparkling_reference, markov_greedy_chain, MarkovHead};
+pub use sparkling::{build_sparkling_reference, markov_greedy_chain, markov_greedy_chain_scored, MarkovHead};
 pub use sparkling_table::{build_sparkling_precompute, candidate_table, candidate_union};
 pub use sparkling_lazy::{build_sparkling_lazy, LazyCandidates};
 /// The tree types are defined once, next to the Backend trait (design §3).

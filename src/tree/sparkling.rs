@@ -217,6 +217,33 @@ pub fn markov_greedy_chain(
     anchor: u32,
     max_len: usize,
 ) -> Vec<u32> {
+    greedy_chain(base, ld, vocab, markov, anchor, max_len, None)
+}
+
+/// [`markov_greedy_chain`] plus each draft's conditional log-probability
+/// `log_softmax(U[d] + B(prev))[tok_d]` over the full vocabulary (same tokens).
+pub fn markov_greedy_chain_scored(
+    base: &[f32],
+    ld: usize,
+    vocab: usize,
+    markov: Option<&MarkovHead>,
+    anchor: u32,
+    max_len: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    let mut lp = Vec::new();
+    let toks = greedy_chain(base, ld, vocab, markov, anchor, max_len, Some(&mut lp));
+    (toks, lp)
+}
+
+fn greedy_chain(
+    base: &[f32],
+    ld: usize,
+    vocab: usize,
+    markov: Option<&MarkovHead>,
+    anchor: u32,
+    max_len: usize,
+    mut lp: Option<&mut Vec<f32>>,
+) -> Vec<u32> {
     let len = ld.min(max_len);
     if vocab == 0 || len == 0 {
         return Vec::new();
@@ -235,6 +262,9 @@ pub fn markov_greedy_chain(
         }
         prev = best as u32;
         out.push(prev);
+        if let Some(lp) = lp.as_deref_mut() {
+            lp.push(super::log_prob(z[best], super::log_sum_exp(&z)));
+        }
     }
     out
 }

@@ -179,6 +179,7 @@ pub fn answer(lt: &LoadedTarget, id: u32, prompt: &[u32], o: &GenOptions) -> Res
         seed: 0,
         max_new_tokens: o.max_new_tokens,
         stop,
+        auto_budget: None,
     };
     let engine = Engine { backend: b, target: &lt.target, drafter: None };
     let g = engine.generate(prompt, &params, &mut |_| {})?;

@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 use sparkling::core::{Backend, SampleParams};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::propose::{TreeParams, TreePrep};
+use sparkling::decode::budget::{BudgetChoice, CostModel};
 use sparkling::decode::{stop_tokens, Engine, GenParams, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::safetensors_source::SafetensorsSource;
@@ -51,6 +52,9 @@ struct Loaded<B: Backend> {
     b: B,
     target: Option<Target<B>>,
     drafters: Vec<Drafter<B>>,
+    /// The `budget: "auto"` cost model measured by the first generation on this target (the
+    /// next ones reuse it); cleared when a target is loaded.
+    cost: std::cell::RefCell<Option<CostModel>>,
 }
 
 /// The backend a session runs on.
@@ -84,9 +88,9 @@ impl Session {
         let models = match backend.as_str() {
             "webgpu" | "wgpu" | "gpu" => {
                 let b = WgpuBackend::with_options_async(&WgpuOptions::default()).await.map_err(js_err)?;
-                Models::Gpu(Loaded { b, target: None, drafters: Vec::new() })
+                Models::Gpu(Loaded { b, target: None, drafters: Vec::new(), cost: Default::default() })
             }
-            "cpu" => Models::Cpu(Loaded { b: CpuBackend::new(), target: None, drafters: Vec::new() }),
+            "cpu" => Models::Cpu(Loaded { b: CpuBackend::new(), target: None, drafters: Vec::new(), cost: Default::default() }),
             other => return Err(JsError::new(&format!("unknown backend `{other}` (expected \"webgpu\" or \"cpu\")"))),
         };
         Ok(Session { models: Rc::new(RefCell::new(models)), tokenizer: Rc::new(RefCell::new(None)), epoch: Rc::new(Cell::new(0)) })
@@ -192,9 +196,11 @@ impl Session {
 
     /// Generate from token ids. `options`: an object (or its JSON text) with any of `method`
     /// (`ar`, `dflash`, `ddtree`, `dspark`, `sparkling` (default), `treespark`), `budget`
-    /// (tree budget), `candidates`, `max_fanout`, `treespark_k`, `max_new_tokens`,
-    /// `temperature` (0 = greedy), `top_k` (0 = off), `top_p`, `seed` — defaults those of the
-    /// CLI (`GenParams::new`: budget 64, treespark 32, at most 8 on the CPU backend; 128
+    /// (`"auto"`, the default: each round verifies the part of the tree worth its measured cost,
+    /// or skips the drafter; or a number of tree nodes), `candidates`, `max_fanout`,
+    /// `treespark_k`, `max_new_tokens`, `temperature` (0 = greedy), `top_k` (0 = off), `top_p`,
+    /// `seed` — defaults those of the CLI (`GenParams::new`: budget auto, trees of up to 64
+    /// nodes, treespark 32, 16 on the CPU backend; 128
     /// candidates, fan-out 64, k 4, 256 new tokens, greedy, seed 0) — `stop` (token ids; default
     /// the CLI's rule, `sparkling::decode::stop_tokens`: the target's EOS plus the tokenizer's
     /// stop tokens), `tree_prep` (`"auto"`: device on WebGPU, host on the CPU backend). `prompt_ids`: a `Uint32Array` or an array of ids;
@@ -202,7 +208,7 @@ impl Session {
     /// called with each round's committed tokens (and their text when a tokenizer is set); when
     /// it returns `false` the generation stops at the round's end (as with [`Session::cancel`]).
     /// Resolves to `{ tokens, text, stopped, cancelled, tau, tokens_per_s, rounds, prefill_ms,
-    /// decode_ms, method, budget, backend }` (a cancelled run: the tokens so far, `null`
+    /// decode_ms, method, budget, backend, tree_sizes, drafts_skipped }` (a cancelled run: the tokens so far, `null`
     /// statistics). Several generations may run at once on one session (their rounds
     /// interleave); loading waits until none is running.
     /// Errors: no target loaded, a method whose drafter kind is not loaded, bad options (the
@@ -302,6 +308,7 @@ fn unknown_key(k: &str) -> sparkling::Error {
 fn load_target<B: Backend>(l: &mut Loaded<B>, src: &dyn TensorSource, cfg: TargetConfig) -> sparkling::Result<()> {
     l.drafters.clear();
     l.target = None;
+    l.cost.replace(None);
     l.target = Some(Target::load(&l.b, src, cfg, &|_, _| {})?);
     Ok(())
 }
@@ -354,15 +361,20 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
     if !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
         return Err(sparkling::Error::Input(format!("generate options: temperature must be ≥ 0 (got {temperature}) and top_p in (0, 1] (got {top_p})")));
     }
-    let d = GenParams::new(method, host_memory);
-    let budget = uint("budget", d.tree.budget)?;
-    if budget == 0 {
-        return Err(bad("budget", "at least 1"));
-    }
+    // `budget`: "auto" (the default: the per-round choice of `--budget auto`) or a number.
+    let d = match v.get("budget") {
+        None | Some(Value::Null) => GenParams::new(method, host_memory),
+        Some(Value::String(s)) if s == "auto" => GenParams::new(method, host_memory),
+        Some(x) => match x.as_u64().and_then(|n| usize::try_from(n).ok()) {
+            Some(n) if n >= 1 => GenParams::new(method, host_memory).with_budget(BudgetChoice::Fixed(n)),
+            _ => return Err(bad("budget", "\"auto\" or an integer ≥ 1")),
+        },
+    };
     Ok(GenParams {
         method,
+        auto_budget: d.auto_budget.clone(),
         tree: TreeParams {
-            budget,
+            budget: d.tree.budget,
             candidates: uint("candidates", d.tree.candidates)?.max(1),
             max_fanout: uint("max_fanout", d.tree.max_fanout)?.max(1),
             treespark_k: uint("treespark_k", d.tree.treespark_k)?.max(1),
@@ -380,6 +392,15 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
         max_new_tokens: uint("max_new_tokens", d.max_new_tokens)?,
         stop,
     })
+}
+
+/// `"auto"` or the fixed budget.
+fn budget_json(p: &GenParams) -> Value {
+    if p.auto_budget.is_some() {
+        json!("auto")
+    } else {
+        json!(p.tree.budget)
+    }
 }
 
 async fn run(
@@ -411,7 +432,10 @@ async fn generate<B: Backend>(
 ) -> sparkling::Result<Value> {
     let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target or load_target_gguf first".into()))?;
     let default_stop = stop_tokens(&target.cfg.eos, tok.map_or(&[][..], |t| &t.stop));
-    let p = gen_params(opts, l.b.host_memory(), default_stop)?;
+    let mut p = gen_params(opts, l.b.host_memory(), default_stop)?;
+    if let Some(a) = p.auto_budget.as_mut() {
+        a.cost = l.cost.borrow().clone().filter(|c| c.max_rows() > p.tree.budget);
+    }
     let drafter = p.method.drafter_kind().and_then(|k| l.drafters.iter().find(|d| d.cfg.kind == k));
     if let (Some(kind), None) = (p.method.drafter_kind(), drafter) {
         let have: Vec<String> = l.drafters.iter().map(|d| format!("{:?}", d.cfg.kind)).collect();
@@ -470,11 +494,14 @@ async fn generate<B: Backend>(
             "prefill_ms": null,
             "decode_ms": null,
             "method": p.method.name(),
-            "budget": p.tree.budget,
+            "budget": budget_json(&p),
             "backend": l.b.name(),
         }));
     };
     let g = g?;
+    if let Some(c) = &g.cost_model {
+        l.cost.replace(Some(c.clone()));
+    }
     let text = match tok {
         Some(t) => Some(t.decode(&g.tokens, false)?),
         None => None,
@@ -490,7 +517,9 @@ async fn generate<B: Backend>(
         "prefill_ms": g.stats.prefill_ms,
         "decode_ms": g.stats.decode_ms,
         "method": p.method.name(),
-        "budget": p.tree.budget,
+        "budget": budget_json(&p),
         "backend": l.b.name(),
+        "tree_sizes": g.stats.tree_sizes,
+        "drafts_skipped": g.stats.drafts_skipped,
     }))
 }

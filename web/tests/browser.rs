@@ -61,6 +61,7 @@ fn params(method: Method, budget: usize, prep: TreePrep) -> GenParams {
         seed: 0,
         max_new_tokens: 20,
         stop: vec![],
+        auto_budget: None,
     }
 }
 

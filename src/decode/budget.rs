@@ -1,0 +1,794 @@
+//! `--budget auto` (issue 13): every round verifies only the draft nodes worth their cost.
+//!
+//! Three parts, each usable alone:
+//!
+//! 1. **The cost model** ([`CostModel`]), measured, not assumed: the target forward (+ the
+//!    argmax read-back) of `r` verify rows for a handful of `r` in `1 ..= 1 + N_max`, on top of a
+//!    real KV cache at the current context length, and one drafter forward. Between measured
+//!    points the curve is piecewise linear; the points are placed on both sides of the usual
+//!    kernel tile edges (4, 8, 16, 32, 48, 64 rows), so the staircase of a tiled kernel stays a
+//!    staircase (no smoothing; only upward noise spikes are removed, `c(r) = min_{r' ≥ r} m(r')`).
+//! 2. **Expected acceptance from the tree** ([`Calibration`], [`expected_tokens`]): the
+//!    best-first heaps pop nodes in decreasing path probability, the expected number of
+//!    accepted nodes of a tree is the sum of its nodes' path probabilities (DDTree,
+//!    Proposition 1), so every prefix of the pop order is the best tree of its size. The
+//!    drafter's probabilities are calibrated online, per depth, by the running ratio of the
+//!    accepted to the predicted mass (exponentially decayed).
+//! 3. **The choice per round** ([`choose`], a pure function): `n* = argmax_n (1 + Σ_{i≤n} q̂_i)
+//!    / (t_draft + c(1+n) + t_round)`, `n = 0` included. Whether to run the drafter at all is
+//!    decided before it runs ([`AutoState::should_draft`]) from the predicted gain of the
+//!    recent drafted rounds (an exponential average of `E(n*) − T(n*)/T_ar`, tokens gained over
+//!    plain AR in the same time); while it is negative the drafter is skipped (a plain AR
+//!    step) and re-tried after 4, 8, … 64 skipped rounds (probes). The decode loop keeps the
+//!    skipped rounds' taps and feeds them to the drafter when it next runs, so its context is
+//!    exactly the one it would have had (its context rows are per-row K/V, independent of
+//!    when they are written).
+//!
+//! Tokens never depend on any of this: the verify walks whatever tree it is given, so every
+//! method stays equal to `ar` (T = 0) and to `ar` with the same seed (T > 0).
+
+use super::Method;
+use crate::error::{Error, Result};
+use crate::model::drafter::Drafter;
+use crate::model::layer::KvCache;
+use crate::model::target::{LogitRows, Target};
+use crate::tree::DraftTree;
+use serde::{Deserialize, Serialize};
+use sparkling_core::{AttnMask, Backend};
+use web_time::Instant;
+
+/// How many nodes a round verifies: a fixed budget, or chosen per round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetChoice {
+    /// `--budget auto`: chosen per round, up to [`auto_max_budget`].
+    Auto,
+    /// `--budget N`: every round builds (up to) N non-root nodes.
+    Fixed(usize),
+}
+
+impl BudgetChoice {
+    /// Parse `auto` or a non-negative integer. Errors name the argument `arg`.
+    pub fn parse(s: &str, arg: &str) -> Result<BudgetChoice> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(BudgetChoice::Auto);
+        }
+        s.parse::<usize>().map(BudgetChoice::Fixed).map_err(|_| Error::Input(format!("{arg} `{s}`: expected `auto` or a number of tree nodes")))
+    }
+
+    /// `auto` or the number.
+    pub fn name(self) -> String {
+        match self {
+            BudgetChoice::Auto => "auto".into(),
+            BudgetChoice::Fixed(n) => n.to_string(),
+        }
+    }
+}
+
+/// The largest tree `--budget auto` considers (N_max): 16 non-root nodes on a backend whose
+/// tensors live in host memory (a CPU verify is compute-bound: beyond ~16 rows a node costs
+/// about a quarter of a decode step and no drafter pays for it), else [`Method::default_budget`]
+/// (64, TreeSpark 32).
+pub fn auto_max_budget(method: Method, host_memory: bool) -> usize {
+    if host_memory {
+        16
+    } else {
+        method.default_budget(false)
+    }
+}
+
+/// Options of `--budget auto` (see [`super::GenParams::auto_budget`]).
+#[derive(Debug, Clone, Default)]
+pub struct AutoBudget {
+    /// A cost model measured earlier for this model × backend × threads × weights (the CLI
+    /// caches it in the asset directory); `None`: the engine measures one after the prefill
+    /// and returns it in [`super::Generation::cost_model`].
+    pub cost: Option<CostModel>,
+    /// The policy state a previous generation ended with ([`super::Generation::auto_state`]):
+    /// its calibration, timings and draft/skip schedule carry over (a server or a benchmark
+    /// keeps learning across requests); ignored when its N_max differs from `tree.budget`.
+    pub resume: Option<AutoState>,
+}
+
+/// The measured cost of a round's parts (ms).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// Verify rows (root included) of the measured points, ascending, starting at 1.
+    pub rows: Vec<usize>,
+    /// Target forward + argmax read-back of `rows[i]` rows, ms (upward spikes removed).
+    pub verify_ms: Vec<f64>,
+    /// One drafter forward (+ the read-back of its logits), ms; 0 when not measured.
+    pub draft_ms: f64,
+    /// KV length the forwards ran on top of.
+    pub context: usize,
+    /// Wall time the measurement took, ms.
+    pub measure_ms: f64,
+    /// The backend's name.
+    pub backend: String,
+}
+
+impl CostModel {
+    /// A model from points (`rows` ascending from 1, same length as `ms`), as measured.
+    pub fn from_points(rows: Vec<usize>, verify_ms: Vec<f64>, draft_ms: f64) -> CostModel {
+        CostModel { rows, verify_ms, draft_ms, context: 0, measure_ms: 0.0, backend: String::new() }
+    }
+
+    /// The largest measured row count.
+    pub fn max_rows(&self) -> usize {
+        self.rows.last().copied().unwrap_or(0)
+    }
+
+    /// Whether the points are usable: non-empty, rows strictly ascending from 1, equal
+    /// lengths, finite positive times.
+    pub fn is_valid(&self) -> bool {
+        !self.rows.is_empty()
+            && self.rows.len() == self.verify_ms.len()
+            && self.rows[0] == 1
+            && self.rows.windows(2).all(|w| w[0] < w[1])
+            && self.verify_ms.iter().all(|&m| m.is_finite() && m > 0.0)
+            && self.draft_ms.is_finite()
+            && self.draft_ms >= 0.0
+    }
+
+    /// `c(rows)`: piecewise-linear between the measured points (no smoothing, so a staircase
+    /// measured on both sides of each step stays one); beyond the last point, the last
+    /// segment's slope (never negative) continues.
+    pub fn verify(&self, rows: usize) -> f64 {
+        let (r, m) = (&self.rows, &self.verify_ms);
+        if r.is_empty() {
+            return 0.0;
+        }
+        match r.binary_search(&rows) {
+            Ok(i) => m[i],
+            Err(0) => m[0],
+            Err(i) if i < r.len() => {
+                let (r0, r1) = (r[i - 1] as f64, r[i] as f64);
+                let t = (rows as f64 - r0) / (r1 - r0);
+                m[i - 1] + t * (m[i] - m[i - 1])
+            }
+            Err(_) => {
+                let n = r.len();
+                if n < 2 {
+                    return m[0] * rows as f64;
+                }
+                let slope = ((m[n - 1] - m[n - 2]) / (r[n - 1] - r[n - 2]) as f64).max(0.0);
+                m[n - 1] + slope * (rows - r[n - 1]) as f64
+            }
+        }
+    }
+
+    /// The verify row counts to measure for trees of up to `n_max` non-root nodes: 1–6, then
+    /// both sides of 8, 12, 16, 24, 32, 48 and 64, and `1 + n_max`.
+    pub fn sample_rows(n_max: usize) -> Vec<usize> {
+        let top = n_max + 1;
+        let mut v: Vec<usize> = [1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65]
+            .into_iter()
+            .filter(|&r| r <= top)
+            .collect();
+        if v.last() != Some(&top) {
+            v.push(top);
+        }
+        v
+    }
+
+    /// Measure the verify curve for trees of up to `n_max` nodes on top of `cache` (which
+    /// holds the context: rows `0 .. cache.len`; it is left as it was), with the given target
+    /// `taps` requested as the decode loop does, and — when `drafter` is given with a few
+    /// context rows of taps `[Lc, n_taps·H]` — one drafter forward on a scratch draft cache.
+    /// Each point is timed once (twice when the first pass took under 150 ms; the minimum
+    /// kept), so the whole measurement costs about one pass over the rows (a few hundred ms on
+    /// a CPU for N_max = 16). Errors: backend failures.
+    pub fn measure<B: Backend>(
+        b: &B,
+        target: &Target<B>,
+        cache: &mut KvCache<B>,
+        anchor: u32,
+        n_max: usize,
+        taps: &[usize],
+        drafter: Option<(&Drafter<B>, &B::Tensor)>,
+    ) -> Result<CostModel> {
+        let t0 = Instant::now();
+        let start = cache.len;
+        let rows = CostModel::sample_rows(n_max);
+        let mut best = vec![f64::INFINITY; rows.len()];
+        let mut time_rows = |r: usize| -> Result<f64> {
+            let toks = vec![anchor; r];
+            let pos: Vec<u32> = (0..r as u32).map(|i| start as u32 + i).collect();
+            let parents: Vec<u32> = (0..r).map(|i| if i == 0 { crate::tree::NO_PARENT } else { i as u32 - 1 }).collect();
+            let t = Instant::now();
+            let o = target.forward(b, cache, &toks, &pos, AttnMask::Tree { parents: &parents }, LogitRows::All, taps)?;
+            b.argmax(&o.logits)?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            cache.crop(start);
+            Ok(ms)
+        };
+        // Warm-up (first-touch allocations), untimed.
+        time_rows(1)?;
+        for pass in 0..2 {
+            for (i, &r) in rows.iter().enumerate() {
+                best[i] = best[i].min(time_rows(r)?);
+            }
+            if pass == 0 && t0.elapsed().as_secs_f64() * 1e3 > 150.0 {
+                break;
+            }
+        }
+        // Remove upward noise spikes: the cost of r rows is at most that of any larger tree.
+        for i in (0..best.len().saturating_sub(1)).rev() {
+            best[i] = best[i].min(best[i + 1]);
+        }
+        let mut draft_ms = 0.0;
+        if let Some((d, ctx)) = drafter {
+            let lc = b.shape(ctx).0;
+            let mut dc = d.new_cache(b, lc + d.cfg.block_size + 1)?;
+            let t = Instant::now();
+            let logits = d.draft(b, target, &mut dc, ctx, anchor, lc)?;
+            b.download(&logits)?;
+            draft_ms = t.elapsed().as_secs_f64() * 1e3;
+        }
+        Ok(CostModel { rows, verify_ms: best, draft_ms, context: start, measure_ms: t0.elapsed().as_secs_f64() * 1e3, backend: b.name() })
+    }
+}
+
+/// The policy's choice for one drafted round.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    /// Non-root nodes to verify (a prefix of the pop order).
+    pub n: usize,
+    /// Expected tokens committed (bonus included): `expected[n]`.
+    pub expected: f64,
+    /// Predicted round time, ms: `draft + c(1+n) + round`.
+    pub ms: f64,
+}
+
+/// The arithmetic argmax of `expected[n] / (draft_ms + verify_ms(1 + n) + round_ms)` over
+/// `n = 0 ..= expected.len() - 1` (`expected[n]`: expected tokens committed by the round when
+/// it verifies the first `n` nodes of the pop order, `expected[0] = 1`: the bonus token).
+/// Ties go to the smaller tree. An empty `expected` is treated as `[1]`.
+pub fn choose(expected: &[f64], verify_ms: &dyn Fn(usize) -> f64, draft_ms: f64, round_ms: f64) -> Choice {
+    let mut best = Choice { n: 0, expected: 1.0, ms: draft_ms + verify_ms(1) + round_ms };
+    let mut best_rate = f64::NEG_INFINITY;
+    for (n, &e) in expected.iter().enumerate() {
+        let ms = draft_ms + verify_ms(1 + n) + round_ms;
+        let rate = if ms > 0.0 { e / ms } else { f64::INFINITY };
+        if rate > best_rate {
+            best_rate = rate;
+            best = Choice { n, expected: e, ms };
+        }
+    }
+    best
+}
+
+/// Expected tokens `E(n)` for `n = 0 ..= q.len()` when the nodes (in pop order) of depths
+/// `depths` with acceptance probabilities `q` (path probabilities, calibrated) are verified:
+/// `E(n) = 1 + Σ_d P(depth d reached)`, where `P(depth d reached)` is the mass of the prefix's
+/// depth-`d` nodes (disjoint events), clamped to `[0, P(depth d−1 reached)]` ⊆ `[0, 1]`.
+/// Without the clamp (probabilities summing below 1 per depth) this is `1 + Σ_{i≤n} q_i`.
+pub fn expected_tokens(depths: &[u32], q: &[f64]) -> Vec<f64> {
+    let dmax = depths.iter().copied().max().unwrap_or(0) as usize;
+    let mut mass = vec![0.0f64; dmax + 1];
+    let mut out = Vec::with_capacity(q.len() + 1);
+    out.push(1.0);
+    for (&d, &qi) in depths.iter().zip(q) {
+        mass[d as usize] += qi.max(0.0);
+        let mut e = 1.0;
+        let mut reach = 1.0f64;
+        for &m in &mass[1..] {
+            reach = reach.min(m);
+            if reach <= 0.0 {
+                break;
+            }
+            e += reach;
+        }
+        out.push(e);
+    }
+    out
+}
+
+/// Online calibration of the drafter's path probabilities, per depth: `factor(d) = (accepted
+/// mass + prior · factor(d−1)) / (predicted mass + prior)`, `factor(0) = 1`, both masses
+/// exponentially decayed (`decay` per observed round), where the predicted mass of a round at
+/// depth `d` is the sum of the verified depth-`d` nodes' probabilities and the accepted mass
+/// is 1 when the accepted path reached depth `d`. Depths a round's tree does not reach are not
+/// updated. The prior shrinks a depth towards the depth above it, not towards 1: a drafter
+/// whose first depth proved over-confident is not trusted deeper down until it earns it.
+#[derive(Debug, Clone)]
+pub struct Calibration {
+    /// Decayed predicted mass per depth (index = depth, 0 unused).
+    pub predicted: Vec<f64>,
+    /// Decayed accepted mass per depth.
+    pub accepted: Vec<f64>,
+    /// Decay per update (0.98: a window of ~50 rounds).
+    pub decay: f64,
+    /// Pseudo-mass pulling the factor towards 1 while little is observed.
+    pub prior: f64,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration { predicted: Vec::new(), accepted: Vec::new(), decay: 0.98, prior: 0.25 }
+    }
+}
+
+impl Calibration {
+    /// The factor of depth `d` (that of depth `d − 1` where nothing was observed; 1 at
+    /// depth 0).
+    pub fn factor(&self, d: usize) -> f64 {
+        let mut f = 1.0;
+        for k in 1..=d {
+            let p = self.predicted.get(k).copied().unwrap_or(0.0);
+            let a = self.accepted.get(k).copied().unwrap_or(0.0);
+            f = (a + self.prior * f) / (p + self.prior);
+        }
+        f
+    }
+
+    /// The factors of depths `0 ..= dmax` (one pass).
+    pub fn factors(&self, dmax: usize) -> Vec<f64> {
+        let mut out = Vec::with_capacity(dmax + 1);
+        out.push(1.0);
+        for k in 1..=dmax {
+            let p = self.predicted.get(k).copied().unwrap_or(0.0);
+            let a = self.accepted.get(k).copied().unwrap_or(0.0);
+            out.push((a + self.prior * out[k - 1]) / (p + self.prior));
+        }
+        out
+    }
+
+    /// Account one verified round: `mass[d]` = the predicted mass of the tree's depth-`d`
+    /// nodes (`None` for depths without nodes), `reached` = the depth the accepted path reached.
+    pub fn observe(&mut self, mass: &[Option<f64>], reached: usize) {
+        if self.predicted.len() < mass.len() {
+            self.predicted.resize(mass.len(), 0.0);
+            self.accepted.resize(mass.len(), 0.0);
+        }
+        for (d, m) in mass.iter().enumerate().skip(1) {
+            if let Some(m) = m {
+                self.predicted[d] = self.decay * self.predicted[d] + m;
+                self.accepted[d] = self.decay * self.accepted[d] + if reached >= d { 1.0 } else { 0.0 };
+            }
+        }
+    }
+}
+
+/// The nodes of `tree` (root excluded) in pop order: path score descending, index ascending on
+/// ties. For the best-first builders (ddtree, sparkling) and chains this is `1..len`; TreeSpark
+/// returns its nodes depth-major and is re-ordered here. Every prefix is ancestor-closed
+/// (a child's path score never exceeds its parent's, and a parent precedes its child).
+pub fn pop_order(tree: &DraftTree) -> Vec<usize> {
+    let mut order: Vec<usize> = (1..tree.len()).collect();
+    if !tree.scores[1..].windows(2).all(|w| w[0] >= w[1]) {
+        order.sort_by(|&a, &b| tree.scores[b].total_cmp(&tree.scores[a]).then(a.cmp(&b)));
+    }
+    order
+}
+
+/// `tree` restricted to the root and the first `n` nodes of `order` (see [`pop_order`]), in
+/// the tree's own node order (so parents still precede children), parents remapped.
+pub fn truncate(tree: &DraftTree, order: &[usize], n: usize) -> DraftTree {
+    let n = n.min(order.len());
+    if n == order.len() {
+        return tree.clone();
+    }
+    let mut keep: Vec<usize> = order[..n].to_vec();
+    keep.sort_unstable();
+    let mut col = vec![u32::MAX; tree.len()];
+    col[0] = 0;
+    let mut out = DraftTree::root(tree.tokens[0]);
+    for (j, &i) in keep.iter().enumerate() {
+        col[i] = j as u32 + 1;
+        out.tokens.push(tree.tokens[i]);
+        out.parents.push(col[tree.parents[i] as usize]);
+        out.depths.push(tree.depths[i]);
+        out.scores.push(tree.scores[i]);
+    }
+    debug_assert!(out.is_well_formed(), "truncate: the kept prefix is not ancestor-closed");
+    out
+}
+
+/// Exponential moving average.
+#[derive(Debug, Clone, Copy)]
+struct Ema {
+    v: Option<f64>,
+    alpha: f64,
+}
+
+impl Ema {
+    fn new(alpha: f64) -> Ema {
+        Ema { v: None, alpha }
+    }
+    fn push(&mut self, x: f64) {
+        self.v = Some(match self.v {
+            None => x,
+            Some(v) => v + self.alpha * (x - v),
+        });
+    }
+    fn get_or(&self, d: f64) -> f64 {
+        self.v.unwrap_or(d)
+    }
+}
+
+/// Longest run of skipped drafter calls between two probes.
+pub const MAX_PROBE_INTERVAL: usize = 64;
+
+/// Skipped drafter calls before the first probe (then 8, 16, … [`MAX_PROBE_INTERVAL`]).
+pub const FIRST_PROBE_INTERVAL: usize = 4;
+
+/// The per-generation state of `--budget auto`: the cost model with its online corrections,
+/// the calibration, and the draft/skip schedule.
+#[derive(Debug, Clone)]
+pub struct AutoState {
+    /// The measured cost model.
+    pub cost: CostModel,
+    /// N_max: nodes built per drafted round before truncation.
+    pub n_max: usize,
+    /// Per-depth calibration of the drafter's probabilities.
+    pub calib: Calibration,
+    /// Observed (verify + accept) / `cost.verify(rows)`: context growth and machine load.
+    scale: Ema,
+    /// Observed drafter forward + tree build, ms.
+    draft_ms: Ema,
+    /// Observed per-round overhead outside draft and verify (compaction, taps, policy), ms.
+    round_ms: Ema,
+    /// Predicted gain over AR of recent drafted rounds (tokens), see [`AutoState::should_draft`].
+    gain: Ema,
+    /// Drafter calls skipped since the last drafted round.
+    skipped: usize,
+    /// Skips before the next probe.
+    interval: usize,
+}
+
+/// What [`AutoState::choose`] decided for a drafted round.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// The truncated tree to verify.
+    pub tree: DraftTree,
+    /// The choice (n, expected tokens, predicted ms).
+    pub choice: Choice,
+    /// The raw (uncalibrated) predicted mass per depth of the kept nodes.
+    pub raw_mass: Vec<Option<f64>>,
+}
+
+impl AutoState {
+    /// A fresh state for trees of up to `n_max` nodes.
+    pub fn new(cost: CostModel, n_max: usize) -> AutoState {
+        AutoState {
+            cost,
+            n_max,
+            calib: Calibration::default(),
+            scale: Ema::new(0.2),
+            draft_ms: Ema::new(0.3),
+            round_ms: Ema::new(0.2),
+            gain: Ema::new(0.5),
+            skipped: 0,
+            interval: FIRST_PROBE_INTERVAL,
+        }
+    }
+
+    /// Predicted verify (+ accept) time of `rows` rows now, ms.
+    pub fn verify_ms(&self, rows: usize) -> f64 {
+        self.scale.get_or(1.0) * self.cost.verify(rows)
+    }
+
+    /// Predicted drafter forward + tree build, ms.
+    pub fn draft_ms(&self) -> f64 {
+        self.draft_ms.get_or(self.cost.draft_ms)
+    }
+
+    /// Predicted per-round overhead, ms.
+    pub fn round_ms(&self) -> f64 {
+        self.round_ms.get_or(0.0)
+    }
+
+    /// Time of a plain AR round, ms.
+    pub fn ar_ms(&self) -> f64 {
+        self.verify_ms(1) + self.round_ms()
+    }
+
+    /// The longest probe interval: [`MAX_PROBE_INTERVAL`] rounds, stretched by the drafter's
+    /// cost in AR steps when a drafter call costs more than one (so probes of a losing drafter
+    /// cost at most ~1/64 of the decode time).
+    pub fn max_interval(&self) -> usize {
+        let steps = self.draft_ms() / self.ar_ms().max(1e-9);
+        let k = if steps.is_finite() { steps.clamp(1.0, 16.0) } else { 1.0 };
+        (MAX_PROBE_INTERVAL as f64 * k).round() as usize
+    }
+
+    /// Run the drafter this round? Yes while the recent drafted rounds predicted a gain over
+    /// AR (and on the first round); else the round is a plain AR step, except every
+    /// `interval`-th one (a probe; the interval starts at [`FIRST_PROBE_INTERVAL`], doubles
+    /// after each probe that still predicts a loss, up to [`MAX_PROBE_INTERVAL`], and resets
+    /// once drafting pays).
+    pub fn should_draft(&mut self) -> bool {
+        if self.gain.get_or(0.0) >= 0.0 {
+            return true;
+        }
+        if self.skipped + 1 >= self.interval {
+            return true;
+        }
+        self.skipped += 1;
+        false
+    }
+
+    /// Choose the prefix of `tree`'s pop order to verify, the drafter's time this round
+    /// (`draft_ms`, observed) included; updates the skip schedule.
+    pub fn choose(&mut self, tree: &DraftTree, draft_ms: f64) -> Decision {
+        self.draft_ms.push(draft_ms);
+        let order = pop_order(tree);
+        let order = &order[..order.len().min(self.n_max)];
+        let depths: Vec<u32> = order.iter().map(|&i| tree.depths[i]).collect();
+        let f = self.calib.factors(depths.iter().copied().max().unwrap_or(0) as usize);
+        let q: Vec<f64> = order.iter().map(|&i| (tree.scores[i] as f64).exp() * f[tree.depths[i] as usize]).collect();
+        let expected = expected_tokens(&depths, &q);
+        let (d, r) = (self.draft_ms(), self.round_ms());
+        let choice = choose(&expected, &|rows| self.verify_ms(rows), d, r);
+        // Gain over AR in the same time, tokens.
+        let gain = choice.expected - choice.ms / self.ar_ms().max(1e-9);
+        let was_probe = self.gain.get_or(0.0) < 0.0;
+        self.gain.push(gain);
+        if self.gain.get_or(0.0) >= 0.0 {
+            self.interval = FIRST_PROBE_INTERVAL;
+        } else if was_probe {
+            self.interval = (self.interval * 2).min(self.max_interval());
+        }
+        self.skipped = 0;
+        let kept = truncate(tree, order, choice.n);
+        let dmax = kept.depths.iter().copied().max().unwrap_or(0) as usize;
+        let mut raw_mass: Vec<Option<f64>> = vec![None; dmax + 1];
+        for i in 1..kept.len() {
+            *raw_mass[kept.depths[i] as usize].get_or_insert(0.0) += (kept.scores[i] as f64).exp();
+        }
+        Decision { tree: kept, choice, raw_mass }
+    }
+
+    /// Account a verified round: its rows, the observed verify + accept time, the observed
+    /// overhead outside draft and verify, and — for a drafted round — the raw predicted mass
+    /// per depth and the depth the accepted path reached.
+    pub fn observe(&mut self, rows: usize, verify_ms: f64, overhead_ms: f64, drafted: Option<(&[Option<f64>], usize)>) {
+        let c = self.cost.verify(rows);
+        if c > 0.0 && verify_ms.is_finite() {
+            self.scale.push((verify_ms / c).clamp(0.25, 4.0));
+        }
+        if overhead_ms.is_finite() {
+            self.round_ms.push(overhead_ms.max(0.0));
+        }
+        if let Some((mass, reached)) = drafted {
+            self.calib.observe(mass, reached);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn staircase() -> CostModel {
+        // Steps every 4 rows: 10 ms for 1–4 rows, 14 for 5–8, 18 for 9–12, 22 for 13–16, 26 for 17.
+        CostModel::from_points(vec![1, 4, 5, 8, 9, 12, 13, 16, 17], vec![10.0, 10.0, 14.0, 14.0, 18.0, 18.0, 22.0, 22.0, 26.0], 5.0)
+    }
+
+    #[test]
+    fn interpolation_keeps_the_staircase() {
+        let c = staircase();
+        assert!(c.is_valid());
+        assert_eq!(c.verify(1), 10.0);
+        assert_eq!(c.verify(3), 10.0); // flat step, not a smoothed slope
+        assert_eq!(c.verify(4), 10.0);
+        assert_eq!(c.verify(5), 14.0);
+        assert_eq!(c.verify(7), 14.0);
+        assert_eq!(c.verify(17), 26.0);
+        assert_eq!(c.verify(19), 34.0); // last segment's slope continues (4 ms/row)
+        let lin = CostModel::from_points(vec![1, 9], vec![10.0, 26.0], 0.0);
+        assert_eq!(lin.verify(5), 18.0);
+        assert_eq!(lin.verify(0), 10.0);
+    }
+
+    #[test]
+    fn sample_rows_cover_tile_edges() {
+        assert_eq!(CostModel::sample_rows(0), vec![1]);
+        assert_eq!(CostModel::sample_rows(8), vec![1, 2, 3, 4, 5, 6, 8, 9]);
+        assert_eq!(CostModel::sample_rows(16), vec![1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17]);
+        assert_eq!(CostModel::sample_rows(20).last(), Some(&21));
+        assert_eq!(CostModel::sample_rows(64).len(), 20);
+    }
+
+    /// The policy is the arithmetic argmax, table-driven.
+    #[test]
+    fn choose_is_the_arithmetic_argmax() {
+        let stair = staircase();
+        let flat = CostModel::from_points(vec![1, 65], vec![10.0, 10.0], 0.0);
+        let linear = CostModel::from_points(vec![1, 65], vec![10.0, 10.0 + 64.0 * 2.5], 0.0);
+        struct Case {
+            name: &'static str,
+            q: Vec<f64>,
+            cost: CostModel,
+            draft: f64,
+            round: f64,
+            want: usize,
+        }
+        let cases = vec![
+            // Random drafter: nothing is worth verifying; n = 0.
+            Case { name: "hopeless", q: vec![1e-4; 16], cost: linear.clone(), draft: 5.0, round: 0.5, want: 0 },
+            // Staircase: 4 rows cost what 1 does, so the first 3 nodes are free: take them even
+            // when small; the 4th node (5 rows) costs a step of 4 ms and needs q ≳ 0.26 to pay.
+            Case { name: "free step", q: vec![0.05, 0.04, 0.03, 0.02, 0.01], cost: stair.clone(), draft: 5.0, round: 0.0, want: 3 },
+            // A confident chain on the staircase: the second step (5–8 rows) pays.
+            Case { name: "next step pays", q: vec![0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93, 0.02], cost: stair.clone(), draft: 5.0, round: 0.0, want: 7 },
+            // Free verify (a GPU): every node with q > 0 adds tokens at no cost.
+            Case { name: "flat", q: vec![0.5, 0.2, 0.01, 0.001], cost: flat, draft: 2.0, round: 1.0, want: 4 },
+            // Linear cost 2.5 ms/row after 10 ms: node i pays while q_i > 2.5 ms × the rate.
+            // Rates 0.1, 0.144, 0.1533, 0.1486, 0.135 per ms: n = 2.
+            Case { name: "linear", q: vec![0.8, 0.5, 0.3, 0.1], cost: linear.clone(), draft: 0.0, round: 0.0, want: 2 },
+            // The drafter's 20 ms lower the rate, so a smaller q still pays: n = 3.
+            Case { name: "linear with draft", q: vec![0.8, 0.5, 0.3, 0.1], cost: linear, draft: 20.0, round: 0.0, want: 3 },
+            Case { name: "empty", q: vec![], cost: stair, draft: 5.0, round: 0.0, want: 0 },
+        ];
+        for c in cases {
+            // A chain (depths 1, 2, …): `q` are path probabilities (non-increasing), except
+            // for "next step pays", given as conditional acceptances (running products here).
+            let depths: Vec<u32> = (1..=c.q.len() as u32).collect();
+            let q = if c.name == "next step pays" {
+                let mut p = 1.0;
+                c.q.iter()
+                    .map(|&x| {
+                        p *= x;
+                        p
+                    })
+                    .collect::<Vec<_>>()
+            } else {
+                c.q.clone()
+            };
+            let e = expected_tokens(&depths, &q);
+            let got = choose(&e, &|r| c.cost.verify(r), c.draft, c.round);
+            // Brute force.
+            let rate = |n: usize| e[n] / (c.draft + c.cost.verify(1 + n) + c.round);
+            let brute = (0..e.len()).fold(0, |b, n| if rate(n) > rate(b) { n } else { b });
+            assert_eq!(got.n, brute, "{}: policy vs brute force", c.name);
+            assert_eq!(got.n, c.want, "{}: expected n = {}", c.name, c.want);
+            assert!((got.expected - e[got.n]).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn chain_case_with_numbers() {
+        // A chain with conditional acceptance 0.9, 0.8, ... on the staircase.
+        let cond = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.02];
+        let mut p = 1.0;
+        let q: Vec<f64> = cond.iter().map(|&x| {
+            p *= x;
+            p
+        })
+        .collect();
+        let depths: Vec<u32> = (1..=8).collect();
+        let e = expected_tokens(&depths, &q);
+        let got = choose(&e, &|r| staircase().verify(r), 5.0, 0.0);
+        // E(3) = 1 + .9 + .72 + .504 = 3.124 at 15 ms (0.208/ms); E(7) = 3.124 + .3024 + .1512
+        // + .0605 + .0181 = 3.656 at 19 ms (0.192/ms): the free step wins.
+        assert_eq!(got.n, 3);
+        assert!((got.expected - 3.124).abs() < 1e-9);
+        assert_eq!(got.ms, 15.0);
+    }
+
+    #[test]
+    fn expected_tokens_sums_and_clamps() {
+        // Sum of path probabilities when nothing exceeds a depth's reach.
+        let e = expected_tokens(&[1, 1, 2], &[0.5, 0.2, 0.3]);
+        assert_eq!(e.len(), 4);
+        assert!((e[3] - 2.0).abs() < 1e-12);
+        // Over-calibrated masses are clamped: depth 1 ≤ 1, depth 2 ≤ depth 1.
+        let e = expected_tokens(&[1, 1, 2], &[0.9, 0.6, 1.4]);
+        assert!((e[2] - 2.0).abs() < 1e-12);
+        assert!((e[3] - 3.0).abs() < 1e-12);
+        let e = expected_tokens(&[1, 2], &[0.3, 0.9]);
+        assert!((e[2] - 1.6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pop_order_and_truncate() {
+        // TreeSpark-like depth-major order: scores not monotone in index.
+        let t = DraftTree {
+            tokens: vec![9, 1, 2, 3, 4],
+            parents: vec![crate::tree::NO_PARENT, 0, 0, 1, 2],
+            depths: vec![0, 1, 1, 2, 2],
+            scores: vec![0.0, -0.1, -2.0, -0.5, -2.5],
+        };
+        let o = pop_order(&t);
+        assert_eq!(o, vec![1, 3, 2, 4]);
+        let k = truncate(&t, &o, 2);
+        assert!(k.is_well_formed());
+        assert_eq!(k.tokens, vec![9, 1, 3]);
+        assert_eq!(k.parents, vec![crate::tree::NO_PARENT, 0, 1]);
+        assert_eq!(truncate(&t, &o, 0), DraftTree::root(9));
+        assert_eq!(truncate(&t, &o, 10), t);
+        // A chain's pop order is its order.
+        let mut c = DraftTree::chain(5, &[6, 7, 8]);
+        c.scores = vec![0.0, -0.2, -0.9, -0.9];
+        assert_eq!(pop_order(&c), vec![1, 2, 3]);
+        assert_eq!(truncate(&c, &pop_order(&c), 2).tokens, vec![5, 6, 7]);
+    }
+
+    /// Calibration converges on a synthetic stream whose true acceptance is known: the drafter
+    /// claims q per node but the truth is 0.4·q at depth 1 and 1.5·q (capped) at depth 2.
+    #[test]
+    fn calibration_converges_on_a_synthetic_stream() {
+        let mut rng = 0x1234_5678u64;
+        let mut unit = || (crate::decode::rng::splitmix64_next(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+        // A long window (decay 0.999) to check the estimate itself; the default window (0.98,
+        // ~50 rounds) trades precision for tracking and is checked more loosely below.
+        let mut cal = Calibration { decay: 0.999, ..Calibration::default() };
+        let mut short = Calibration::default();
+        for _ in 0..20000 {
+            let q1 = 0.3 + 0.5 * unit(); // claimed depth-1 probability
+            let q2 = q1 * (0.2 + 0.3 * unit()); // claimed depth-2 path probability
+            let p1 = 0.4 * q1; // true
+            let p2_given_1 = (1.5 * q2 / q1).min(1.0);
+            let reached = if unit() < p1 { if unit() < p2_given_1 { 2 } else { 1 } } else { 0 };
+            cal.observe(&[None, Some(q1), Some(q2)], reached);
+            short.observe(&[None, Some(q1), Some(q2)], reached);
+        }
+        assert!((short.factor(1) - 0.4).abs() < 0.25, "depth 1 factor (short window) {}", short.factor(1));
+        assert!((cal.factor(1) - 0.4).abs() < 0.08, "depth 1 factor {}", cal.factor(1));
+        // Depth 2: true P(reach 2) = 0.4·q1·min(1, 1.5·q2/q1) = 0.6·q2 ⇒ factor 0.6.
+        assert!((cal.factor(2) - 0.6).abs() < 0.15, "depth 2 factor {}", cal.factor(2));
+        // Unobserved depths inherit the deepest observed factor.
+        assert_eq!(cal.factor(5), cal.factor(2));
+        assert_eq!(cal.factors(3), vec![1.0, cal.factor(1), cal.factor(2), cal.factor(2)]);
+        assert_eq!(Calibration::default().factor(3), 1.0);
+    }
+
+    /// An over-confident chain (claims ≈ 1 at every depth, never accepted) loses the trust of
+    /// its deep nodes after one round, not only of its first.
+    #[test]
+    fn calibration_distrusts_deeper_depths_first() {
+        let mut cal = Calibration::default();
+        cal.observe(&[None, Some(1.0), Some(1.0), Some(1.0), Some(1.0)], 0);
+        let f = cal.factors(4);
+        assert!((f[1] - 0.2).abs() < 1e-12);
+        assert!(f[2] < 0.05 && f[3] < 0.01 && f[4] < f[3], "{f:?}");
+    }
+
+    #[test]
+    fn random_drafter_is_skipped_and_probed_with_backoff() {
+        let cost = CostModel::from_points(vec![1, 17], vec![10.0, 40.0], 8.0);
+        let mut s = AutoState::new(cost, 16);
+        let mut tree = DraftTree::chain(1, &[2, 3, 4]);
+        tree.scores = vec![0.0, -9.0, -18.0, -27.0];
+        let mut drafted = Vec::new();
+        for round in 0..300 {
+            if s.should_draft() {
+                drafted.push(round);
+                let d = s.choose(&tree, 8.0);
+                assert_eq!(d.choice.n, 0);
+                s.observe(1, 10.0, 0.1, Some((&d.raw_mass, 0)));
+            } else {
+                s.observe(1, 10.0, 0.1, None);
+            }
+        }
+        // First round, then probes after 4, 8, ... 64 skips.
+        assert_eq!(&drafted[..4], &[0, 4, 12, 28]);
+        assert!(drafted.len() <= 8, "{drafted:?}");
+        let gaps: Vec<usize> = drafted.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.iter().all(|&g| g <= MAX_PROBE_INTERVAL), "{gaps:?}");
+    }
+
+    #[test]
+    fn a_good_drafter_keeps_drafting() {
+        let cost = CostModel::from_points(vec![1, 5, 17], vec![10.0, 12.0, 40.0], 3.0);
+        let mut s = AutoState::new(cost, 16);
+        let mut tree = DraftTree::chain(1, &[2, 3, 4, 5]);
+        tree.scores = vec![0.0, -0.05, -0.1, -0.15, -0.2];
+        for _ in 0..50 {
+            assert!(s.should_draft());
+            let d = s.choose(&tree, 3.0);
+            assert_eq!(d.choice.n, 4);
+            s.observe(5, 12.0, 0.1, Some((&d.raw_mass, 4)));
+        }
+    }
+
+    #[test]
+    fn budget_choice_parses() {
+        assert_eq!(BudgetChoice::parse("auto", "--budget").unwrap(), BudgetChoice::Auto);
+        assert_eq!(BudgetChoice::parse(" 8", "--budget").unwrap(), BudgetChoice::Fixed(8));
+        assert!(BudgetChoice::parse("x", "--budget").is_err());
+        assert_eq!(BudgetChoice::Fixed(3).name(), "3");
+    }
+}
