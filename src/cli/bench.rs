@@ -59,6 +59,11 @@ pub struct BenchArgs {
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Batch decoding: decode the prompt set N sequences at a time with `ar` (continuous
+    /// batching), one row per N (comma-separated, e.g. 1,2,4,8,16): aggregate tokens/s and
+    /// per-sequence latency. Other methods are skipped.
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
 }
 
 /// Read prompts (as chat messages) from a file in one of the supported formats.
@@ -166,6 +171,11 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         ids: false,
         stats_json: None,
     };
+    if !a.batch.is_empty() {
+        pb.finish_and_clear();
+        let params = gen_params(Method::Ar, Some(1), &gen_args, stop, m.backend.host_memory())?;
+        return super::bench_batch::bench_batch(&m, &prompts, &params, a);
+    }
     let mut reference: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
     let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
     let mut params_of = Vec::new();

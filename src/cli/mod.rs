@@ -12,6 +12,7 @@ macro_rules! outln {
 }
 
 mod bench;
+mod bench_batch;
 mod costs;
 mod generate;
 mod init;

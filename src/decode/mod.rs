@@ -5,6 +5,7 @@
 //! *root* is node 0 of a draft tree, the *anchor* its token (the last committed token), at
 //! position `root_pos`; *taps* are the target's tapped-layer features (the drafter's context).
 
+pub mod batch;
 pub mod budget;
 pub mod propose;
 pub mod rng;

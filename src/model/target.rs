@@ -6,7 +6,8 @@ use super::config::TargetConfig;
 use super::layer::{load_matrix, load_vector, DecoderLayer, KvCache, LayerDims};
 use crate::error::{Error, Result};
 use crate::loader::TensorSource;
-use sparkling_core::{AttnMask, AttnShape, Backend};
+use sparkling_core::{AttnMask, AttnShape, Backend, RaggedSeq};
+use std::ops::Range;
 
 /// Which rows of a forward need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,34 @@ pub struct TargetOutput<B: Backend> {
     pub logits: B::Tensor,
     /// Concatenated taps `[T, n_taps*H]` in the listed layer order, when taps were requested.
     pub taps: Option<B::Tensor>,
+}
+
+/// One sequence's block in [`Target::forward_batch`]: the tokens it feeds this forward, their
+/// absolute positions, the mask over the block (causal for a prefill or an `ar` step, a tree for
+/// a speculative verify) and which of its rows need logits (`None`: none, e.g. a row fed only
+/// for its taps).
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    /// Token ids fed (≥ 1).
+    pub ids: &'a [u32],
+    /// Absolute position of each id.
+    pub positions: &'a [u32],
+    /// Mask over this block (its prefix, the sequence's cache, is always visible).
+    pub mask: AttnMask<'a>,
+    /// Rows that need logits.
+    pub logits: Option<LogitRows>,
+}
+
+/// Output of [`Target::forward_batch`].
+pub struct BatchOutput<B: Backend> {
+    /// Logits of the requested rows, sequences back to back (`None` when no row asked).
+    pub logits: Option<B::Tensor>,
+    /// Rows of `logits` per sequence (empty when it asked for none).
+    pub logit_rows: Vec<Range<usize>>,
+    /// Taps `[Σ input rows, n_taps*H]` of every fed row, when taps were requested.
+    pub taps: Option<B::Tensor>,
+    /// Rows of the packed input (and of `taps`) per sequence.
+    pub input_rows: Vec<Range<usize>>,
 }
 
 /// A loaded target model.
@@ -169,5 +198,103 @@ impl<B: Backend> Target<B> {
         let hn = b.rms_norm(&h, &self.norm, c.hidden, c.rms_eps)?;
         let logits = b.matmul(&hn, self.lm_head(), None)?;
         Ok(TargetOutput { logits, taps: taps_out })
+    }
+
+    /// Several sequences in ONE forward (batch decoding): the blocks of `seqs` are packed row
+    /// after row, every matmul, norm and RoPE runs once over all rows, and attention runs ragged
+    /// ([`Backend::attention_ragged`]), sequence `s` against `caches[s]` only (its K/V appended
+    /// at rows `caches[s].len..`). Since every backend op computes a row independently of the
+    /// others in its call, each sequence's logits and taps are bit-identical to
+    /// [`Target::forward`] on that sequence alone.
+    /// Errors: a count mismatch between `caches` and `seqs`, an empty block, ids/positions of
+    /// different lengths, a cache overflow, a tap at the last layer; backend failures.
+    pub fn forward_batch(&self, b: &B, caches: &mut [&mut KvCache<B>], seqs: &[SeqInput<'_>], taps: &[usize]) -> Result<BatchOutput<B>> {
+        let c = &self.cfg;
+        if seqs.is_empty() || caches.len() != seqs.len() {
+            return Err(Error::Input(format!("batch forward: {} sequences with {} caches", seqs.len(), caches.len())));
+        }
+        if let Some(&bad) = taps.iter().find(|&&l| l + 1 >= c.layers) {
+            return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (never tap the last layer, reference §7.3)", c.layers)));
+        }
+        let mut input_rows = Vec::with_capacity(seqs.len());
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        for (s, cache) in seqs.iter().zip(caches.iter()) {
+            if s.ids.is_empty() || s.ids.len() != s.positions.len() {
+                return Err(Error::Input(format!("batch forward: a sequence with {} ids and {} positions", s.ids.len(), s.positions.len())));
+            }
+            cache.ensure_room(s.ids.len())?;
+            input_rows.push(ids.len()..ids.len() + s.ids.len());
+            ids.extend_from_slice(s.ids);
+            positions.extend_from_slice(s.positions);
+        }
+        let starts: Vec<usize> = caches.iter().map(|c| c.len).collect();
+        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        let single = seqs.len() == 1;
+        let mut h = b.embedding(&self.embed, &ids)?;
+        let mut tapped: Vec<Option<B::Tensor>> = (0..taps.len()).map(|_| None).collect();
+        for (li, layer) in self.layers.iter().enumerate() {
+            let x = b.rms_norm(&h, &layer.attn_norm, c.hidden, c.rms_eps)?;
+            let q = layer.project_q(b, &x, &positions, c.head_dim, c.rms_eps, c.rope_theta)?;
+            let (k, v) = layer.project_kv(b, &x, &positions, c.head_dim, c.rms_eps, c.rope_theta)?;
+            for ((cache, rows), &start) in caches.iter_mut().zip(&input_rows).zip(&starts) {
+                if single {
+                    b.write_rows(&mut cache.k[li], start, &k)?;
+                    b.write_rows(&mut cache.v[li], start, &v)?;
+                } else {
+                    let idx: Vec<usize> = rows.clone().collect();
+                    b.write_rows(&mut cache.k[li], start, &b.gather_rows(&k, &idx)?)?;
+                    b.write_rows(&mut cache.v[li], start, &b.gather_rows(&v, &idx)?)?;
+                }
+            }
+            let ragged: Vec<RaggedSeq<'_, B::Tensor>> = caches
+                .iter()
+                .zip(seqs)
+                .zip(&starts)
+                .map(|((cache, s), &start)| RaggedSeq {
+                    k_cache: &cache.k[li],
+                    v_cache: &cache.v[li],
+                    kv_len: start + s.ids.len(),
+                    q_rows: s.ids.len(),
+                    mask: s.mask,
+                })
+                .collect();
+            let a = b.attention_ragged(&q, &ragged, shape)?;
+            drop(ragged);
+            layer.finish(b, &mut h, &a, c.rms_eps)?;
+            for (slot, &tl) in tapped.iter_mut().zip(taps) {
+                if tl == li {
+                    *slot = Some(b.concat_cols(&[&h])?);
+                }
+            }
+        }
+        for ((cache, s), &start) in caches.iter_mut().zip(seqs).zip(&starts) {
+            cache.len = start + s.ids.len();
+        }
+        let taps_out = if taps.is_empty() {
+            None
+        } else {
+            let parts: Vec<&B::Tensor> = tapped.iter().map(|x| x.as_ref().expect("every tap layer < layers was visited")).collect();
+            Some(b.concat_cols(&parts)?)
+        };
+        let mut wanted: Vec<usize> = Vec::new();
+        let mut logit_rows = Vec::with_capacity(seqs.len());
+        for (s, rows) in seqs.iter().zip(&input_rows) {
+            let r0 = wanted.len();
+            match s.logits {
+                Some(LogitRows::All) => wanted.extend(rows.clone()),
+                Some(LogitRows::Last) => wanted.push(rows.end - 1),
+                None => {}
+            }
+            logit_rows.push(r0..wanted.len());
+        }
+        let logits = if wanted.is_empty() {
+            None
+        } else {
+            let hs = if wanted.len() == ids.len() { h } else { b.gather_rows(&h, &wanted)? };
+            let hn = b.rms_norm(&hs, &self.norm, c.hidden, c.rms_eps)?;
+            Some(b.matmul(&hn, self.lm_head(), None)?)
+        };
+        Ok(BatchOutput { logits, logit_rows, taps: taps_out, input_rows })
     }
 }

@@ -85,6 +85,23 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
+/// One sequence of a ragged (multi-cache) attention call, [`Backend::attention_ragged`]: its
+/// own K/V cache, valid length and mask, and how many consecutive rows of the packed query
+/// tensor are its query block.
+#[derive(Debug, Clone, Copy)]
+pub struct RaggedSeq<'a, T> {
+    /// This sequence's key cache `[cap, n_kv_heads*head_dim]`.
+    pub k_cache: &'a T,
+    /// This sequence's value cache, same shape.
+    pub v_cache: &'a T,
+    /// Valid cache rows; the last `q_rows` of them are this sequence's query block.
+    pub kv_len: usize,
+    /// Rows of the packed query tensor that belong to this sequence (≥ 1), taken in order.
+    pub q_rows: usize,
+    /// Mask over this sequence's block (a causal prefill / decode row, or a tree block).
+    pub mask: AttnMask<'a>,
+}
+
 /// Per-row sampling parameters for [`Backend::sample`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleParams {
@@ -123,6 +140,22 @@ pub struct GgmlWeight {
     pub k: usize,
     /// `n` rows of `k / block · block_bytes` bytes.
     pub bytes: Vec<u8>,
+}
+
+/// The shared argument check of [`Backend::attention_ragged`]: at least one sequence, no empty
+/// query block, and blocks that add up to the `rows` of the packed query tensor.
+pub fn check_ragged<T>(rows: usize, seqs: &[RaggedSeq<'_, T>]) -> Result<()> {
+    if seqs.is_empty() {
+        return Err(Error::Invalid("attention_ragged: no sequences".into()));
+    }
+    if let Some(i) = seqs.iter().position(|s| s.q_rows == 0) {
+        return Err(Error::Invalid(format!("attention_ragged: sequence {i} has an empty query block")));
+    }
+    let total: usize = seqs.iter().map(|s| s.q_rows).sum();
+    if total != rows {
+        return Err(Error::Shape { op: "attention_ragged", detail: format!("query blocks of {total} rows for a q of {rows} rows") });
+    }
+    Ok(())
 }
 
 /// A compute backend: buffers plus the coarse ops of design §3.
@@ -226,6 +259,36 @@ pub trait Backend: Send + Sync {
         shape: AttnShape,
         mask: AttnMask<'_>,
     ) -> Result<Self::Tensor>;
+
+    /// Ragged attention over several sequences in one call (batch decoding): the query rows of
+    /// `q` are the sequences' query blocks back to back (`seqs[0].q_rows` rows, then
+    /// `seqs[1].q_rows`, …), and sequence `s` attends only to its own cache, exactly as
+    /// [`Backend::attention`] would with `(k_cache, v_cache, kv_len, mask)` of `seqs[s]`.
+    /// Returns `[Σ q_rows, n_heads*head_dim]`, each sequence's rows bit-identical to that
+    /// single-sequence call (so a sequence decodes the same tokens whatever its neighbours).
+    ///
+    /// The default loops over the sequences (gather each block, [`Backend::attention`], concat
+    /// the results); the CPU backend overrides it with one parallel pass over every
+    /// (row, head) of every sequence. The wgpu and CUDA backends use the default for now.
+    /// Errors: row counts that do not add up to `q`'s rows, an empty block, and whatever
+    /// [`Backend::attention`] refuses for a sequence.
+    fn attention_ragged(&self, q: &Self::Tensor, seqs: &[RaggedSeq<'_, Self::Tensor>], shape: AttnShape) -> Result<Self::Tensor> {
+        let rows = self.shape(q).0;
+        check_ragged(rows, seqs)?;
+        if let [s] = seqs {
+            return self.attention(q, s.k_cache, s.v_cache, s.kv_len, shape, s.mask);
+        }
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut r0 = 0;
+        for s in seqs {
+            let idx: Vec<usize> = (r0..r0 + s.q_rows).collect();
+            let qs = self.gather_rows(q, &idx)?;
+            outs.push(self.attention(&qs, s.k_cache, s.v_cache, s.kv_len, shape, s.mask)?);
+            r0 += s.q_rows;
+        }
+        let parts: Vec<&Self::Tensor> = outs.iter().collect();
+        self.concat_rows(&parts)
+    }
 
     /// Row-wise argmax (lowest index wins ties) → one id per row.
     fn argmax(&self, logits: &Self::Tensor) -> Result<Vec<u32>>;

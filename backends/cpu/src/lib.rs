@@ -15,10 +15,9 @@ mod kernels;
 pub mod quant;
 pub mod select;
 
-use kernels::dot;
 use rayon::prelude::*;
 use sparkling_core::select::{ancestor_table, check_markov_table_args};
-use sparkling_core::{ggml, AttnMask, AttnShape, Backend, CandidateTable, Error, GgmlWeight, Result, SampleParams, TopK};
+use sparkling_core::{check_ragged, ggml, AttnMask, AttnShape, Backend, CandidateTable, Error, GgmlWeight, RaggedSeq, Result, SampleParams, TopK};
 
 /// An `f32 [rows, cols]` row-major host tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -425,67 +424,12 @@ impl Backend for CpuBackend {
         shape: AttnShape,
         mask: AttnMask<'_>,
     ) -> Result<CpuTensor> {
-        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
-        let t = q.rows;
-        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols != n_heads * head_dim {
-            return Err(shape_err("attention", format!("q [{t}, {}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv", q.cols)));
-        }
-        if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || kv_len > k_cache.rows || t > kv_len {
-            return Err(shape_err(
-                "attention",
-                format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols),
-            ));
-        }
-        let prefix = kv_len - t;
-        let visible: Vec<Vec<usize>> = match mask {
-            AttnMask::Causal => (0..t).map(|i| (0..prefix + i + 1).collect()).collect(),
-            AttnMask::Full => vec![(0..kv_len).collect(); t],
-            AttnMask::Tree { parents } => {
-                if parents.len() != t {
-                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
-                }
-                let table = ancestor_table(parents)?;
-                let (offs, entries) = table.split_at(t + 1);
-                let mut rows = Vec::with_capacity(t);
-                for i in 0..t {
-                    let mut vis: Vec<usize> = (0..prefix).collect();
-                    vis.extend(entries[offs[i] as usize..offs[i + 1] as usize].iter().map(|&a| prefix + a as usize));
-                    rows.push(vis);
-                }
-                rows
-            }
-        };
-        let group = n_heads / n_kv_heads;
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let kvc = k_cache.cols;
-        let mut out = vec![0.0f32; t * q.cols];
-        let work: usize = visible.iter().map(|v| v.len()).sum::<usize>() * n_heads * head_dim;
-        let head_task = |(idx, o): (usize, &mut [f32])| {
-            let (i, h) = (idx / n_heads, idx % n_heads);
-            let kh = h / group;
-            let qv = &q.data[i * q.cols + h * head_dim..i * q.cols + (h + 1) * head_dim];
-            let vis = &visible[i];
-            let scores: Vec<f32> =
-                vis.iter().map(|&j| dot(qv, &k_cache.data[j * kvc + kh * head_dim..j * kvc + (kh + 1) * head_dim]) * scale).collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f32;
-            for (&j, &s) in vis.iter().zip(&scores) {
-                let p = (s - max).exp();
-                sum += p;
-                let vrow = &v_cache.data[j * kvc + kh * head_dim..j * kvc + (kh + 1) * head_dim];
-                for (a, b) in o.iter_mut().zip(vrow) {
-                    *a += p * b;
-                }
-            }
-            let inv = 1.0 / sum;
-            o.iter_mut().for_each(|a| *a *= inv);
-        };
-        if work >= PAR_MIN_ELEMS {
-            out.par_chunks_mut(head_dim).enumerate().for_each(head_task);
-        } else {
-            out.chunks_mut(head_dim).enumerate().for_each(head_task);
-        }
-        Ok(CpuTensor { rows: t, cols: q.cols, data: out })
+        attend(q, &[RaggedSeq { k_cache, v_cache, kv_len, q_rows: q.rows, mask }], shape)
+    }
+
+    fn attention_ragged(&self, q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) -> Result<CpuTensor> {
+        check_ragged(q.rows, seqs)?;
+        attend(q, seqs, shape)
     }
 
     fn argmax(&self, logits: &CpuTensor) -> Result<Vec<u32>> {
@@ -516,6 +460,73 @@ impl Backend for CpuBackend {
         let m = markov.map(|(w1, w2)| (w1.data.as_slice(), w2.data.as_slice(), w1.cols));
         Ok(select::markov_table(&base.data, base.rows, vocab, m, cand, k.min(cand.len())))
     }
+}
+
+/// Attention for one or more sequences (the query blocks of `seqs` back to back in `q`), each
+/// against its own cache: one parallel pass over every (row, head). Each output head row is
+/// one softmax over that row's visible keys in ascending order, computed the same way whatever
+/// the other rows, sequences or the thread split, so [`Backend::attention_ragged`] equals
+/// [`Backend::attention`] per sequence bit for bit.
+#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
+fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) -> Result<CpuTensor> {
+    let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+    let total = q.rows;
+    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols != n_heads * head_dim {
+        return Err(shape_err("attention", format!("q [{total}, {}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv", q.cols)));
+    }
+    // Per packed query row: its sequence and the cache rows it sees (`None`: rows `0..n`).
+    let mut row_seq: Vec<usize> = Vec::with_capacity(total);
+    let mut visible: Vec<(usize, Option<Vec<usize>>)> = Vec::with_capacity(total);
+    for (si, s) in seqs.iter().enumerate() {
+        let (t, kv_len, k_cache, v_cache) = (s.q_rows, s.kv_len, s.k_cache, s.v_cache);
+        if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
+            return Err(shape_err(
+                "attention",
+                format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols),
+            ));
+        }
+        let prefix = kv_len - t;
+        match s.mask {
+            AttnMask::Causal => visible.extend((0..t).map(|i| (prefix + i + 1, None))),
+            AttnMask::Full => visible.extend((0..t).map(|_| (kv_len, None))),
+            AttnMask::Tree { parents } => {
+                if parents.len() != t {
+                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
+                }
+                let table = ancestor_table(parents)?;
+                let (offs, entries) = table.split_at(t + 1);
+                for i in 0..t {
+                    let mut vis: Vec<usize> = (0..prefix).collect();
+                    vis.extend(entries[offs[i] as usize..offs[i + 1] as usize].iter().map(|&a| prefix + a as usize));
+                    visible.push((vis.len(), Some(vis)));
+                }
+            }
+        }
+        row_seq.extend(std::iter::repeat_n(si, t));
+    }
+    if visible.len() != total {
+        return Err(shape_err("attention", format!("query blocks of {} rows for a q of {total} rows", visible.len())));
+    }
+    let group = n_heads / n_kv_heads;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut out = vec![0.0f32; total * q.cols];
+    let work: usize = visible.iter().map(|v| v.0).sum::<usize>() * n_heads * head_dim;
+    // One task per (row, KV head): its `group` query heads share each K/V row read.
+    let task = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
+        let (i, kh) = (idx / n_kv_heads, idx % n_kv_heads);
+        let s = &seqs[row_seq[i]];
+        let (n, rows) = (visible[i].0, visible[i].1.as_deref());
+        let qv = &q.data[i * q.cols + kh * group * head_dim..i * q.cols + (kh + 1) * group * head_dim];
+        kernels::attend_heads(qv, group, head_dim, &s.k_cache.data, &s.v_cache.data, s.k_cache.cols, kh * head_dim, rows, n, scale, o, scores);
+    };
+    let chunk = (group * head_dim).max(1);
+    if work >= PAR_MIN_ELEMS {
+        out.par_chunks_mut(chunk).enumerate().for_each_with(Vec::new(), task);
+    } else {
+        let mut scores = Vec::new();
+        out.chunks_mut(chunk).enumerate().for_each(|x| task(&mut scores, x));
+    }
+    Ok(CpuTensor { rows: total, cols: q.cols, data: out })
 }
 
 #[cfg(test)]

@@ -1,0 +1,305 @@
+//! Batch decoding (issue 11): every sequence of a batch decodes exactly the tokens it decodes
+//! alone (`Engine::generate`, `ar`) — at T = 0 and at T > 0 with the same seed — whatever its
+//! neighbours, the batch size, when it joins (continuous batching), whether its prompt is
+//! prefilled in chunks, and whether a neighbour stops early. On random targets of every
+//! architecture (f32 and Q4_1 weights) and on SmolLM2-135M-Instruct (real GGUF, native Q4_1
+//! weights and f16; skipped without the asset unless `SPARKLING_REQUIRE_ASSETS=1`).
+
+mod common;
+
+use common::*;
+use sparkling::core::{AttnMask, AttnShape, Backend, RaggedSeq, NO_PARENT};
+use sparkling::cpu::{CpuBackend, WeightDtype};
+use sparkling::decode::batch::{Batch, BatchOptions, SeqId};
+use sparkling::decode::{Engine, GenParams, Method};
+use sparkling::loader::gguf_source::GgufSource;
+use sparkling::model::config::{Arch, TargetConfig};
+use sparkling::model::target::{LogitRows, Target};
+use std::collections::HashMap;
+
+/// One request of a schedule: prompt, parameters, and the first step at which it may join.
+struct Req {
+    prompt: Vec<u32>,
+    params: GenParams,
+    join_at: usize,
+}
+
+/// Decode `reqs` through one [`Batch`] with at most `max_in_flight` sequences at a time (a
+/// request joins at the first step ≥ its `join_at` with a free slot, in order). Returns each
+/// request's tokens and stop flag, and the largest number of sequences that shared a step.
+fn run_batched<B: Backend>(b: &B, t: &Target<B>, reqs: &[Req], max_in_flight: usize, opts: BatchOptions) -> (Vec<(Vec<u32>, bool)>, usize) {
+    let mut batch = Batch::new(b, t, opts).unwrap();
+    let mut owner: HashMap<SeqId, usize> = HashMap::new();
+    let mut results: Vec<Option<(Vec<u32>, bool)>> = vec![None; reqs.len()];
+    let mut next = 0;
+    let mut step = 0;
+    let mut widest = 0;
+    while next < reqs.len() || !batch.is_empty() {
+        while next < reqs.len() && batch.len() < max_in_flight && reqs[next].join_at <= step {
+            let id = batch.add(&reqs[next].prompt, &reqs[next].params).unwrap();
+            owner.insert(id, next);
+            next += 1;
+        }
+        let out = batch.step().unwrap();
+        widest = widest.max(out.seqs.len());
+        for f in out.finished {
+            assert!(!f.cancelled);
+            assert_eq!(f.stats.new_tokens, f.tokens.len());
+            results[owner[&f.id]] = Some((f.tokens, f.stopped));
+        }
+        step += 1;
+        assert!(step < 10_000, "batch never drained");
+    }
+    (results.into_iter().map(|r| r.expect("every request finished")).collect(), widest)
+}
+
+/// Each request decoded alone.
+fn run_alone<B: Backend>(b: &B, t: &Target<B>, reqs: &[Req]) -> Vec<(Vec<u32>, bool)> {
+    let e = Engine { backend: b, target: t, drafter: None };
+    reqs.iter()
+        .map(|r| {
+            let g = e.generate(&r.prompt, &r.params, &mut |_| {}).unwrap();
+            (g.tokens, g.stopped)
+        })
+        .collect()
+}
+
+/// Every schedule of `reqs` (batch sizes 1, 2, 3 and all; all at once or staggered joins;
+/// whole or chunked prefill) gives each request its alone tokens.
+fn check_schedules<B: Backend>(b: &B, t: &Target<B>, reqs: &mut [Req], what: &str) {
+    let want = run_alone(b, t, reqs);
+    let n = reqs.len();
+    for stagger in [false, true] {
+        for (i, r) in reqs.iter_mut().enumerate() {
+            r.join_at = if stagger { 3 * i } else { 0 };
+        }
+        for max_in_flight in [1usize, 2, 3, n] {
+            for chunk in [0usize, 3] {
+                let opts = BatchOptions { taps: vec![], max_prefill_rows: chunk };
+                let (got, widest) = run_batched(b, t, reqs, max_in_flight, opts);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g, w, "{what}: request {i} (batch ≤ {max_in_flight}, stagger {stagger}, prefill chunk {chunk})");
+                }
+                if max_in_flight > 1 {
+                    assert!(widest > 1, "{what}: the schedule never packed two sequences into one step");
+                }
+            }
+        }
+    }
+}
+
+const PROMPTS: [&[u32]; 5] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7], &[1], &[9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12, 13], &[5, 5]];
+
+/// A mix of greedy and sampled requests with their own lengths, seeds and temperatures, and
+/// one request that stops early on a token its alone run emits at step 3.
+fn mixed_requests(b: &CpuBackend, t: &Target<CpuBackend>) -> Vec<Req> {
+    let e = Engine { backend: b, target: t, drafter: None };
+    let free = e.generate(PROMPTS[0], &params(Method::Ar, 1, 0.0, 0, 20, vec![]), &mut |_| {}).unwrap();
+    let stop = free.tokens[3];
+    let req = |p: &[u32], temp: f32, seed: u64, max_new: usize, stop: Vec<u32>| Req { prompt: p.to_vec(), params: params(Method::Ar, 1, temp, seed, max_new, stop), join_at: 0 };
+    vec![
+        req(PROMPTS[0], 0.0, 0, 20, vec![stop]),
+        req(PROMPTS[1], 1.0, 7, 17, vec![]),
+        req(PROMPTS[2], 0.0, 0, 12, vec![]),
+        req(PROMPTS[3], 0.7, 3, 25, vec![]),
+        req(PROMPTS[4], 1.0, 7, 9, vec![]),
+        req(PROMPTS[1], 0.0, 0, 14, vec![]),
+    ]
+}
+
+#[test]
+fn batched_equals_alone_on_random_targets_of_every_arch() {
+    let b = CpuBackend::new();
+    for (ai, arch) in ARCHS.into_iter().enumerate() {
+        let dir = tmpdir("target");
+        let t = random_target(dir.path(), arch, 48, 31 + ai as u64);
+        let mut reqs = mixed_requests(&b, &t);
+        // The early stop really is early.
+        let alone = run_alone(&b, &t, &reqs[..1]);
+        assert!(alone[0].1 && alone[0].0.len() <= 4, "{arch:?}: {:?}", alone[0]);
+        check_schedules(&b, &t, &mut reqs, &format!("{arch:?} f32"));
+    }
+}
+
+#[test]
+fn batched_equals_alone_with_quantized_targets() {
+    for weights in ["q8_0", "q4_1"] {
+        for (ai, arch) in ARCHS.into_iter().enumerate() {
+            let dir = tmpdir("qtarget");
+            let t = random_quant_target(dir.path(), arch, 48, 41 + ai as u64, weights);
+            let b = CpuBackend::with_weight_dtype(if weights == "q8_0" { WeightDtype::Q8_0 } else { WeightDtype::Native });
+            let mut reqs = mixed_requests(&b, &t);
+            check_schedules(&b, &t, &mut reqs, &format!("{arch:?} {weights}"));
+        }
+    }
+}
+
+/// Ragged attention on the CPU equals one single-sequence attention call per sequence, bit for
+/// bit, for causal, full and tree blocks of different lengths over caches of different lengths.
+#[test]
+fn cpu_ragged_attention_equals_per_sequence_attention() {
+    let b = CpuBackend::new();
+    let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 8 };
+    let pseudo = |n: usize, seed: u64| -> Vec<f32> {
+        let mut s = seed;
+        (0..n).map(|_| (sparkling::decode::rng::splitmix64_next(&mut s) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
+    };
+    let parents = [NO_PARENT, 0, 0, 1, 2];
+    let specs: [(usize, usize, AttnMask<'_>); 4] =
+        [(9, 1, AttnMask::Causal), (20, 5, AttnMask::Tree { parents: &parents }), (4, 4, AttnMask::Causal), (7, 3, AttnMask::Full)];
+    let caches: Vec<_> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(kv, _, _))| (b.upload(&pseudo(kv * 16 + 32, 10 + i as u64), kv + 2, 16).unwrap(), b.upload(&pseudo(kv * 16 + 32, 20 + i as u64), kv + 2, 16).unwrap()))
+        .collect();
+    let rows: usize = specs.iter().map(|s| s.1).sum();
+    let q = b.upload(&pseudo(rows * 32, 99), rows, 32).unwrap();
+    let seqs: Vec<RaggedSeq<'_, _>> =
+        specs.iter().zip(&caches).map(|(&(kv, qr, mask), (k, v))| RaggedSeq { k_cache: k, v_cache: v, kv_len: kv, q_rows: qr, mask }).collect();
+    let all = b.attention_ragged(&q, &seqs, shape).unwrap();
+    let mut r0 = 0;
+    for s in &seqs {
+        let qs = b.gather_rows(&q, &(r0..r0 + s.q_rows).collect::<Vec<_>>()).unwrap();
+        let one = b.attention(&qs, s.k_cache, s.v_cache, s.kv_len, shape, s.mask).unwrap();
+        assert_eq!(one.data, all.data[r0 * 32..(r0 + s.q_rows) * 32].to_vec());
+        r0 += s.q_rows;
+    }
+    // Blocks that do not cover q, or an empty block, are errors.
+    assert!(b.attention_ragged(&q, &seqs[..3], shape).is_err());
+    let mut bad = seqs.clone();
+    bad[0].q_rows = 0;
+    assert!(b.attention_ragged(&q, &bad, shape).is_err());
+    assert!(b.attention_ragged(&q, &[], shape).is_err());
+}
+
+/// With taps requested, every token of prompt + answer gets its tap row (a finished sequence
+/// feeds its last token once more), equal bit for bit to one causal forward over the whole
+/// sequence — what `sparkling-train gen-data` stores — and the logits rows that chose the
+/// tokens equal that forward's rows.
+#[test]
+fn batched_taps_and_logits_equal_one_forward_over_the_whole_sequence() {
+    let b = CpuBackend::new();
+    let dir = tmpdir("target");
+    let t = random_target(dir.path(), Arch::Qwen2, 48, 5);
+    let taps = vec![0usize, 1];
+    let width = taps.len() * t.cfg.hidden;
+    let vocab = t.cfg.vocab;
+    let mut batch = Batch::new(&b, &t, BatchOptions { taps: taps.clone(), max_prefill_rows: 4 }).unwrap();
+    let mut ids = Vec::new();
+    for (i, p) in PROMPTS.iter().enumerate() {
+        ids.push(batch.add(p, &params(Method::Ar, 1, 0.0, 0, 6 + 3 * i, vec![])).unwrap());
+    }
+    let mut rows: HashMap<SeqId, Vec<f32>> = HashMap::new();
+    let mut logits: HashMap<SeqId, Vec<f32>> = HashMap::new();
+    let mut finished = Vec::new();
+    while !batch.is_empty() {
+        let out = batch.step().unwrap();
+        let tp = b.download(out.taps.as_ref().unwrap()).unwrap();
+        for s in &out.seqs {
+            rows.entry(s.id).or_default().extend_from_slice(&tp[s.input_rows.start * width..s.input_rows.end * width]);
+            if let Some(r) = s.logit_row {
+                logits.entry(s.id).or_default().extend(b.download_rows(out.logits.as_ref().unwrap(), r, 1).unwrap());
+            }
+        }
+        finished.extend(out.finished);
+    }
+    assert_eq!(finished.len(), PROMPTS.len());
+    for f in finished {
+        let mut all = f.prompt.clone();
+        all.extend_from_slice(&f.tokens);
+        let mut cache = t.new_cache(&b, all.len()).unwrap();
+        let pos: Vec<u32> = (0..all.len() as u32).collect();
+        let one = t.forward(&b, &mut cache, &all, &pos, AttnMask::Causal, LogitRows::All, &taps).unwrap();
+        assert_eq!(rows[&f.id], b.download(one.taps.as_ref().unwrap()).unwrap(), "taps of sequence {}", f.id);
+        let pl = f.prompt.len();
+        let want = b.download_rows(&one.logits, pl - 1, f.tokens.len()).unwrap();
+        assert_eq!(logits[&f.id].len(), f.tokens.len() * vocab);
+        assert_eq!(logits[&f.id], want, "logits of sequence {}", f.id);
+    }
+}
+
+#[test]
+fn joins_leaves_cancels_and_bad_requests() {
+    let b = CpuBackend::new();
+    let dir = tmpdir("target");
+    let t = random_target(dir.path(), Arch::Llama, 32, 9);
+    let mut batch = Batch::new(&b, &t, BatchOptions::default()).unwrap();
+    assert!(Batch::new(&b, &t, BatchOptions { taps: vec![t.cfg.layers - 1], max_prefill_rows: 0 }).is_err());
+    // Refused up front, nothing queued.
+    assert!(batch.add(&[], &params(Method::Ar, 1, 0.0, 0, 4, vec![])).is_err());
+    assert!(batch.add(&[99], &params(Method::Ar, 1, 0.0, 0, 4, vec![])).is_err());
+    assert!(batch.add(&[1], &params(Method::Sparkling, 8, 0.0, 0, 4, vec![])).is_err());
+    assert!(batch.add(&[1], &params(Method::Ar, 1, -1.0, 0, 4, vec![])).is_err());
+    assert!(batch.add(&[1], &params(Method::Ar, 1, 0.0, 0, 1 << 30, vec![])).is_err());
+    assert!(batch.is_empty());
+    // max-new-tokens 0 leaves at the first step with nothing, as `generate` returns nothing.
+    let z = batch.add(&[1, 2], &params(Method::Ar, 1, 0.0, 0, 0, vec![])).unwrap();
+    let a = batch.add(&[1, 2, 3], &params(Method::Ar, 1, 0.0, 0, 50, vec![])).unwrap();
+    let out = batch.step().unwrap();
+    assert_eq!(out.seqs.len(), 1);
+    assert_eq!(out.finished.len(), 1);
+    assert_eq!((out.finished[0].id, out.finished[0].tokens.len()), (z, 0));
+    batch.step().unwrap();
+    let c = batch.cancel(a).unwrap();
+    assert!(c.cancelled && c.tokens.len() == 2);
+    assert!(batch.cancel(a).is_none());
+    assert!(batch.is_empty());
+    assert_eq!(batch.stats().steps, 2);
+    assert!(batch.step().unwrap().seqs.is_empty(), "an empty batch steps without a forward");
+}
+
+/// SmolLM2-135M-Instruct: chat prompts of mixed lengths, one request that joins mid-flight and
+/// one that stops early, batched at once and staggered, against each decoded alone.
+#[test]
+fn smollm2_batched_equals_alone() {
+    let Some(path) = asset("smollm2-135m-instruct-q4_1.gguf") else {
+        if std::env::var("SPARKLING_REQUIRE_ASSETS").is_ok_and(|v| v == "1") {
+            panic!("asset smollm2-135m-instruct-q4_1.gguf missing under {} (run scripts/fetch-assets)", sparkling::assets::dir().display());
+        }
+        eprintln!("SKIPPED: asset smollm2-135m-instruct-q4_1.gguf not found under {} (run scripts/fetch-assets)", sparkling::assets::dir().display());
+        return;
+    };
+    for dtype in [WeightDtype::Native, WeightDtype::F16] {
+        let src = GgufSource::open(&path).expect("open gguf");
+        let cfg = TargetConfig::from_gguf(&src.file).expect("config");
+        let b = CpuBackend::with_weight_dtype(dtype);
+        let t = Target::load(&b, &src, cfg, &|_, _| {}).expect("load target");
+        let tok = sparkling::tokenizer::TextTokenizer::from_gguf(&src.file).expect("tokenizer");
+        let stop = sparkling::decode::stop_tokens(&t.cfg.eos, &tok.stop);
+        let chats = [
+            "What is the capital of France?",
+            "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short explanation of its complexity.",
+            "Hi",
+            "List three colours.",
+            "Explain in two sentences why the sky is blue, as you would to a child who has just asked you on a sunny afternoon walk.",
+        ];
+        let prompts: Vec<Vec<u32>> = chats.iter().map(|c| tok.encode_chat(c, None).unwrap()).collect();
+        let e = Engine { backend: &b, target: &t, drafter: None };
+        // The early stopper: a stop token its free run emits at step 2.
+        let free = e.generate(&prompts[3], &params(Method::Ar, 1, 0.0, 0, 24, stop.clone()), &mut |_| {}).unwrap();
+        let mut early = stop.clone();
+        early.push(free.tokens[2]);
+        let mut reqs = vec![
+            Req { prompt: prompts[0].clone(), params: params(Method::Ar, 1, 0.0, 0, 24, stop.clone()), join_at: 0 },
+            Req { prompt: prompts[1].clone(), params: params(Method::Ar, 1, 0.8, 5, 24, stop.clone()), join_at: 0 },
+            Req { prompt: prompts[2].clone(), params: params(Method::Ar, 1, 0.0, 0, 16, stop.clone()), join_at: 0 },
+            Req { prompt: prompts[3].clone(), params: params(Method::Ar, 1, 0.0, 0, 24, early), join_at: 0 },
+            // Joins mid-flight.
+            Req { prompt: prompts[4].clone(), params: params(Method::Ar, 1, 0.0, 0, 20, stop.clone()), join_at: 6 },
+        ];
+        let want = run_alone(&b, &t, &reqs);
+        assert!(want[3].1 && want[3].0.len() <= 3, "the early stopper stops early: {:?}", want[3]);
+        let lens: Vec<usize> = reqs.iter().map(|r| r.prompt.len()).collect();
+        for (max_in_flight, chunk) in [(5usize, 0usize), (3, 0), (5, 16)] {
+            let (got, widest) = run_batched(&b, &t, &reqs, max_in_flight, BatchOptions { taps: vec![], max_prefill_rows: chunk });
+            assert!(widest >= 3.min(max_in_flight));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "{dtype:?} request {i} (prompt of {} tokens), batch ≤ {max_in_flight}, chunk {chunk}", lens[i]);
+            }
+        }
+        reqs[4].join_at = 0;
+        let (got, _) = run_batched(&b, &t, &reqs, 5, BatchOptions::default());
+        assert_eq!(got, want, "{dtype:?} all at once");
+        eprintln!("{dtype:?}: {} requests (prompts of {lens:?} tokens) batched == alone", reqs.len());
+    }
+}
