@@ -152,6 +152,11 @@ fn read_cache(dir: &Path, c: &mut Counts) -> Result<usize> {
 /// Prompts of a file: JSON lines (`prompt`, `question`, `instruction`, `text`, `problem` or
 /// `turns[0]`) or plain text lines.
 fn read_prompt_texts(path: &Path, limit: usize) -> Result<Vec<String>> {
+    // The bench formats first (MT-Bench turns, HumanEval, GSM8K questions, gzip), so coverage is
+    // measured on exactly the prompts `bench` runs.
+    if let Ok(p) = super::bench::read_prompts(path, limit) {
+        return Ok(p);
+    }
     let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {

@@ -652,9 +652,9 @@ pub fn write_reduced_drafter(full: &Path, out: &Path, target: &TargetConfig, kin
 
 /// Reduced draft vocabulary (issue 12): with DSpark and DFlash drafters reduced to 20 of 48
 /// target tokens (so anchors fall outside the draft vocabulary in many rounds), every method,
-/// host and device tree prep, budgets 1, 8 and 32, emits exactly `g`'s own `ar` tokens at
+/// host and device tree prep, every budget of `budgets`, emits exactly `g`'s own `ar` tokens at
 /// T = 0 and at T = 1 (same seed), and the drafted trees do accept tokens.
-pub fn reduced_vocab_methods_match_ar<B: Backend>(g: &B) {
+pub fn reduced_vocab_methods_match_ar<B: Backend>(g: &B, budgets: &[usize]) {
     use sparkling::decode::propose::TreePrep;
     let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
     let (mut runs, mut accepted_rounds) = (0usize, 0usize);
@@ -677,7 +677,7 @@ pub fn reduced_vocab_methods_match_ar<B: Backend>(g: &B) {
                 for method in Method::ALL.into_iter().skip(1) {
                     let d = if method.drafter_kind() == Some(DrafterKind::DSpark) { &gds } else { &gdf };
                     for prep in [TreePrep::Host, TreePrep::Device] {
-                        for budget in [1usize, 8, 32] {
+                        for &budget in budgets {
                             let mut p = params(method, budget, temperature, 3, 40, vec![]);
                             p.tree.prep = prep;
                             let gen = Engine { backend: g, target: &gt, drafter: Some(d) }.generate(prompt, &p, &mut |_| {}).unwrap();
