@@ -43,6 +43,10 @@ pub struct ReduceVocabArgs {
     /// Answer tokens per prompt.
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
+    /// Training prompt files whose prompt texts are tokenized (every line, no target run) to
+    /// order the tokens the answers never or equally often produced (repeatable).
+    #[arg(long)]
+    pub tiebreak_prompts: Vec<PathBuf>,
     /// `sparkling-train gen-data` cache directories whose answer tokens are counted (repeatable).
     #[arg(long)]
     pub cache: Vec<PathBuf>,
@@ -71,6 +75,8 @@ pub struct ReduceVocabArgs {
 /// Token counts over a vocabulary, with where they came from.
 struct Counts {
     counts: Vec<u64>,
+    /// Tie-break counts (tokens of training prompts).
+    secondary: Vec<u64>,
     sources: Vec<String>,
 }
 
@@ -88,12 +94,15 @@ impl Counts {
     }
     fn to_json(&self) -> serde_json::Value {
         let nz: Vec<(usize, u64)> = self.counts.iter().copied().enumerate().filter(|(_, c)| *c > 0).collect();
+        let sz: Vec<(usize, u64)> = self.secondary.iter().copied().enumerate().filter(|(_, c)| *c > 0).collect();
         serde_json::json!({
             "vocab": self.counts.len(),
             "tokens": self.total(),
             "sources": self.sources,
             "ids": nz.iter().map(|x| x.0).collect::<Vec<_>>(),
             "counts": nz.iter().map(|x| x.1).collect::<Vec<_>>(),
+            "tiebreak_ids": sz.iter().map(|x| x.0).collect::<Vec<_>>(),
+            "tiebreak_counts": sz.iter().map(|x| x.1).collect::<Vec<_>>(),
         })
     }
 }
@@ -106,15 +115,25 @@ fn read_counts(path: &Path, c: &mut Counts) -> Result<()> {
     if vocab != c.counts.len() {
         return Err(Error::file(path, format!("counts over a vocabulary of {vocab}, the target has {}", c.counts.len())));
     }
-    let ids = v.get("ids").and_then(|x| x.as_array()).ok_or_else(|| Error::file(path, "no `ids` array"))?;
-    let cs = v.get("counts").and_then(|x| x.as_array()).ok_or_else(|| Error::file(path, "no `counts` array"))?;
-    if ids.len() != cs.len() {
-        return Err(Error::file(path, "`ids` and `counts` differ in length"));
-    }
-    for (i, n) in ids.iter().zip(cs) {
-        let (Some(i), Some(n)) = (i.as_u64(), n.as_u64()) else { return Err(Error::file(path, "non-integer id or count")) };
-        let slot = c.counts.get_mut(i as usize).ok_or_else(|| Error::file(path, format!("id {i} outside the vocabulary of {vocab}")))?;
-        *slot += n;
+    for (ik, ck, secondary) in [("ids", "counts", false), ("tiebreak_ids", "tiebreak_counts", true)] {
+        let empty = Vec::new();
+        let ids = match v.get(ik) {
+            None if secondary => &empty,
+            x => x.and_then(|x| x.as_array()).ok_or_else(|| Error::file(path, format!("no `{ik}` array")))?,
+        };
+        let cs = match v.get(ck) {
+            None if secondary => &empty,
+            x => x.and_then(|x| x.as_array()).ok_or_else(|| Error::file(path, format!("no `{ck}` array")))?,
+        };
+        if ids.len() != cs.len() {
+            return Err(Error::file(path, format!("`{ik}` and `{ck}` differ in length")));
+        }
+        let into = if secondary { &mut c.secondary } else { &mut c.counts };
+        for (i, n) in ids.iter().zip(cs) {
+            let (Some(i), Some(n)) = (i.as_u64(), n.as_u64()) else { return Err(Error::file(path, "non-integer id or count")) };
+            let slot = into.get_mut(i as usize).ok_or_else(|| Error::file(path, format!("id {i} outside the vocabulary of {vocab}")))?;
+            *slot += n;
+        }
     }
     if let Some(s) = v.get("sources").and_then(|x| x.as_array()) {
         c.sources.extend(s.iter().filter_map(|x| x.as_str().map(str::to_string)));
@@ -212,7 +231,10 @@ pub fn run(a: ReduceVocabArgs) -> Result<()> {
             check_not_eval(p)?;
         }
     }
-    if a.prompts.is_empty() && a.cache.is_empty() && a.counts.is_empty() {
+    for p in &a.tiebreak_prompts {
+        check_not_eval(p)?;
+    }
+    if a.prompts.is_empty() && a.cache.is_empty() && a.counts.is_empty() && a.tiebreak_prompts.is_empty() {
         return Err(Error::Input("nothing to count: give --prompts, --cache or --counts".into()));
     }
     if let Some(s) = &a.save_counts {
@@ -230,7 +252,7 @@ pub fn run(a: ReduceVocabArgs) -> Result<()> {
 
 fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> Result<()> {
     let vocab = m.target.cfg.vocab;
-    let mut c = Counts { counts: vec![0; vocab], sources: Vec::new() };
+    let mut c = Counts { counts: vec![0; vocab], secondary: vec![0; vocab], sources: Vec::new() };
     for f in &a.counts {
         read_counts(f, &mut c)?;
     }
@@ -261,6 +283,23 @@ fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> R
             c.sources.push(format!("{}: target greedy answers to the first {} prompts (chat template, ≤ {} tokens), {n} tokens", f.display(), texts.len(), a.max_new_tokens));
         }
     }
+    if !a.tiebreak_prompts.is_empty() {
+        let tok = m.tokenizer.as_ref().ok_or_else(|| Error::Input("--tiebreak-prompts needs a tokenizer (pass --tokenizer)".into()))?;
+        for f in &a.tiebreak_prompts {
+            let texts = read_prompt_texts(f, usize::MAX)?;
+            let mut n = 0usize;
+            for t in &texts {
+                for id in tok.encode_raw(t)? {
+                    if let Some(s) = c.secondary.get_mut(id as usize) {
+                        *s += 1;
+                        n += 1;
+                    }
+                }
+            }
+            eprintln!("tie-break: {n} prompt tokens of {} prompts of {}", texts.len(), f.display());
+            c.sources.push(format!("tie-break: prompt texts of {} ({} prompts, {n} tokens)", f.display(), texts.len()));
+        }
+    }
     if let Some(s) = &a.save_counts {
         write_bytes(s, serde_json::to_string(&c.to_json()).unwrap_or_default().as_bytes())?;
         eprintln!("wrote {}", s.display());
@@ -271,11 +310,11 @@ fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> R
         Some(t) => sparkling::decode::stop_tokens(&m.target.cfg.eos, &t.stop),
         None => m.target.cfg.eos.clone(),
     };
-    let ids = top_ids(&c.counts, a.draft_vocab, &stops);
+    let ids = top_ids(&c.counts, &c.secondary, a.draft_vocab, &stops);
     let cov = coverage(&c.counts, &ids);
     let mut lines = vec![format!("V_d = {}: covers {:.4} of the counted tokens", ids.len(), cov)];
     for f in &a.coverage_of {
-        let mut e = Counts { counts: vec![0; vocab], sources: Vec::new() };
+        let mut e = Counts { counts: vec![0; vocab], secondary: vec![0; vocab], sources: Vec::new() };
         read_counts(f, &mut e)?;
         lines.push(format!("V_d = {}: covers {:.4} of {} ({} tokens)", ids.len(), coverage(&e.counts, &ids), f.display(), e.total()));
     }

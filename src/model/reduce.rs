@@ -13,14 +13,18 @@ use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
 
 /// The draft vocabulary of the `v_d` most frequent ids of `counts` (`counts[t]` = occurrences
-/// of target id `t`), most frequent first (ties: lower id first), with `always` (e.g. the
+/// of target id `t` in the target's answers), most frequent first, with `always` (e.g. the
 /// end-of-sequence ids: a drafter should be able to propose the end of an answer) placed first
-/// when not already among them. Ids never counted rank after every counted one, so V_d may
-/// exceed the number of distinct counted tokens. `v_d` is clamped to `counts.len()`.
-pub fn top_ids(counts: &[u64], v_d: usize, always: &[u32]) -> Vec<u32> {
+/// when not already among them. Ties — in practice the long tail of ids the answers never
+/// produced — are broken by `secondary` (e.g. token counts of the training prompts, which are
+/// cheap to count in bulk and share the answers' identifiers and names; empty: none), then by
+/// lower id (in a BPE vocabulary earlier merges were the more frequent pairs of the tokenizer's
+/// corpus). `v_d` is clamped to `counts.len()`.
+pub fn top_ids(counts: &[u64], secondary: &[u64], v_d: usize, always: &[u32]) -> Vec<u32> {
     let v_d = v_d.min(counts.len());
+    let sec = |t: u32| secondary.get(t as usize).copied().unwrap_or(0);
     let mut order: Vec<u32> = (0..counts.len() as u32).collect();
-    order.sort_by(|&a, &b| counts[b as usize].cmp(&counts[a as usize]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| counts[b as usize].cmp(&counts[a as usize]).then(sec(b).cmp(&sec(a))).then(a.cmp(&b)));
     let mut ids: Vec<u32> = always.iter().copied().filter(|&t| (t as usize) < counts.len()).collect();
     ids.dedup();
     ids.truncate(v_d);
@@ -116,9 +120,11 @@ mod tests {
     #[test]
     fn top_ids_orders_by_count_and_keeps_always() {
         let counts = [5u64, 0, 9, 5, 1, 0];
-        assert_eq!(top_ids(&counts, 3, &[]), vec![2, 0, 3]);
-        assert_eq!(top_ids(&counts, 3, &[5]), vec![5, 2, 0]);
-        assert_eq!(top_ids(&counts, 10, &[]), vec![2, 0, 3, 4, 1, 5]);
+        assert_eq!(top_ids(&counts, &[], 3, &[]), vec![2, 0, 3]);
+        assert_eq!(top_ids(&counts, &[], 3, &[5]), vec![5, 2, 0]);
+        assert_eq!(top_ids(&counts, &[], 10, &[]), vec![2, 0, 3, 4, 1, 5]);
+        // The secondary counts order ties (the unseen tail too), never the primary order.
+        assert_eq!(top_ids(&counts, &[0, 0, 0, 7, 0, 3], 10, &[]), vec![2, 3, 0, 4, 5, 1]);
         assert!((coverage(&counts, &[2, 0]) - 14.0 / 20.0).abs() < 1e-12);
         assert_eq!(coverage(&[0, 0], &[]), 1.0);
     }
