@@ -118,3 +118,11 @@ fn every_method_is_exact_on_bf16_weights() {
     let Some(g) = cuda(WeightDtype::Bf16, "every_method_is_exact_on_bf16_weights") else { return };
     conf::every_method_matches_its_own_ar(&g);
 }
+
+#[test]
+fn every_method_is_exact_with_a_reduced_draft_vocabulary() {
+    // Issue 12: device top-k, Markov table and device tree over V_d columns, the virtual anchor
+    // column, gathered lm_head rows (bf16): every method equals the device's own ar.
+    let Some(g) = cuda(WeightDtype::Bf16, "every_method_is_exact_with_a_reduced_draft_vocabulary") else { return };
+    conf::reduced_vocab_methods_match_ar(&g, &[1, 8, 32]);
+}

@@ -90,7 +90,7 @@ fn device_and_host_selection_build_the_same_trees() {
         for (budget, cands) in [(1usize, 16usize), (16, 16), (64, 32), (64, vocab)] {
             p.budget = budget;
             p.candidates = cands;
-            let draft = DraftLogits { logits: &t, depth, vocab, markov: Some(&head), markov_dev: Some((&w1, &w2)) };
+            let draft = DraftLogits { logits: &t, depth, vocab, markov: Some(&head), markov_dev: Some((&w1, &w2)), map: None, markov_w1_target: None };
             p.prep = TreePrep::Host;
             let host = pollster::block_on(propose(&b, method, &draft, 3, &p)).unwrap().tree;
             p.prep = TreePrep::Device;

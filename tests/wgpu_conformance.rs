@@ -50,6 +50,15 @@ fn every_method_gives_the_cpu_greedy_tokens_on_wgpu() {
     common::conformance::every_method_gives_the_cpu_greedy_tokens(&g);
 }
 
+/// Reduced draft vocabulary (issue 12): every method, host and device tree prep (top-k, Markov
+/// table and the device tree over V_d columns, the virtual anchor column), equals wgpu's own
+/// `ar` at T = 0 and T = 1.
+#[test]
+fn every_method_matches_ar_with_a_reduced_draft_vocabulary_on_wgpu() {
+    let Some(g) = gpu(WeightDtype::F32, "every_method_matches_ar_with_a_reduced_draft_vocabulary_on_wgpu") else { return };
+    common::conformance::reduced_vocab_methods_match_ar(&g, &[1, 32]);
+}
+
 #[test]
 fn target_logits_match_cpu_within_tolerance() {
     for (gdt, cdt) in [(WeightDtype::F32, CpuDtype::F32), (WeightDtype::F16, CpuDtype::F16)] {

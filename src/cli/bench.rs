@@ -19,8 +19,10 @@ use std::path::{Path, PathBuf};
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt files (repeatable): MT-Bench `question.jsonl` (first turns), HumanEval
-    /// `HumanEval.jsonl[.gz]`, GSM8K-style `{"question"}` JSONL, or plain text (one prompt per line).
+    /// Prompt files (repeatable): MT-Bench / EAGLE-Alpaca `question.jsonl` (first turns),
+    /// HumanEval `HumanEval.jsonl[.gz]`, GSM8K-style `{"question"}` JSONL, MATH-500
+    /// `{"problem"}`, MBPP `mbpp.jsonl` (test split, task ids 11–510), or plain text (one prompt
+    /// per line).
     #[arg(long, required = true)]
     pub prompts: Vec<PathBuf>,
     /// Prompts taken from each file.
@@ -94,8 +96,19 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
             format!("Write a solution to the following problem and make sure that it passes the tests:\n```python\n{p}\n```")
         } else if let Some(q) = v.get("question").and_then(|x| x.as_str()) {
             format!("{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
+        } else if let Some(q) = v.get("problem").and_then(|x| x.as_str()) {
+            // MATH-500: the GSM8K instruction.
+            format!("{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
+        } else if let (Some(t), Some(tests)) = (v.get("text").and_then(|x| x.as_str()), v.get("test_list").and_then(|x| x.as_array())) {
+            // MBPP: only the test split (task ids 11–510); the prompt of the MBPP paper.
+            let id = v.get("task_id").and_then(|x| x.as_u64()).unwrap_or(0);
+            if !(11..=510).contains(&id) {
+                continue;
+            }
+            let tests: Vec<&str> = tests.iter().filter_map(|x| x.as_str()).collect();
+            format!("{t} Your code should pass these tests:\n\n{}", tests.join("\n"))
         } else {
-            return Err(Error::file(path, format!("line {}: expected a `turns`, `prompt`+`task_id` or `question` field", i + 1)));
+            return Err(Error::file(path, format!("line {}: expected a `turns`, `prompt`+`task_id`, `question`, `problem` (MATH) or `text`+`test_list` (MBPP) field", i + 1)));
         };
         out.push(p);
     }

@@ -19,6 +19,7 @@ mod init;
 mod load;
 mod plot;
 mod profile;
+mod reduce;
 
 use clap::{Parser, Subcommand};
 use sparkling::{Error, Result};
@@ -50,6 +51,9 @@ enum Command {
     Plot(plot::PlotArgs),
     /// Time the parts of one round (AR step, verify, draft, candidate table, heap, compaction).
     Profile(profile::ProfileArgs),
+    /// Make a reduced-draft-vocabulary drafter: count the target's generated tokens and keep the
+    /// V_d most frequent in the drafter's output layer and Markov head (issue 12).
+    ReduceVocab(reduce::ReduceVocabArgs),
     /// List the wgpu adapters (index: name (backend, type, driver)) for `--adapter`.
     Adapters,
 }
@@ -67,6 +71,7 @@ pub fn run() -> Result<()> {
         Command::Generate(a) => a.model.threads,
         Command::Bench(a) => a.model.threads,
         Command::Profile(a) => a.model.threads,
+        Command::ReduceVocab(a) => a.model.threads,
         _ => None,
     };
     if let Some(n) = threads {
@@ -83,6 +88,7 @@ pub fn run() -> Result<()> {
         Command::Synth(a) => init::run_synth(a),
         Command::Plot(a) => plot::run(a),
         Command::Profile(a) => profile::run(a),
+        Command::ReduceVocab(a) => reduce::run(a),
         Command::Adapters => load::list_adapters(),
     })
 }

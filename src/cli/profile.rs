@@ -197,11 +197,14 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     // Candidate table: top-C per depth, union (+ anchor) and Markov table in one backend call
     // (one read-back on device backends), as the decode loop's device tree prep does.
     let markov = d.markov_device(b)?;
+    // The device ops work in draft ids (a reduced draft vocabulary: the anchor's draft id, or
+    // draft id 0 when it has none; the tree's tokens are then mapped back below).
+    let droot = d.vocab_map.as_ref().map_or(root, |m| m.draft_id(root).unwrap_or(0));
     let mut table = CandidateTable::default();
-    rows.push(("candidate_table", format!("topk C={} over [{depth}, {}] + union + markov_table + read-back", a.candidates, tc.vocab), time_ms(w, r, || {
+    rows.push(("candidate_table", format!("topk C={} over [{depth}, {}] + union + markov_table + read-back", a.candidates, d.draft_vocab()), time_ms(w, r, || {
         let t0 = Instant::now();
         let k = a.max_fanout.min(a.budget);
-        table = b.candidate_table(&logits, markov, a.candidates, root, k)?;
+        table = b.candidate_table(&logits, markov, a.candidates, droot, k)?;
         Ok(ms_since(t0))
     })?));
 
@@ -209,17 +212,20 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let mut tree = DraftTree::root(root);
     rows.push(("heap", format!("build_sparkling_precompute, budget {}, {} candidates", a.budget, table.n()), time_ms(w, r, || {
         let t0 = Instant::now();
-        tree = build_sparkling_precompute(&table, root, a.budget);
+        tree = build_sparkling_precompute(&table, droot, a.budget);
         Ok(ms_since(t0))
     })?));
+    if let Some(m) = &d.vocab_map {
+        tree = m.map_tree(&tree, root);
+    }
     let n_nodes = tree.len();
 
     // The same tree built on the device, where the backend offers it (one read-back of the
     // nodes instead of the table; replaces candidate_table + heap in the decode loop).
-    if b.sparkling_tree(&logits, markov, a.candidates, root, a.max_fanout.min(a.budget), a.budget)?.is_some() {
+    if b.sparkling_tree(&logits, markov, a.candidates, droot, a.max_fanout.min(a.budget), a.budget)?.is_some() {
         rows.push(("device_tree", format!("sparkling_tree: candidate_table + heap on the device, {} nodes read back", a.budget), time_ms(w, r, || {
             let t0 = Instant::now();
-            b.sparkling_tree(&logits, markov, a.candidates, root, a.max_fanout.min(a.budget), a.budget)?;
+            b.sparkling_tree(&logits, markov, a.candidates, droot, a.max_fanout.min(a.budget), a.budget)?;
             Ok(ms_since(t0))
         })?));
     }
@@ -321,7 +327,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let is_gguf = m_target_is_gguf(&a.model);
     let wb = weight_bytes(&a.model.backend, &a.model.weights, is_gguf);
     let gb = (params * wb) as f64 / 1e9;
-    let _ = writeln!(report, "backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}", b.name(), tc.layers, tc.hidden, tc.vocab, d.cfg.markov_rank);
+    let _ = writeln!(report, "backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}, draft vocabulary {}", b.name(), tc.layers, tc.hidden, tc.vocab, d.cfg.markov_rank, d.draft_vocab());
     let _ = writeln!(report, "target matmul kernels: {}", t.kernel_paths(b));
     let _ = writeln!(report, "prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", a.budget, a.candidates, r);
     let _ = writeln!(report, "| part | what | median ms | min ms |");

@@ -370,7 +370,15 @@ impl<'a, B: Backend> Engine<'a, B> {
                     };
                     let logits = d.draft(b, self.target, dc, &ctx, anchor, root_pos)?;
                     let forward_ms = ms(t);
-                    let draft = DraftLogits { logits: &logits, depth: d.cfg.draft_depth(), vocab: d.cfg.vocab, markov: d.markov.as_ref(), markov_dev };
+                    let draft = DraftLogits {
+                        logits: &logits,
+                        depth: d.cfg.draft_depth(),
+                        vocab: d.draft_vocab(),
+                        markov: d.markov.as_ref(),
+                        markov_dev,
+                        map: d.vocab_map.as_ref(),
+                        markov_w1_target: d.markov_w1_target.as_deref(),
+                    };
                     let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
                     stats.draft_ms += forward_ms;
                     if let Some(a) = auto.as_mut() {

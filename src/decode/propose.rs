@@ -10,6 +10,7 @@
 
 use super::Method;
 use crate::error::Result;
+use crate::model::draft_vocab::DraftVocab;
 use crate::tree::{self, DraftTree, MarkovHead};
 use sparkling_core::Backend;
 use web_time::Instant;
@@ -72,21 +73,33 @@ pub struct TreeParams {
     pub prep: TreePrep,
 }
 
-/// One drafter forward's output, where it lives: the logits `[depth, V]` (row `d` is the
+/// One drafter forward's output, where it lives: the logits `[depth, V_d]` (row `d` is the
 /// distribution of depth `d + 1`) and the drafter's Markov head on the host and, for device
-/// SparklingTree prep, on the device.
+/// SparklingTree prep, on the device. Columns, the head's rows and tree tokens are **draft
+/// ids**; with a reduced draft vocabulary (`map`) [`propose`] turns them into target ids.
 pub struct DraftLogits<'a, B: Backend> {
     /// Draft logits `[depth, vocab]` on the backend.
     pub logits: &'a B::Tensor,
     /// Depth rows.
     pub depth: usize,
-    /// Vocabulary size.
+    /// Draft vocabulary size V_d (the target's vocabulary without a reduced one).
     pub vocab: usize,
-    /// The Markov head's host weights (`dspark`, `sparkling`, `treespark`).
+    /// The Markov head's host weights in draft ids (`dspark`, `sparkling`, `treespark`).
     pub markov: Option<&'a MarkovHead>,
-    /// The Markov head's `(W1, W2)` on the device (`sparkling` with [`TreePrep::Device`]).
+    /// The Markov head's `(W1, W2)` in draft ids on the device (`sparkling` with [`TreePrep::Device`]).
     pub markov_dev: Option<(&'a B::Tensor, &'a B::Tensor)>,
+    /// The reduced draft vocabulary's map (`None`: draft ids are target ids).
+    pub map: Option<&'a DraftVocab>,
+    /// With `map`: the Markov head's `W1` as stored, `[V, r]` by target id, for an anchor
+    /// outside the draft vocabulary.
+    pub markov_w1_target: Option<&'a [f32]>,
 }
+
+/// The logit of the virtual draft column that stands for an anchor outside the draft
+/// vocabulary: finite (the builders and kernels require it) and so low that its probability is
+/// exactly 0 in f32 and f64 (`exp(-1e9 - max)`), so it never changes a normaliser and is only
+/// ever drafted when nothing else is left; [`DraftVocab::map_tree`] drops such nodes.
+pub const VIRTUAL_LOGIT: f32 = -1.0e9;
 
 /// A proposed draft tree and what building it cost (ms).
 #[derive(Debug, Clone, Default)]
@@ -112,10 +125,20 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// Build the draft tree of `method` from the draft logits `d`, rooted at `anchor`, with the
-/// selection `p.prep` (an unresolved [`TreePrep::Auto`] is resolved here from the backend).
-/// Host and device selection give the same trees up to near-ties of f32 rounding (sparkling:
-/// both are the §5.2 c tree; the host lazy builder reproduces the precompute table).
+/// Build the draft tree of `method` from the draft logits `d`, rooted at `anchor` (a target
+/// id), with the selection `p.prep` (an unresolved [`TreePrep::Auto`] is resolved here from the
+/// backend). Host and device selection give the same trees up to near-ties of f32 rounding
+/// (sparkling: both are the §5.2 c tree; the host lazy builder reproduces the precompute table).
+///
+/// With a reduced draft vocabulary (`d.map`) the builders and kernels run unchanged over draft
+/// ids and the tree's tokens are mapped to target ids at the end ([`DraftVocab::map_tree`]).
+/// The anchor is a target id: inside the draft vocabulary it becomes its draft id; outside it,
+/// `ar`/`dflash`/`ddtree` need it only as the root's token, and the methods that condition on
+/// it (the Markov head's parent row; sparkling's candidate union) get a virtual draft column
+/// V_d appended for this round: logit [`VIRTUAL_LOGIT`] in every depth row (so it cannot be
+/// drafted), Markov `W1` row = the anchor's target-indexed row, `W2` row 0. Same kernels on
+/// every backend; the extension is one `concat_cols` (+ two `concat_rows` for device
+/// SparklingTree prep) in the rounds whose anchor is outside the draft vocabulary.
 /// Errors: backend failures.
 pub async fn propose<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, anchor: u32, p: &TreeParams) -> Result<Proposal> {
     propose_scored(b, method, d, anchor, p, false).await
@@ -126,6 +149,61 @@ pub async fn propose<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, 
 /// each depth's top-1 log-probability (device: a top-1 [`Backend::topk`] instead of the argmax),
 /// `dspark` of the Markov-conditioned ones. Same tokens either way.
 pub async fn propose_scored<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, anchor: u32, p: &TreeParams, chain_scores: bool) -> Result<Proposal> {
+    let Some(map) = d.map else { return propose_ids(b, method, d, anchor, p, chain_scores).await };
+    let conditions = matches!(method, Method::DSpark | Method::Sparkling | Method::TreeSpark);
+    let mut prop = match map.draft_id(anchor) {
+        Some(a) => propose_ids(b, method, d, a, p, chain_scores).await?,
+        None if !conditions => propose_ids(b, method, d, 0, p, chain_scores).await?,
+        None => {
+            let t0 = Instant::now();
+            let (depth, v) = (d.depth, d.vocab);
+            let col = b.upload(&vec![VIRTUAL_LOGIT; depth], depth, 1)?;
+            let logits = b.concat_cols(&[d.logits, &col])?;
+            let row: Option<Vec<f32>> = d.markov.map(|m| match d.markov_w1_target {
+                Some(w1) if w1.len() >= (anchor as usize + 1) * m.rank => w1[anchor as usize * m.rank..][..m.rank].to_vec(),
+                _ => vec![0.0; m.rank],
+            });
+            let device_sparkling = method == Method::Sparkling && p.prep.resolve(b.host_memory()) == TreePrep::Device;
+            let mut dev = None;
+            let mut host = None;
+            if let (Some(m), Some(row)) = (d.markov, &row) {
+                if device_sparkling {
+                    if let Some((w1, w2)) = d.markov_dev {
+                        let w1x = b.concat_rows(&[w1, &b.upload(row, 1, m.rank)?])?;
+                        let w2x = b.concat_rows(&[w2, &b.zeros(1, m.rank)?])?;
+                        dev = Some((w1x, w2x));
+                    }
+                } else {
+                    let mut w1 = Vec::with_capacity((v + 1) * m.rank);
+                    w1.extend_from_slice(&m.w1[..v * m.rank]);
+                    w1.extend_from_slice(row);
+                    let mut w2 = Vec::with_capacity((v + 1) * m.rank);
+                    w2.extend_from_slice(&m.w2[..v * m.rank]);
+                    w2.resize((v + 1) * m.rank, 0.0);
+                    host = Some(MarkovHead { vocab: v + 1, rank: m.rank, w1, w2 });
+                }
+            }
+            let ext = DraftLogits::<B> {
+                logits: &logits,
+                depth,
+                vocab: v + 1,
+                markov: host.as_ref(),
+                markov_dev: dev.as_ref().map(|(a, c)| (a, c)),
+                map: None,
+                markov_w1_target: None,
+            };
+            let ext_ms = ms(t0);
+            let mut prop = propose_ids(b, method, &ext, v as u32, p, chain_scores).await?;
+            prop.prep_ms += ext_ms;
+            prop
+        }
+    };
+    prop.tree = map.map_tree(&prop.tree, anchor);
+    Ok(prop)
+}
+
+/// [`propose_scored`] over draft ids: `anchor` is a draft id (`< d.vocab`).
+async fn propose_ids<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, anchor: u32, p: &TreeParams, chain_scores: bool) -> Result<Proposal> {
     let device = p.prep.resolve(b.host_memory()) == TreePrep::Device;
     let t0 = Instant::now();
     let (depth, vocab) = (d.depth, d.vocab);

@@ -46,6 +46,13 @@ pub trait TensorSource {
         Ok(None)
     }
 
+    /// Load an integer tensor (safetensors I64, I32, U32, I16, U16, U8) as i64 values with its
+    /// shape. Errors name the file and tensor (missing, a float or other dtype); the default
+    /// refuses: the source stores no integer tensors.
+    fn load_ints(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        Err(Error::tensor(self.path(), name, "this checkpoint format stores no integer tensors"))
+    }
+
     /// Load a tensor and check its shape; the error names the tensor, expected and found shape.
     fn load_shaped(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
         let t = self.load(name)?;

@@ -101,4 +101,22 @@ impl TensorSource for SafetensorsSource {
         };
         Ok(HostTensor { shape: view.shape().to_vec(), data })
     }
+
+    fn load_ints(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        let &fi = self.index.get(name).ok_or_else(|| Error::tensor(&self.root, name, "not found in checkpoint"))?;
+        let (path, map) = &self.files[fi];
+        let st = SafeTensors::deserialize(map).map_err(|e| Error::file(path, e.to_string()))?;
+        let view = st.tensor(name).map_err(|e| Error::tensor(path, name, e.to_string()))?;
+        let b = view.data();
+        let data: Vec<i64> = match view.dtype() {
+            Dtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
+            Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
+            Dtype::U32 => b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
+            Dtype::I16 => b.chunks_exact(2).map(|c| i16::from_le_bytes([c[0], c[1]]) as i64).collect(),
+            Dtype::U16 => b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as i64).collect(),
+            Dtype::U8 => b.iter().map(|&x| x as i64).collect(),
+            other => return Err(Error::tensor(path, name, format!("unsupported dtype {other:?}; expected an integer tensor (I64, I32, U32, I16, U16, U8)"))),
+        };
+        Ok((view.shape().to_vec(), data))
+    }
 }

@@ -105,8 +105,12 @@ pub struct DrafterConfig {
     pub rms_eps: f32,
     /// RoPE base θ (`rope_theta` or `rope_parameters.rope_theta`).
     pub rope_theta: f32,
-    /// Vocabulary size.
+    /// Vocabulary size (the target's: input ids, the anchor, the mask token).
     pub vocab: usize,
+    /// Draft vocabulary size V_d (`draft_vocab_size`; `vocab` when absent): the rows of the
+    /// drafter's output layer and of the Markov head's `W2`. Below `vocab` the checkpoint
+    /// carries the draft → target id map `draft_to_target` (see `models/README.md`).
+    pub draft_vocab: usize,
     /// Block size Bk.
     pub block_size: usize,
     /// Input id of the masked block slots.
@@ -117,6 +121,8 @@ pub struct DrafterConfig {
     pub markov_rank: usize,
     /// A confidence head is present.
     pub confidence_head: bool,
+    /// `draft_vocab_size` was given ([`DrafterConfig::is_reduced`]).
+    pub reduced: bool,
 }
 
 impl DrafterConfig {
@@ -126,6 +132,12 @@ impl DrafterConfig {
             DrafterKind::DFlash => self.block_size - 1,
             DrafterKind::DSpark => self.block_size,
         }
+    }
+
+    /// Whether the drafter drafts over a reduced vocabulary (`draft_vocab_size` given: the
+    /// checkpoint then carries `draft_to_target`, even when V_d equals the vocabulary).
+    pub fn is_reduced(&self) -> bool {
+        self.reduced
     }
 }
 
@@ -502,15 +514,21 @@ impl DrafterConfig {
             rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
             rope_theta: k.rope_theta()?,
             vocab: k.usize("vocab_size")?,
+            draft_vocab: match v.get("draft_vocab_size") {
+                None | Some(Value::Null) => k.usize("vocab_size")?,
+                Some(_) => k.usize("draft_vocab_size")?,
+            },
             block_size,
             mask_token_id,
             target_layer_ids,
             markov_rank: if kind == DrafterKind::DSpark { k.usize_or("markov_rank", 0)? } else { 0 },
             confidence_head: kind == DrafterKind::DSpark && k.bool_or("enable_confidence_head", false),
+            reduced: v.get("draft_vocab_size").is_some_and(|x| !x.is_null()),
         };
         let c = Check { path, key: &|k| k.to_string() };
         c.count("num_hidden_layers", cfg.layers, u32::MAX as usize)?;
         c.count("vocab_size", cfg.vocab, MAX_DIM)?;
+        c.count("draft_vocab_size", cfg.draft_vocab, cfg.vocab)?;
         c.geometry(cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, derived_head_dim, cfg.intermediate, cfg.rms_eps, cfg.rope_theta)?;
         if cfg.markov_rank > MAX_DIM {
             return Err(c.err("markov_rank", format!("{}: expected ≤ {MAX_DIM}", cfg.markov_rank)));
@@ -540,6 +558,9 @@ impl DrafterConfig {
             "max_position_embeddings": 32768,
         });
         let o = v.as_object_mut().expect("json object literal");
+        if self.is_reduced() {
+            o.insert("draft_vocab_size".into(), serde_json::json!(self.draft_vocab));
+        }
         match self.kind {
             DrafterKind::DFlash => {
                 o.insert("architectures".into(), serde_json::json!(["DFlashDraftModel"]));

@@ -4,6 +4,7 @@
 //! the root position after each call (§2.5).
 
 use super::config::{DrafterConfig, DrafterKind, TargetConfig};
+use super::draft_vocab::{DraftVocab, MAP_TENSOR};
 use super::layer::{load_matrix, load_vector, DecoderLayer, KvCache, LayerDims};
 use super::target::Target;
 use crate::error::{Error, Result};
@@ -34,15 +35,27 @@ pub struct Drafter<B: Backend> {
     pub norm: B::Tensor,
     /// Own `embed_tokens.weight` (DSpark); `None` borrows the target's.
     pub embed: Option<B::Weight>,
-    /// Own `lm_head.weight` (DSpark); `None` borrows the target's.
+    /// Own `lm_head.weight` (`[V_d, H]`: DSpark, or any reduced drafter); `None` borrows the
+    /// target's (its rows `draft_to_target` for a reduced drafter, see [`Drafter::output_head`]).
     pub lm_head: Option<B::Weight>,
-    /// Markov head (DSpark with `markov_rank > 0`), kept on the host for the tree builders.
+    /// Markov head (DSpark with `markov_rank > 0`), kept on the host for the tree builders, in
+    /// **draft ids**: `vocab` = V_d, `w2` = `markov_w2.weight` (`[V_d, r]`), and `w1` the rows
+    /// of the target-indexed `markov_w1.weight` for the draft ids (`W1[draft_to_target]`).
     pub markov: Option<MarkovHead>,
+    /// The reduced draft vocabulary's map (`None`: the drafter drafts over the whole target
+    /// vocabulary and draft ids are target ids).
+    pub vocab_map: Option<DraftVocab>,
+    /// A reduced drafter's `markov_w1.weight` as stored, `[V, r]` indexed by **target** id: the
+    /// parent row of an anchor outside the draft vocabulary (the previous token can be any
+    /// target token; only the drafted ones are draft ids).
+    pub markov_w1_target: Option<Vec<f32>>,
     /// Confidence head, when present.
     pub confidence: Option<ConfidenceHead>,
     /// Device copies of the Markov head's `(W1, W2)` (`[V, r]` each), uploaded on first use by
     /// the device tree-prep path ([`Drafter::markov_device`]).
     markov_dev: std::sync::OnceLock<(B::Tensor, B::Tensor)>,
+    /// A reduced drafter's output layer gathered from the borrowed target lm_head, on first use.
+    head_dev: std::sync::OnceLock<B::Weight>,
 }
 
 impl<B: Backend> Drafter<B> {
@@ -77,7 +90,18 @@ impl<B: Backend> Drafter<B> {
         if present < cfg.layers {
             return Err(Error::config(p, "num_hidden_layers", format!("{}: the checkpoint holds only {present} layers (layers.0 … layers.{})", cfg.layers, present.saturating_sub(1))));
         }
-        let mut known: Vec<String> = ["fc.weight", "hidden_norm.weight", "norm.weight", "embed_tokens.weight", "lm_head.weight"]
+        // A reduced draft vocabulary: the map first, it sizes the output layer and W2.
+        let vocab_map = if cfg.is_reduced() {
+            let (shape, ids) = src.load_ints(MAP_TENSOR)?;
+            Some(DraftVocab::new(p, &shape, &ids, cfg.vocab, cfg.draft_vocab)?)
+        } else {
+            if src.contains(MAP_TENSOR) {
+                return Err(Error::tensor(p, MAP_TENSOR, "present, but config.json gives no draft_vocab_size (a reduced drafter needs both)"));
+            }
+            None
+        };
+        let vd = cfg.draft_vocab;
+        let mut known: Vec<String> = ["fc.weight", "hidden_norm.weight", "norm.weight", "embed_tokens.weight", "lm_head.weight", MAP_TENSOR]
             .iter()
             .map(|s| s.to_string())
             .collect();
@@ -99,22 +123,32 @@ impl<B: Backend> Drafter<B> {
         let hidden_norm = load_vector(b, src, "hidden_norm.weight", h)?;
         let layers = (0..cfg.layers).map(|l| DecoderLayer::load(b, src, &format!("layers.{l}."), d)).collect::<Result<Vec<_>>>()?;
         let norm = load_vector(b, src, "norm.weight", h)?;
-        let opt = |name: &str| -> Result<Option<B::Weight>> {
-            if cfg.kind == DrafterKind::DSpark && src.contains(name) {
-                Ok(Some(load_matrix(b, src, name, cfg.vocab, h)?))
+        // The input embedding covers the target vocabulary (anchors are target ids), the
+        // output layer the draft vocabulary. A reduced drafter may own its output layer of
+        // either kind.
+        let opt = |name: &str, rows: usize| -> Result<Option<B::Weight>> {
+            if (cfg.kind == DrafterKind::DSpark || (cfg.is_reduced() && name == "lm_head.weight")) && src.contains(name) {
+                Ok(Some(load_matrix(b, src, name, rows, h)?))
             } else {
                 Ok(None)
             }
         };
-        let embed = opt("embed_tokens.weight")?;
-        let lm_head = opt("lm_head.weight")?;
+        let embed = opt("embed_tokens.weight", cfg.vocab)?;
+        let lm_head = opt("lm_head.weight", vd)?;
         let r = cfg.markov_rank;
-        let markov = if cfg.kind == DrafterKind::DSpark && r > 0 {
+        let (markov, markov_w1_target) = if cfg.kind == DrafterKind::DSpark && r > 0 {
+            // W1 embeds the previous token (any target id), W2 projects onto the draft ids.
             let w1 = src.load_shaped("markov_head.markov_w1.weight", &[cfg.vocab, r])?.data;
-            let w2 = src.load_shaped("markov_head.markov_w2.weight", &[cfg.vocab, r])?.data;
-            Some(MarkovHead { vocab: cfg.vocab, rank: r, w1, w2 })
+            let w2 = src.load_shaped("markov_head.markov_w2.weight", &[vd, r])?.data;
+            match &vocab_map {
+                None => (Some(MarkovHead { vocab: cfg.vocab, rank: r, w1, w2 }), None),
+                Some(m) => {
+                    let w1d: Vec<f32> = m.draft_to_target().iter().flat_map(|&t| w1[t as usize * r..][..r].iter().copied()).collect();
+                    (Some(MarkovHead { vocab: vd, rank: r, w1: w1d, w2 }), Some(w1))
+                }
+            }
         } else {
-            None
+            (None, None)
         };
         let confidence = if cfg.confidence_head {
             let w = src.load_shaped("confidence_head.proj.weight", &[1, h + r])?.data;
@@ -123,10 +157,47 @@ impl<B: Backend> Drafter<B> {
         } else {
             None
         };
-        Ok(Drafter { cfg, fc, hidden_norm, layers, norm, embed, lm_head, markov, confidence, markov_dev: std::sync::OnceLock::new() })
+        Ok(Drafter {
+            cfg,
+            fc,
+            hidden_norm,
+            layers,
+            norm,
+            embed,
+            lm_head,
+            markov,
+            vocab_map,
+            markov_w1_target,
+            confidence,
+            markov_dev: std::sync::OnceLock::new(),
+            head_dev: std::sync::OnceLock::new(),
+        })
     }
 
-    /// The Markov head's `(W1, W2)` as device tensors `[V, r]` for [`Backend::markov_table`]
+    /// The output layer of the draft logits, `[V_d, H]`: the drafter's own `lm_head`, else the
+    /// target's, or for a reduced drafter that borrows it, the target's rows `draft_to_target`
+    /// (gathered once, on first call, with [`Backend::gather_weight_rows`]: stored rows as they
+    /// are on the CPU backend, the backend's weight precision elsewhere).
+    /// Errors: the gather's backend failure.
+    pub fn output_head<'s>(&'s self, b: &B, target: &'s Target<B>) -> Result<&'s B::Weight> {
+        if let Some(h) = &self.lm_head {
+            return Ok(h);
+        }
+        let Some(m) = &self.vocab_map else { return Ok(target.lm_head()) };
+        if self.head_dev.get().is_none() {
+            let w = b.gather_weight_rows(target.lm_head(), m.draft_to_target())?;
+            // A concurrent first call may have won the race; either copy is identical.
+            let _ = self.head_dev.set(w);
+        }
+        self.head_dev.get().ok_or_else(|| Error::Input("drafter output layer: gather failed".into()))
+    }
+
+    /// The draft vocabulary size V_d (the columns of the draft logits).
+    pub fn draft_vocab(&self) -> usize {
+        self.cfg.draft_vocab
+    }
+
+    /// The Markov head's `(W1, W2)` in draft ids as device tensors `[V_d, r]` for [`Backend::markov_table`]
     /// (uploaded once, on first call; `None` without a Markov head). Errors: upload failure.
     pub fn markov_device(&self, b: &B) -> Result<Option<(&B::Tensor, &B::Tensor)>> {
         let Some(m) = &self.markov else { return Ok(None) };
@@ -147,7 +218,7 @@ impl<B: Backend> Drafter<B> {
     /// One drafter forward (§2.4 / §3.5). `taps` holds the target's tapped-layer features
     /// `[Lc, n_taps*H]` of the committed tokens at positions `cache.len .. root_pos` (so `Lc = root_pos - cache.len`);
     /// the block is `[anchor, mask × (Bk-1)]` at positions `root_pos ..`. Returns the draft
-    /// logits `[depth, V]`: DFlash rows for positions `root_pos+1 ..= root_pos+Bk-1` (in-place
+    /// logits `[depth, V_d]` (columns are draft ids, = target ids without a reduced vocabulary): DFlash rows for positions `root_pos+1 ..= root_pos+Bk-1` (in-place
     /// slots 1..Bk), DSpark rows for `root_pos+1 ..= root_pos+Bk` (shifted). The cache ends at
     /// `root_pos` (block K/V are discarded).
     pub fn draft(
@@ -206,7 +277,7 @@ impl<B: Backend> Drafter<B> {
         };
         let out = b.gather_rows(&x, &rows)?;
         let out = b.rms_norm(&out, &self.norm, c.hidden, c.rms_eps)?;
-        let head = self.lm_head.as_ref().unwrap_or_else(|| target.lm_head());
+        let head = self.output_head(b, target)?;
         Ok(b.matmul(&out, head, None)?)
     }
 }

@@ -322,11 +322,13 @@ pub fn drafter_config(target: &TargetConfig, init: &DrafterInit) -> DrafterConfi
         rms_eps: target.rms_eps,
         rope_theta: target.rope_theta,
         vocab: target.vocab,
+        draft_vocab: target.vocab,
         block_size: init.block_size,
         mask_token_id: init.mask_token_id.unwrap_or(target.vocab as u32 - 1),
         target_layer_ids: default_target_layer_ids(target.layers, init.taps.max(1)),
         markov_rank: if init.kind == DrafterKind::DSpark { init.markov_rank } else { 0 },
         confidence_head: init.kind == DrafterKind::DSpark && init.confidence_head,
+        reduced: false,
     }
 }
 

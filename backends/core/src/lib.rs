@@ -218,6 +218,25 @@ pub trait Backend: Send + Sync {
         self.name()
     }
 
+    /// A new weight made of rows `rows` of `w` (`[rows.len(), K]`, row `i` = row `rows[i]` of
+    /// `w`): the reduced draft vocabulary's output layer sliced from a borrowed target lm_head.
+    /// Default: [`Backend::embedding`] (the rows dequantized to f32), downloaded and uploaded
+    /// again with [`Backend::upload_weight`] (the backend's usual precision); a backend that
+    /// keeps weights in a format of its own may override it to copy the stored rows as they are.
+    /// Errors: an id `≥ N` ([`Error::Invalid`]), empty `rows`.
+    fn gather_weight_rows(&self, w: &Self::Weight, rows: &[u32]) -> Result<Self::Weight> {
+        if rows.is_empty() {
+            return Err(Error::Invalid("gather_weight_rows: no rows".into()));
+        }
+        let (n, k) = self.weight_shape(w);
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
+            return Err(Error::Invalid(format!("gather_weight_rows: row {bad} is outside a weight of {n} rows")));
+        }
+        let t = self.embedding(w, rows)?;
+        let data = self.download(&t)?;
+        self.upload_weight(data, rows.len(), k)
+    }
+
     /// `out[i] = table[ids[i]]` → `[ids.len(), K]`. Errors on an id `≥ N`.
     fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;
     /// `x[M,K] · W[N,K]ᵀ (+ bias[1,N] broadcast over rows)` → `[M, N]`.

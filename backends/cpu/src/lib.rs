@@ -250,6 +250,30 @@ impl Backend for CpuBackend {
         (w.n, w.k)
     }
 
+    /// The rows as stored: quantized blocks copied code for code, f32 / f16 panels repacked
+    /// in their own precision (no rounding, whatever `--weights` says).
+    fn gather_weight_rows(&self, w: &CpuWeight, rows: &[u32]) -> Result<CpuWeight> {
+        if rows.is_empty() {
+            return Err(Error::Invalid("gather_weight_rows: no rows".into()));
+        }
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= w.n) {
+            return Err(Error::Invalid(format!("gather_weight_rows: row {bad} is outside a weight of {} rows", w.n)));
+        }
+        let n = rows.len();
+        let data = match &w.data {
+            WeightData::Quant(q) => WeightData::Quant(q.gather_rows(rows)),
+            WeightData::Panels(p) => {
+                let mut vals = vec![0.0f32; n * w.k];
+                for (out, &r) in vals.chunks_mut(w.k.max(1)).zip(rows) {
+                    p.row_into(r as usize, out);
+                }
+                let f16 = matches!(p.panels, gemm::Panels::F16(_));
+                WeightData::Panels(gemm::Packed::pack(&vals, n, w.k, f16))
+            }
+        };
+        Ok(CpuWeight { n, k: w.k, data })
+    }
+
     fn embedding(&self, table: &CpuWeight, ids: &[u32]) -> Result<CpuTensor> {
         let k = table.k;
         let mut data = vec![0.0f32; ids.len() * k];

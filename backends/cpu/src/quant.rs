@@ -174,6 +174,29 @@ impl QWeight {
         Ok(w)
     }
 
+    /// A weight of rows `rows` of this one (row `i` = row `rows[i]`), codes, scales and mins
+    /// copied as they are (so its outputs equal this weight's outputs for those rows, bit for
+    /// bit). Precondition: every id `< n`.
+    pub fn gather_rows(&self, rows: &[u32]) -> QWeight {
+        let mut w = QWeight::empty(self.format, rows.len(), self.k);
+        let cb = self.format.code_bytes();
+        for (j, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            for b in 0..self.nb {
+                for t in 0..cb {
+                    let (from, to) = (self.code_at(r, b, t), w.code_at(j, b, t));
+                    w.qs[to] = self.qs[from];
+                }
+                let (s, o) = (self.scale_at(r, b), w.scale_at(j, b));
+                w.d[o] = self.d[s];
+                if self.format == QFormat::Q4_1 {
+                    w.m[o] = self.m[s];
+                }
+            }
+        }
+        w
+    }
+
     /// Quantize a row-major f32 `[n, k]` matrix to Q8_0 as ggml's reference quantizer does
     /// (`quantize_row_q8_0`: per block `d = amax/127`, `q = round(x/d)` with ties to even, `d`
     /// stored as f16).
