@@ -186,7 +186,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     };
     if !a.batch.is_empty() {
         pb.finish_and_clear();
-        let params = gen_params(Method::Ar, Some(1), &gen_args, stop, m.backend.host_memory())?;
+        let params = gen_params(Method::Ar, Some(BudgetChoice::Fixed(1)), &gen_args, stop, m.backend.host_memory())?;
         return super::bench_batch::bench_batch(&m, &prompts, &params, a);
     }
     let mut reference: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
