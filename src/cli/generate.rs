@@ -84,8 +84,9 @@ pub struct GenerateArgs {
     pub show_tree: bool,
 }
 
-/// The `--show-tree` text of one round: a summary line, then one line per node (the root
-/// first), indented by depth, `✓` on the accepted path, `·` elsewhere. `text` renders a token.
+/// The `--show-tree` text of one round: a summary line, then one line per node, depth first
+/// from the root (each node under its parent, indented by depth), `✓` on the accepted path,
+/// `·` elsewhere. `text` renders a token.
 pub fn render_round(r: &RoundView<'_>, text: &dyn Fn(u32) -> String) -> String {
     let t = r.tree;
     let path: Vec<String> = r.accepted[1..].iter().map(|&i| text(t.tokens[i])).collect();
@@ -100,9 +101,16 @@ pub fn render_round(r: &RoundView<'_>, text: &dyn Fn(u32) -> String) -> String {
         path.join(" "),
         text(r.bonus)
     );
-    for i in 0..t.len() {
+    // Depth-first from the root, children in admission order, so each node sits under its parent.
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); t.len()];
+    for i in 1..t.len() {
+        children[t.parents[i] as usize].push(i);
+    }
+    let mut stack = vec![0usize];
+    while let Some(i) = stack.pop() {
         let mark = if r.accepted.contains(&i) { '✓' } else { '·' };
         s.push_str(&format!("  {}{mark} {}\n", "  ".repeat(t.depths[i] as usize), text(t.tokens[i])));
+        stack.extend(children[i].iter().rev());
     }
     s
 }
@@ -229,7 +237,8 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     let mut show = |r: &RoundView<'_>| {
         if a.show_tree {
             // Like the eprintln! shadow in main.rs: a failed stderr write never panics.
-            let _ = write!(std::io::stderr(), "{}", render_round(r, &token_text));
+            // A line of its own on a terminal, where the streamed answer shares the screen.
+            let _ = write!(std::io::stderr(), "\n{}", render_round(r, &token_text));
         }
     };
     let g = engine.generate_observed(&prompt, &params, &mut |new| {
