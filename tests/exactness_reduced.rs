@@ -150,9 +150,11 @@ fn reduced_proposal_equals_the_full_vocabulary_proposal_without_the_other_tokens
     assert_eq!(checked, 60);
 }
 
-/// Rewrite `dir/model.safetensors` with the map tensor replaced by `map` (dtype, shape, bytes),
-/// or removed (`None`).
-fn rewrite_map(dir: &Path, map: Option<(Dtype, Vec<usize>, Vec<u8>)>) {
+/// A map tensor to write: dtype, shape, bytes.
+type MapTensor = (Dtype, Vec<usize>, Vec<u8>);
+
+/// Rewrite `dir/model.safetensors` with the map tensor replaced by `map`, or removed (`None`).
+fn rewrite_map(dir: &Path, map: Option<MapTensor>) {
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -191,7 +193,7 @@ fn load_err(dir: &Path, target: &sparkling::model::config::TargetConfig) -> Stri
 fn bad_draft_vocabulary_maps_are_clear_errors_naming_the_tensor() {
     let tdir = tmpdir("bad-map-target");
     let target = random_target(tdir.path(), Arch::Qwen3, 40, 1);
-    let cases: Vec<(&str, Option<(Dtype, Vec<usize>, Vec<u8>)>, &str)> = vec![
+    let cases: Vec<(&str, Option<MapTensor>, &str)> = vec![
         ("out of range", Some((Dtype::I64, vec![4], i64s(&[1, 2, 40, 3]))), "outside the target vocabulary 0..40"),
         ("negative", Some((Dtype::I64, vec![4], i64s(&[1, 2, -3, 3]))), "outside the target vocabulary"),
         ("duplicate", Some((Dtype::I64, vec![4], i64s(&[1, 2, 2, 3]))), "appears twice"),
