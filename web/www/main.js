@@ -410,7 +410,7 @@ function renderTree() {
     return;
   }
   const r = state.trees[k];
-  ui.treepos.textContent = `step ${r.round + 1} of ${total}${state.treeShown === null ? " · following the latest" : ""}`;
+  ui.treepos.textContent = `step ${k + 1} of ${total}${state.treeShown === null ? " · following the latest" : ""}`;
   const sum = summary(r, k, total);
   ui.treesum.textContent = sum;
   const { kids, rank, row, rows, last } = layout(r);
@@ -458,6 +458,8 @@ function showTree(k) {
   state.treeShown = k >= total - 1 ? null : k;
   renderTree();
 }
+
+state.showTree = showTree;  // for the browser tests: show round k (an index into trees)
 
 function runKey() { return `${ui.prompt.value}\u0000${ui.maxnew.value}`; }
 
