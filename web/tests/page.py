@@ -12,7 +12,8 @@ comparison with `ar` (same tokens), no sideways scroll at 390 px; the tree view:
 generation with the default message, every round's drawn tree (the SVG's node ids, tokens,
 parents, depths, accepted path and bonus token, read from its data attributes) equals the
 engine's per-round tree of the same generation run again through Session's on_round, stepping
-back through the rounds with the page's buttons; a 64-node tree stays inside a phone-width page. Screenshots go to
+back through the rounds with the page's buttons (on the CPU backend and on WebGPU); a 64-node
+tree stays inside a phone-width page. Screenshots go to
 $SPARKLING_WEB_SHOTS (default target/web-screenshots), not to the repository.
 
 Usage: web/tests/page.py   (after `scripts/web-demo --build-only`)
@@ -395,6 +396,7 @@ def main():
             check(not soft or "software" in warn, "choosing WebGPU on a software adapter warns")
             r, st = generate(d, "sparkling", 8, budget=4, timeout=600)
             check(r is not None and not r["cancelled"] and r["tokens"] == sparkling_cpu[:8], "sparkling on WebGPU gives the CPU backend's tokens")
+            check_tree_view(d, {"method": "sparkling", "budget": 4, "max_new_tokens": 8}, r)
             d.shot("6-webgpu")
     finally:
         if d:
