@@ -17,8 +17,10 @@
 //! // or: s.load_target_gguf(ggufBytes)  (also sets the tokenizer from the GGUF vocabulary)
 //! s.add_drafter(drafterConfigJsonText, drafterBytes); // DSpark and/or DFlash drafters
 //! s.set_tokenizer(tokenizerJsonText, tokenizerConfigJsonText);
-//! const r = await s.generate_text("Hello!", JSON.stringify({ method: "sparkling", max_new_tokens: 64 }), (ids, text) => ...);
+//! const r = await s.generate_text("Hello!", JSON.stringify({ method: "sparkling", max_new_tokens: 64 }), (ids, text) => ...,
+//!                                 (round) => drawTree(round));   // optional: each verified tree
 //! // r: { tokens, text, stopped, cancelled, tau, tokens_per_s, rounds, prefill_ms, decode_ms, backend }
+//! // round: { round, root_pos, tokens, parents, depths, accepted, bonus, committed, texts, bonus_text }
 //! s.cancel();   // stops every running generation of the session at its next round
 //! ```
 //!
@@ -28,11 +30,11 @@
 #![warn(missing_docs)]
 
 use serde_json::{json, Value};
-use sparkling::core::{Backend, SampleParams};
+use sparkling::core::{Backend, SampleParams, NO_PARENT};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::budget::{BudgetChoice, CostModel};
-use sparkling::decode::{stop_tokens, Engine, GenParams, Method};
+use sparkling::decode::{stop_tokens, Engine, GenParams, Method, RoundView};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::safetensors_source::SafetensorsSource;
 use sparkling::loader::TensorSource;
@@ -207,16 +209,34 @@ impl Session {
     /// `options`: an object or its JSON text. Unknown keys are an error. `on_tokens(ids, text)`, optional, is
     /// called with each round's committed tokens (and their text when a tokenizer is set); when
     /// it returns `false` the generation stops at the round's end (as with [`Session::cancel`]).
+    /// `on_round(round)`, optional, is called once per verified round, just before `on_tokens`
+    /// receives that round's tokens, with the draft tree the target checked (issue 16: the live
+    /// tree view), a plain object: `{ round, root_pos, tokens, parents, depths, accepted, bonus,
+    /// committed, texts, bonus_text }` — `round` counts from 0 (the prefill, which commits the
+    /// first token, is not a round); node 0 is the anchor (the last committed token) at sequence
+    /// position `root_pos`, node `i` has token `tokens[i]`, parent `parents[i]` (`-1` for node 0)
+    /// and depth `depths[i]`; `accepted` lists the accepted nodes from the root (`accepted[0] ==
+    /// 0`, each the child of the one before); `bonus` is the target's own next token. The round
+    /// commits the accepted nodes' tokens after the root, then `bonus`; `committed` says how many
+    /// of them were kept (fewer in the last round when a stop token or `max_new_tokens` cuts it).
+    /// `texts` (each node's token as text) and `bonus_text` are `null` without a tokenizer. It
+    /// may return `false` to stop, like `on_tokens`; an exception it throws rejects the promise.
     /// Resolves to `{ tokens, text, stopped, cancelled, tau, tokens_per_s, rounds, prefill_ms,
     /// decode_ms, method, budget, backend, tree_sizes, drafts_skipped }` (a cancelled run: the tokens so far, `null`
     /// statistics). Several generations may run at once on one session (their rounds
     /// interleave); loading waits until none is running.
     /// Errors: no target loaded, a method whose drafter kind is not loaded, bad options (the
     /// message names the key), a prompt beyond the context, device failures.
-    pub fn generate(&self, prompt_ids: JsValue, options: JsValue, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
+    pub fn generate(
+        &self,
+        prompt_ids: JsValue,
+        options: JsValue,
+        on_tokens: Option<js_sys::Function>,
+        on_round: Option<js_sys::Function>,
+    ) -> js_sys::Promise {
         let args = token_ids(&prompt_ids).and_then(|ids| Ok((ids, options_text(&options)?)));
         match args {
-            Ok((ids, opts)) => self.start(ids, opts, on_tokens),
+            Ok((ids, opts)) => self.start(ids, opts, Callbacks { on_tokens, on_round }),
             Err(m) => js_sys::Promise::reject(&JsValue::from(JsError::new(&m))),
         }
     }
@@ -224,7 +244,13 @@ impl Session {
     /// Like [`Session::generate`] from a user message (a string), encoded with the tokenizer's
     /// chat template. Errors: no tokenizer set, a message that is not a string, plus those of
     /// `generate`.
-    pub fn generate_text(&self, user: JsValue, options: JsValue, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
+    pub fn generate_text(
+        &self,
+        user: JsValue,
+        options: JsValue,
+        on_tokens: Option<js_sys::Function>,
+        on_round: Option<js_sys::Function>,
+    ) -> js_sys::Promise {
         let args = (|| -> Result<(Vec<u32>, String), String> {
             let user = user.as_string().ok_or("generate_text: the message must be a string")?;
             let opts = options_text(&options)?;
@@ -233,7 +259,7 @@ impl Session {
             Ok((t.encode_chat(&user, None).map_err(|e| e.to_string())?, opts))
         })();
         match args {
-            Ok((ids, opts)) => self.start(ids, opts, on_tokens),
+            Ok((ids, opts)) => self.start(ids, opts, Callbacks { on_tokens, on_round }),
             Err(m) => js_sys::Promise::reject(&JsValue::from(JsError::new(&m))),
         }
     }
@@ -248,15 +274,21 @@ impl Session {
 
 impl Session {
     /// Run one generation as a promise (the session's models stay borrowed until it settles).
-    fn start(&self, ids: Vec<u32>, opts: String, on_tokens: Option<js_sys::Function>) -> js_sys::Promise {
+    fn start(&self, ids: Vec<u32>, opts: String, cbs: Callbacks) -> js_sys::Promise {
         let (models, tokenizer) = (Rc::clone(&self.models), Rc::clone(&self.tokenizer));
         let (epoch, started) = (Rc::clone(&self.epoch), self.epoch.get());
         wasm_bindgen_futures::future_to_promise(async move {
             let cancelled = move || epoch.get() != started;
-            let out = run(&models, &tokenizer, ids, &opts, on_tokens, &cancelled).await.map_err(|e| JsValue::from(js_err(e)))?;
+            let out = run(&models, &tokenizer, ids, &opts, &cbs, &cancelled).await.map_err(|e| JsValue::from(js_err(e)))?;
             js_sys::JSON::parse(&out.to_string())
         })
     }
+}
+
+/// The JavaScript callbacks of one generation (see [`Session::generate`]).
+struct Callbacks {
+    on_tokens: Option<js_sys::Function>,
+    on_round: Option<js_sys::Function>,
 }
 
 /// Prompt ids from JavaScript: a `Uint32Array`, or an array of non-negative integers.
@@ -358,7 +390,8 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
     let defaults = GenParams::new(method, host_memory).sampling;
     let temperature = float("temperature", defaults.temperature)?;
     let top_p = float("top_p", defaults.top_p)?;
-    if !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+    // Both are finite (`float` refuses NaN and infinities), so plain comparisons suffice.
+    if temperature < 0.0 || top_p <= 0.0 || top_p > 1.0 {
         return Err(sparkling::Error::Input(format!("generate options: temperature must be ≥ 0 (got {temperature}) and top_p in (0, 1] (got {top_p})")));
     }
     // `budget`: "auto" (the default: the per-round choice of `--budget auto`) or a number.
@@ -403,12 +436,15 @@ fn budget_json(p: &GenParams) -> Value {
     }
 }
 
+// The models and tokenizer stay borrowed for the whole generation on purpose: loading during
+// it fails with `BUSY` instead of swapping the weights under a running round.
+#[allow(clippy::await_holding_refcell_ref)]
 async fn run(
     models: &RefCell<Models>,
     tokenizer: &RefCell<Option<TextTokenizer>>,
     prompt: Vec<u32>,
     options_json: &str,
-    on_tokens: Option<js_sys::Function>,
+    cbs: &Callbacks,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Value, String> {
     let opts: Value = serde_json::from_str(if options_json.trim().is_empty() { "{}" } else { options_json })
@@ -416,8 +452,8 @@ async fn run(
     let m = models.try_borrow().map_err(|_| BUSY.to_string())?;
     let tok = tokenizer.try_borrow().map_err(|_| BUSY.to_string())?;
     let r = match &*m {
-        Models::Gpu(l) => generate(l, tok.as_ref(), &prompt, &opts, on_tokens.as_ref(), cancelled).await,
-        Models::Cpu(l) => generate(l, tok.as_ref(), &prompt, &opts, on_tokens.as_ref(), cancelled).await,
+        Models::Gpu(l) => generate(l, tok.as_ref(), &prompt, &opts, cbs, cancelled).await,
+        Models::Cpu(l) => generate(l, tok.as_ref(), &prompt, &opts, cbs, cancelled).await,
     };
     r.map_err(|e| e.to_string())
 }
@@ -427,7 +463,7 @@ async fn generate<B: Backend>(
     tok: Option<&TextTokenizer>,
     prompt: &[u32],
     opts: &Value,
-    on_tokens: Option<&js_sys::Function>,
+    cbs: &Callbacks,
     cancelled: &dyn Fn() -> bool,
 ) -> sparkling::Result<Value> {
     let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target or load_target_gguf first".into()))?;
@@ -446,30 +482,43 @@ async fn generate<B: Backend>(
         )));
     }
     let engine = Engine { backend: &l.b, target, drafter };
-    // The first exception thrown by `on_tokens` rejects the promise once the generation ends.
-    let mut thrown: Option<String> = None;
-    // Tokens committed so far (a cancelled run resolves with them) and whether `on_tokens`
+    // The first exception thrown by a callback rejects the promise once the generation ends.
+    let thrown: RefCell<Option<String>> = RefCell::new(None);
+    // Tokens committed so far (a cancelled run resolves with them) and whether a callback
     // returned `false`.
     let mut so_far: Vec<u32> = Vec::new();
     let stop = Cell::new(false);
+    let call = |name: &str, r: Result<JsValue, JsValue>| match r {
+        Ok(v) if v == JsValue::FALSE => stop.set(true),
+        Ok(_) => {}
+        Err(e) => {
+            thrown.borrow_mut().get_or_insert_with(|| format!("the {name} callback threw: {}", js_message(&e)));
+        }
+    };
+    // The engine shows a round to `on_round` before `on_tokens` gets its committed tokens; the
+    // round's object waits for those (its `committed` count) and goes to JavaScript first.
+    let pending: RefCell<Option<js_sys::Object>> = RefCell::new(None);
+    let mut round_cb = |r: &RoundView<'_>| {
+        if cbs.on_round.is_some() {
+            *pending.borrow_mut() = Some(round_object(r, tok));
+        }
+    };
     let mut cb = |ids: &[u32]| {
         so_far.extend_from_slice(ids);
-        if let Some(f) = on_tokens {
+        if let (Some(f), Some(o)) = (&cbs.on_round, pending.borrow_mut().take()) {
+            let _ = js_sys::Reflect::set(&o, &JsValue::from_str("committed"), &JsValue::from(ids.len() as u32));
+            call("on_round", f.call1(&JsValue::NULL, &o));
+        }
+        if let Some(f) = &cbs.on_tokens {
             let text = tok.and_then(|t| t.decode(ids, false).ok()).map(JsValue::from).unwrap_or(JsValue::NULL);
             let arr = js_sys::Uint32Array::from(ids);
-            match f.call2(&JsValue::NULL, &arr, &text) {
-                Ok(v) if v == JsValue::FALSE => stop.set(true),
-                Ok(_) => {}
-                Err(e) => {
-                    thrown.get_or_insert_with(|| format!("{e:?}"));
-                }
-            }
+            call("on_tokens", f.call2(&JsValue::NULL, &arr, &text));
         }
     };
     // Cancellation drops the engine's future at its next await (a read-back, or the CPU
     // backend's per-round yield); the engine itself has no stop hook.
     let g = {
-        let mut fut = std::pin::pin!(engine.generate_async(prompt, &p, &mut cb));
+        let mut fut = std::pin::pin!(engine.generate_observed_async(prompt, &p, &mut cb, &mut round_cb));
         std::future::poll_fn(|cx| {
             if stop.get() || cancelled() {
                 return std::task::Poll::Ready(None);
@@ -478,8 +527,8 @@ async fn generate<B: Backend>(
         })
         .await
     };
-    if let Some(e) = thrown {
-        return Err(sparkling::Error::Input(format!("the on_tokens callback threw: {e}")));
+    if let Some(e) = thrown.into_inner() {
+        return Err(sparkling::Error::Input(e));
     }
     let Some(g) = g else {
         let text = tok.and_then(|t| t.decode(&so_far, false).ok());
@@ -522,4 +571,33 @@ async fn generate<B: Backend>(
         "tree_sizes": g.stats.tree_sizes,
         "drafts_skipped": g.stats.drafts_skipped,
     }))
+}
+
+/// The message of a JavaScript exception (`Error.message`, else the value as text).
+fn js_message(e: &JsValue) -> String {
+    js_sys::Reflect::get(e, &JsValue::from_str("message"))
+        .ok()
+        .and_then(|m| m.as_string())
+        .or_else(|| e.as_string())
+        .unwrap_or_else(|| format!("{e:?}"))
+}
+
+/// One verified round as the plain object `on_round` receives (documented at
+/// [`Session::generate`]; `committed` is added once the round's tokens are known).
+fn round_object(r: &RoundView<'_>, tok: Option<&TextTokenizer>) -> js_sys::Object {
+    let t = r.tree;
+    let text = |id: u32| tok.and_then(|k| k.decode(&[id], true).ok());
+    let v = json!({
+        "round": r.round,
+        "root_pos": r.root_pos,
+        "tokens": t.tokens,
+        "parents": t.parents.iter().map(|&p| if p == NO_PARENT { -1 } else { i64::from(p) }).collect::<Vec<i64>>(),
+        "depths": t.depths,
+        "accepted": r.accepted,
+        "bonus": r.bonus,
+        "texts": tok.map(|_| t.tokens.iter().map(|&id| text(id).unwrap_or_default()).collect::<Vec<String>>()),
+        "bonus_text": text(r.bonus),
+    });
+    // serde_json text always parses as JSON; an object that failed would only lack fields.
+    js_sys::JSON::parse(&v.to_string()).map(|o| o.unchecked_into::<js_sys::Object>()).unwrap_or_default()
 }

@@ -48,7 +48,7 @@ async fn message_of(p: js_sys::Promise) -> String {
 async fn options_as_object_or_json_give_the_same_tokens() {
     let s = cpu_session_with_models().await;
     let prompt = [3u32, 17, 5, 9, 22, 1];
-    let ar = JsFuture::from(s.generate(ids(&prompt), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 12}"#), None)).await.unwrap();
+    let ar = JsFuture::from(s.generate(ids(&prompt), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 12}"#), None, None)).await.unwrap();
     let opts = Object::new();
     Reflect::set(&opts, &"method".into(), &"sparkling".into()).unwrap();
     Reflect::set(&opts, &"budget".into(), &JsValue::from(8)).unwrap();
@@ -56,7 +56,7 @@ async fn options_as_object_or_json_give_the_same_tokens() {
     // Streamed tokens arrive through the callback, round by round.
     let streamed = Array::new();
     let push = Function::new_with_args("ids, text", "this.push(...ids)").bind0(&streamed);
-    let sp = JsFuture::from(s.generate(Uint32Array::from(&prompt[..]).into(), opts.into(), Some(push))).await.unwrap();
+    let sp = JsFuture::from(s.generate(Uint32Array::from(&prompt[..]).into(), opts.into(), Some(push), None)).await.unwrap();
     assert_eq!(tokens(&ar).len(), 12);
     assert_eq!(tokens(&sp), tokens(&ar), "sparkling must emit the ar tokens");
     let got: Vec<u32> = streamed.iter().map(|x| x.as_f64().unwrap() as u32).collect();
@@ -68,27 +68,27 @@ async fn options_as_object_or_json_give_the_same_tokens() {
 #[wasm_bindgen_test]
 async fn mistakes_give_messages_not_crashes() {
     let s = cpu_session_with_models().await;
-    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"maxNewTokens": 4}"#), None)).await;
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"maxNewTokens": 4}"#), None, None)).await;
     assert!(m.contains("unknown option `maxNewTokens`") && m.contains("did you mean `max_new_tokens`"), "{m}");
     let bad_ids: JsValue = ["a", "b"].iter().map(|x| JsValue::from_str(x)).collect::<Array>().into();
-    let m = message_of(s.generate(bad_ids, JsValue::UNDEFINED, None)).await;
+    let m = message_of(s.generate(bad_ids, JsValue::UNDEFINED, None, None)).await;
     assert!(m.contains("prompt_ids[0]"), "{m}");
-    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from(42), None)).await;
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from(42), None, None)).await;
     assert!(m.contains("options must be an object or a JSON string"), "{m}");
-    let m = message_of(s.generate_text(JsValue::from(42), JsValue::UNDEFINED, None)).await;
+    let m = message_of(s.generate_text(JsValue::from(42), JsValue::UNDEFINED, None, None)).await;
     assert!(m.contains("must be a string"), "{m}");
     // Huge numbers fail the context check instead of wrapping around it (usize is 32 bits here).
-    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "sparkling", "budget": 4294967295}"#), None)).await;
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "sparkling", "budget": 4294967295}"#), None, None)).await;
     assert!(m.contains("exceeds the target context"), "{m}");
-    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"budget": 4294967296}"#), None)).await;
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"budget": 4294967296}"#), None, None)).await;
     assert!(m.contains("budget") && m.contains("below 2^32"), "{m}");
-    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "temperature": 1e39}"#), None)).await;
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "temperature": 1e39}"#), None, None)).await;
     assert!(m.contains("temperature") && m.contains("finite"), "{m}");
     let thrower = Function::new_with_args("ids, text", "throw new Error('boom from callback')");
-    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 3}"#), Some(thrower))).await;
+    let m = message_of(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 3}"#), Some(thrower), None)).await;
     assert!(m.contains("on_tokens callback threw") && m.contains("boom from callback"), "{m}");
     // The session still works after every one of them.
-    let r = JsFuture::from(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 3}"#), None)).await.unwrap();
+    let r = JsFuture::from(s.generate(ids(&[1, 2]), JsValue::from_str(r#"{"method": "ar", "max_new_tokens": 3}"#), None, None)).await.unwrap();
     assert_eq!(tokens(&r).len(), 3);
 }
 
@@ -99,18 +99,18 @@ async fn stop_from_the_callback_or_cancel_ends_a_generation_early() {
     // `on_tokens` returning false stops at the end of that round: prefill + 2 ar rounds.
     let counter = Object::new();
     let stop_at_3 = Function::new_with_args("ids, text", "this.n = (this.n || 0) + 1; return this.n < 3;").bind0(&counter);
-    let r = JsFuture::from(s.generate(ids(&[1, 2]), long.clone(), Some(stop_at_3))).await.unwrap();
+    let r = JsFuture::from(s.generate(ids(&[1, 2]), long.clone(), Some(stop_at_3), None)).await.unwrap();
     assert_eq!(field(&r, "cancelled"), JsValue::TRUE);
     assert_eq!(tokens(&r).len(), 3, "stops after the round whose callback returned false");
     assert!(field(&r, "tau").is_null(), "a stopped run has no statistics");
     // cancel() stops every running generation, before its first round here.
-    let p = s.generate(ids(&[1, 2]), long.clone(), None);
+    let p = s.generate(ids(&[1, 2]), long.clone(), None, None);
     s.cancel();
     let r = JsFuture::from(p).await.unwrap();
     assert_eq!(field(&r, "cancelled"), JsValue::TRUE);
     assert!(tokens(&r).len() < 40);
     // Generations started after cancel() run to the end, with the tokens of an uninterrupted run.
-    let full = JsFuture::from(s.generate(ids(&[1, 2]), long, None)).await.unwrap();
+    let full = JsFuture::from(s.generate(ids(&[1, 2]), long, None, None)).await.unwrap();
     assert_eq!(field(&full, "cancelled"), JsValue::FALSE);
     assert_eq!(tokens(&full).len(), 40);
     let stopped_tokens = tokens(&r);

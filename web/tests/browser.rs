@@ -29,7 +29,10 @@ struct Models<B: Backend> {
     dspark: Drafter<B>,
 }
 
-fn files(arch: Arch, block: usize) -> (TargetConfig, Vec<u8>, Vec<(DrafterConfig, Vec<u8>)>) {
+/// A target's config and weights, and its drafters' (DFlash, DSpark).
+type Files = (TargetConfig, Vec<u8>, Vec<(DrafterConfig, Vec<u8>)>);
+
+fn files(arch: Arch, block: usize) -> Files {
     let cfg = tiny_target_config(arch, 48);
     let t = random_target_bytes(&cfg, 21, StoreDtype::F32).unwrap();
     let ds = [(DrafterKind::DFlash, 0usize, 5u64), (DrafterKind::DSpark, 8, 6)]
@@ -42,7 +45,7 @@ fn files(arch: Arch, block: usize) -> (TargetConfig, Vec<u8>, Vec<(DrafterConfig
     (cfg, t, ds)
 }
 
-fn load<B: Backend>(b: &B, f: &(TargetConfig, Vec<u8>, Vec<(DrafterConfig, Vec<u8>)>)) -> Models<B> {
+fn load<B: Backend>(b: &B, f: &Files) -> Models<B> {
     let src = SafetensorsSource::from_bytes("target", f.1.clone()).unwrap();
     let target = Target::load(b, &src, f.0.clone(), &|_, _| {}).unwrap();
     let mut d = f.2.iter().map(|(c, bytes)| {

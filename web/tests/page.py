@@ -8,7 +8,12 @@ The page is served from a temporary root with two copies of web/www (symbolic li
 machine). Checks: the default addresses, the software-WebGPU warning, a load error that says
 what to run, Load disabled while loading, Load + Generate with the defaults on the CPU backend
 (and on WebGPU unless SPARKLING_WEB_PAGE_WEBGPU=0), Stop mid-run, Load during a run, the
-comparison with `ar` (same tokens), no sideways scroll at 390 px. Screenshots go to
+comparison with `ar` (same tokens), no sideways scroll at 390 px; the tree view: after a
+generation with the default message, every round's drawn tree (the SVG's node ids, tokens,
+parents, depths, accepted path and bonus token, read from its data attributes) equals the
+engine's per-round tree of the same generation run again through Session's on_round, stepping
+back through the rounds with the page's buttons (on the CPU backend and on WebGPU); a 64-node
+tree stays inside a phone-width page. Screenshots go to
 $SPARKLING_WEB_SHOTS (default target/web-screenshots), not to the repository.
 
 Usage: web/tests/page.py   (after `scripts/web-demo --build-only`)
@@ -74,6 +79,10 @@ class Driver:
 
     def js(self, script, *args):
         return self.call("POST", f"/session/{self.sid}/execute/sync", {"script": script, "args": list(args)})
+
+    def js_async(self, script, *args):
+        # The script calls arguments[arguments.length - 1](value) when done.
+        return self.call("POST", f"/session/{self.sid}/execute/async", {"script": script, "args": list(args)})
 
     def size(self, w, h):
         self.call("POST", f"/session/{self.sid}/window/rect", {"width": w, "height": h})
@@ -171,6 +180,66 @@ def generate(d, method, maxnew, budget="", timeout=600):
     return r, st
 
 
+# The drawn tree: nodes (from the SVG's data attributes) in node order, the accepted path in
+# order, the bonus token, and the round it says it shows.
+READ_TREE = """const svg = document.getElementById('treesvg');
+if (!svg) return null;
+const nodes = [...svg.querySelectorAll('g.node')].map(g => ({node: +g.dataset.node, token: +g.dataset.token,
+  parent: +g.dataset.parent, depth: +g.dataset.depth, accepted: g.dataset.accepted === '1', rank: g.dataset.rank === undefined ? null : +g.dataset.rank,
+  title: g.querySelector('title').textContent, label: g.querySelector('text').textContent}));
+nodes.sort((a, b) => a.node - b.node);
+const path = nodes.filter(n => n.rank !== null).sort((a, b) => a.rank - b.rank).map(n => n.node);
+const bonus = svg.querySelector('g.bonus');
+return {round: +svg.dataset.round, nodes, path, bonus: bonus ? +bonus.dataset.token : null,
+  label: svg.getAttribute('aria-label'), pos: document.getElementById('treepos').textContent};"""
+
+# The engine's per-round trees for the page's message and options, run again through the
+# Session's on_round (the page's session; greedy, so the same generation).
+ENGINE_ROUNDS = """const done = arguments[arguments.length - 1];
+const rounds = [];
+demo.session.generate_text(document.getElementById('prompt').value, arguments[0], null, r => { rounds.push(r); })
+  .then(res => done({tokens: res.tokens, rounds}), e => done({error: String(e.message ?? e)}));"""
+
+
+def tree_matches(t, r):
+    """Whether the drawn tree t is the engine's round r (ids, parents, depths, accepted path, bonus)."""
+    return (t is not None and t["round"] == r["round"] and [n["node"] for n in t["nodes"]] == list(range(len(r["tokens"])))
+            and [n["token"] for n in t["nodes"]] == r["tokens"] and [n["parent"] for n in t["nodes"]] == r["parents"]
+            and [n["depth"] for n in t["nodes"]] == r["depths"] and t["path"] == r["accepted"]
+            and [n["node"] for n in t["nodes"] if n["accepted"]] == sorted(r["accepted"]) and t["bonus"] == r["bonus"])
+
+
+def check_tree_view(d, opts, result):
+    """Every round's drawn tree equals the engine's, from the latest back to the first."""
+    e = d.js_async(ENGINE_ROUNDS, opts)
+    check("error" not in e and e["tokens"] == result["tokens"], f"the engine's rerun gives the page's tokens ({e.get('error', '')})")
+    rounds = e.get("rounds", [])
+    check(len(rounds) == result["rounds"] and d.js("return demo.trees.length") == len(rounds),
+          f"the page received one tree per round ({d.js('return demo.trees.length')} trees, {result['rounds']} rounds)")
+    t = d.js(READ_TREE)
+    check(tree_matches(t, rounds[-1]) and "following the latest" in t["pos"], f"the tree view shows the latest round, equal to the engine's ({t and t['pos']})")
+    r = rounds[-1]
+    check(all(f"(token {n['token']})" in n["title"] and n["label"] for n in t["nodes"]) and t["label"].startswith(f"Step {len(rounds)}"),
+          "each node has a label and a tooltip naming its token; the SVG has an accessible summary")
+    print(f"  latest tree: {t['label']}")
+    same = 1
+    for k in range(len(rounds) - 2, -1, -1):
+        click(d, "treeprev")
+        t = d.js(READ_TREE)
+        same += tree_matches(t, rounds[k])
+    check(same == len(rounds), f"stepping back with “earlier”, each round's drawn tree equals the engine's ({same} of {len(rounds)})")
+    check(d.js("return document.getElementById('treeprev').disabled && !document.getElementById('treelast').disabled"),
+          "at the first round “earlier” is disabled and “latest” enabled")
+    click(d, "treelast")
+    check(tree_matches(d.js(READ_TREE), rounds[-1]), "“latest” shows the last round again")
+    # A coloured piece of the answer shows its step's tree.
+    k = min(2, len(rounds))
+    d.js("document.querySelector(`#out span[data-round='${arguments[0]}']`).click()", k)
+    check(tree_matches(d.js(READ_TREE), rounds[k - 1]), f"clicking step {k} in the answer shows its tree")
+    click(d, "treelast")
+    return rounds
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="sparkling-page-")
     procs = []
@@ -226,6 +295,11 @@ def main():
         sparkling_cpu = r["tokens"]
         d.shot("2-cpu-sparkling")
 
+        print("page test: the tree view equals the engine's per-round trees")
+        check_tree_view(d, {"method": "sparkling", "max_new_tokens": 24}, r)
+        d.js("document.getElementById('h-drafts').scrollIntoView()")
+        d.shot("2b-cpu-sparkling-tree")
+
         print("page test: compare with ar")
         t = time.time()
         click(d, "compare")
@@ -267,12 +341,24 @@ def main():
               "a new Generate after the reload shows only its own run, with the same tokens as before")
         check(d.js("return document.querySelectorAll('#runs tbody tr').length") == 1, "the comparison table was cleared for the new model")
 
+        print("page test: a 64-node tree (CPU backend, tree size 64)")
+        r, st = generate(d, "sparkling", 12, budget=64)
+        t = d.js(READ_TREE)
+        check(r is not None and r["tokens"] == sparkling_cpu[:12] and t is not None and 8 < len(t["nodes"]) <= 65,
+              f"a tree of up to 64 guesses is drawn ({t and len(t['nodes'])} nodes) and the tokens are unchanged")
+        d.js("document.getElementById('h-drafts').scrollIntoView()")
+        d.shot("5a-tree-64-nodes")
+
         print("page test: 390 px wide (a phone)")
         d.size(390, 1400)
         time.sleep(0.5)
         sw = d.js("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
         check(sw[0] <= sw[1], f"no sideways scroll at 390 px (scrollWidth {sw[0]}, clientWidth {sw[1]})")
         d.shot("5-phone-390px")
+        d.js("document.getElementById('h-drafts').scrollIntoView()")
+        sw = d.js("return [document.documentElement.scrollWidth, document.documentElement.clientWidth, document.getElementById('treewrap').scrollWidth, document.getElementById('treewrap').clientWidth]")
+        check(sw[0] <= sw[1] and sw[3] <= sw[1], f"the 64-node tree scrolls inside its box, not the page ({sw})")
+        d.shot("5c-phone-390px-tree")
         d.js("document.getElementById('h-tree').scrollIntoView()")
         d.shot("5b-phone-390px-lower")
         d.size(1100, 1400)
@@ -310,6 +396,7 @@ def main():
             check(not soft or "software" in warn, "choosing WebGPU on a software adapter warns")
             r, st = generate(d, "sparkling", 8, budget=4, timeout=600)
             check(r is not None and not r["cancelled"] and r["tokens"] == sparkling_cpu[:8], "sparkling on WebGPU gives the CPU backend's tokens")
+            check_tree_view(d, {"method": "sparkling", "budget": 4, "max_new_tokens": 8}, r)
             d.shot("6-webgpu")
     finally:
         if d:

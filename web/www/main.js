@@ -1,6 +1,8 @@
 // SparklingTree browser demo: loads a target (from this server, a local .gguf file or a local
 // model folder), its drafters and a tokenizer into a Session (web/src/lib.rs), streams the
-// answer coloured by decoding round, and keeps a table of runs to compare with plain `ar`.
+// answer coloured by decoding round, draws the draft tree each round verified (the accepted
+// path and the model's bonus token on it; rejected branches grey), and keeps a table of runs
+// to compare with plain `ar`.
 // State: one job at a time (load or generate); Stop cancels a generation, Load cancels a
 // running generation first; a superseded run's callbacks stop it and its result is ignored.
 
@@ -19,7 +21,8 @@ const NEEDS = { ar: null, dflash: "DFlash", ddtree: "DFlash", dspark: "DSpark", 
 const $ = (id) => document.getElementById(id);
 const ui = {};
 for (const id of ["backend", "gpuinfo", "ggufFile", "dirFile", "target", "drafters", "tokenizer", "load", "loadinfo",
-  "prompt", "method", "budget", "maxnew", "go", "stop", "compare", "error", "warn", "stats", "out", "accept", "runs"]) {
+  "prompt", "method", "budget", "maxnew", "go", "stop", "compare", "error", "warn", "stats", "out", "accept", "runs",
+  "treeprev", "treenext", "treelast", "treepos", "treesum", "treewrap"]) {
   ui[id] = $(id);
 }
 ui.target.value = DEFAULTS.target;
@@ -39,6 +42,9 @@ const state = {
   gpuDesc: "",
   lastResult: null,
   rounds: [],          // committed token ids per round of the current run (round 0: prefill)
+  trees: [],           // the verified rounds of the last run with a drafter (Session on_round objects)
+  treeRun: 0,          // the runId those trees belong to
+  treeShown: null,     // index into trees of the tree on screen; null: follow the latest
 };
 window.demo = state;
 
@@ -293,7 +299,12 @@ function resetRunView(method) {
   ui.out.textContent = "";
   ui.stats.textContent = "";
   // The plain method guesses nothing: keep the last tree method's chart for comparison.
-  if (method !== "ar") { ui.accept.textContent = ""; $("acceptaxis").textContent = ""; }
+  if (method !== "ar") {
+    ui.accept.textContent = ""; $("acceptaxis").textContent = "";
+    state.trees = []; state.treeRun = state.runId; state.treeShown = null;
+    renderTree();
+  }
+  ui.out.dataset.run = state.runId;
   $("outlabel").textContent = `Answer (${method})`;
   state.rounds = [];
   state.lastResult = null;
@@ -325,6 +336,130 @@ function renderAccept() {
   $("acceptaxis").textContent = `guessed token 1 (left) to ${maxD} (right), over ${acc.length} steps`;
   ui.accept.setAttribute("aria-label", `acceptance by depth: ${[...ui.accept.children].map((b) => b.title).join("; ")}`);
 }
+
+// ---------------------------------------------------------------- the draft tree of a round
+// A round (Session on_round): { round, root_pos, tokens, parents, depths, accepted, bonus,
+// committed, texts, bonus_text }; node 0 is the anchor (the last committed token).
+const SVGNS = "http://www.w3.org/2000/svg";
+const T = { w: 70, h: 20, col: 88, row: 26, pad: 8, top: 18, chars: 7 };
+let treeFrame = 0;
+function scheduleTree() {
+  if (!treeFrame) treeFrame = requestAnimationFrame(() => { treeFrame = 0; renderTree(); });
+}
+const visible = (t) => t.replace(/ /g, "␣").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
+const tokText = (r, i) => (i === "bonus" ? r.bonus_text : r.texts?.[i]) ?? null;
+function label(text, id) {
+  if (text === null) return `#${id}`;
+  const chars = [...visible(text)];
+  if (chars.length === 0) return "∅";
+  return chars.length > T.chars ? chars.slice(0, T.chars - 1).join("") + "…" : chars.join("");
+}
+const quoted = (text, id) => text === null ? `token ${id}` : `“${text}”`;
+function el(name, attrs, parent) {
+  const e = document.createElementNS(SVGNS, name);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  parent?.append(e);
+  return e;
+}
+
+// Rows: the accepted path runs along the top row (then the bonus token); every other branch
+// below it, leaves on rows of their own, each parent on its first child's row.
+function layout(r) {
+  const n = r.tokens.length, kids = Array.from({ length: n }, () => []);
+  for (let i = 1; i < n; i++) kids[r.parents[i]].push(i);
+  const rank = new Map(r.accepted.map((a, k) => [a, k]));
+  const last = r.accepted[r.accepted.length - 1];
+  for (const [i, ks] of kids.entries()) {
+    ks.sort((a, b) => (rank.has(b) - rank.has(a)) || a - b);
+    if (i === last) ks.unshift("bonus");
+  }
+  const row = new Map();
+  let rows = 0;
+  const place = (i) => {  // iterative would be longer; depth is at most the drafter block
+    const ks = i === "bonus" ? [] : kids[i];
+    if (ks.length === 0) { row.set(i, rows++); return; }
+    ks.forEach(place);
+    row.set(i, row.get(ks[0]));
+  };
+  place(0);
+  return { kids, rank, row, rows, last };
+}
+
+function summary(r, k, total) {
+  const path = r.accepted.slice(1);
+  const words = path.map((i) => quoted(tokText(r, i), r.tokens[i]));
+  const drafted = r.tokens.length - 1;
+  const kept = path.length + 1;
+  let s = `Step ${r.round + 1}${k === total - 1 ? " (latest)" : ""}: `;
+  s += drafted === 0 ? "no guesses (the plain method); " : `${drafted} guessed token${drafted > 1 ? "s" : ""} checked, ${path.length} accepted${words.length ? ` (${words.join(" ")})` : ""}, `;
+  s += `then the model's own ${quoted(r.bonus_text ?? null, r.bonus)}: ${kept} token${kept > 1 ? "s" : ""} kept`;
+  if (r.committed !== undefined && r.committed < kept) s += ` (the answer ends after ${r.committed}: length limit or end of answer)`;
+  return s + ".";
+}
+
+function renderTree() {
+  const total = state.trees.length;
+  const k = state.treeShown ?? total - 1;
+  ui.treeprev.disabled = k <= 0;
+  ui.treenext.disabled = k >= total - 1;
+  ui.treelast.disabled = state.treeShown === null || k >= total - 1;
+  ui.treewrap.textContent = "";
+  if (total === 0) {
+    ui.treepos.textContent = "";
+    ui.treesum.textContent = "(drawn while a method with a drafter runs)";
+    return;
+  }
+  const r = state.trees[k];
+  ui.treepos.textContent = `step ${k + 1} of ${total}${state.treeShown === null ? " · following the latest" : ""}`;
+  const sum = summary(r, k, total);
+  ui.treesum.textContent = sum;
+  const { kids, rank, row, rows, last } = layout(r);
+  const depth = (i) => i === "bonus" ? r.depths[last] + 1 : r.depths[i];
+  const maxDepth = r.depths[last] + 1 > Math.max(...r.depths) ? r.depths[last] + 1 : Math.max(...r.depths);
+  const W = T.pad * 2 + maxDepth * T.col + T.w, H = T.top + T.pad + rows * T.row;
+  const svg = el("svg", { id: "treesvg", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": sum, "data-round": r.round });
+  const x = (i) => T.pad + depth(i) * T.col, y = (i) => T.top + row.get(i) * T.row;
+  for (let d = 0; d <= maxDepth; d++) {
+    el("text", { class: "depth", x: T.pad + d * T.col + 2, y: 12 }, svg).textContent = d === 0 ? "last token" : `+${d}`;
+  }
+  const edges = el("g", { "aria-hidden": "true" }, svg);
+  const nodes = el("g", {}, svg);
+  const colour = roundColour(r.round + 1);
+  const draw = (i) => {
+    const isBonus = i === "bonus";
+    const acc = !isBonus && rank.has(i);
+    const tok = isBonus ? r.bonus : r.tokens[i];
+    const text = tokText(r, i);
+    const g = el("g", isBonus ? { class: "bonus", "data-token": tok } : {
+      class: `node${acc ? " acc" : ""}${i === 0 ? " root" : ""}`, "data-node": i, "data-token": tok,
+      "data-parent": r.parents[i], "data-depth": r.depths[i], "data-accepted": acc ? "1" : "0", ...(acc ? { "data-rank": rank.get(i) } : {}),
+    }, nodes);
+    el("title", {}, g).textContent = `${quoted(text, tok)} (token ${tok})${isBonus ? ": the model's own next token" :
+      i === 0 ? ": the last token already in the answer" : `, ${depth(i)} ahead: ${acc ? "guessed right, kept" : "rejected"}`}`;
+    const rect = el("rect", { x: x(i), y: y(i), width: T.w, height: T.h, rx: 4 }, g);
+    if (acc && i !== 0) rect.style.fill = colour;
+    el("text", { x: x(i) + 5, y: y(i) + 14 }, g).textContent = label(text, tok);
+    const children = isBonus ? [] : kids[i];
+    for (const c of children) {
+      const x0 = x(i) + T.w, y0 = y(i) + T.h / 2, x1 = x(c), y1 = y(c) + T.h / 2, mx = (x0 + x1) / 2;
+      const cls = c === "bonus" ? "edge bonus-edge" : rank.has(c) ? "edge acc" : "edge";
+      el("path", { class: cls, d: `M${x0},${y0} C${mx},${y0} ${mx},${y1} ${x1},${y1}` }, edges);
+      draw(c);
+    }
+  };
+  draw(0);
+  ui.treewrap.append(svg);
+}
+
+function showTree(k) {
+  const total = state.trees.length;
+  if (total === 0) return;
+  k = Math.max(0, Math.min(k, total - 1));
+  state.treeShown = k >= total - 1 ? null : k;
+  renderTree();
+}
+
+state.showTree = showTree;  // for the browser tests: show round k (an index into trees)
 
 function runKey() { return `${ui.prompt.value}\u0000${ui.maxnew.value}`; }
 
@@ -361,6 +496,11 @@ async function generate(method) {
       span.textContent = piece ?? "";
       ui.out.append(span);
       if (i > 0 && method !== "ar") renderAccept();
+      return true;
+    }, method === "ar" ? undefined : (round) => {
+      if (id !== state.runId) return false;
+      state.trees.push(round);
+      scheduleTree();
       return true;
     });
     const r = await state.running;
@@ -436,6 +576,20 @@ ui.prompt.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !ui.go.disabled) { e.preventDefault(); ui.go.click(); }
 });
 ui.prompt.addEventListener("input", renderRuns);
+const treeIndex = () => state.treeShown ?? state.trees.length - 1;
+ui.treeprev.onclick = () => { state.treeShown = Math.max(0, treeIndex() - 1); renderTree(); };
+ui.treenext.onclick = () => showTree(treeIndex() + 1);
+ui.treelast.onclick = () => showTree(state.trees.length - 1);
+// A coloured piece of the answer shows the tree its step checked (when the trees are this answer's).
+ui.out.addEventListener("click", (e) => {
+  const span = e.target.closest?.("span[data-round]");
+  const step = span ? +span.dataset.round : 0;
+  if (step > 0 && +ui.out.dataset.run === state.treeRun && step <= state.trees.length) {
+    state.treeShown = step - 1;
+    renderTree();
+    ui.treewrap.scrollIntoView({ block: "nearest" });
+  }
+});
 ui.maxnew.addEventListener("input", renderRuns);
 ui.ggufFile.addEventListener("change", () => { document.querySelector("input[name=src][value=file]").checked = true; });
 ui.dirFile.addEventListener("change", () => { document.querySelector("input[name=src][value=dir]").checked = true; });
