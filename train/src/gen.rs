@@ -290,6 +290,11 @@ fn cached_answer_tokens(p: &Path) -> Option<usize> {
     (len == 28 + n * 4 + n * width * 2 + rows * topk * 8).then_some(rows)
 }
 
+/// The prompt files of a cache's `source` (comma-separated), canonicalized where they exist.
+fn canonical_sources(source: &str) -> Vec<PathBuf> {
+    source.split(',').map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| PathBuf::from(p))).collect()
+}
+
 /// One sequence in flight: its prompt id, and the taps / top-k gathered step by step.
 struct InFlight {
     id: u32,
@@ -338,6 +343,10 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
     match CacheMeta::read(&o.out)? {
         Some(m) if (m.tap_layers != meta.tap_layers || m.topk != meta.topk || m.hidden != meta.hidden || m.vocab != meta.vocab) => {
             return Err(Error::file(&o.out, format!("holds a cache for taps {:?} / top-k {} / H {} / V {}; these settings differ (use another --out)", m.tap_layers, m.topk, m.hidden, m.vocab)));
+        }
+        // Ids are positions in the prompt files: a cache of other files would alias them.
+        Some(m) if canonical_sources(&m.source) != canonical_sources(&meta.source) => {
+            return Err(Error::file(&o.out, format!("holds answers to other prompt files ({}); use another --out", m.source)));
         }
         Some(_) => {}
         None => meta.write(&o.out)?,
