@@ -184,12 +184,11 @@ impl Sequence {
         Ok(s)
     }
 
-    /// Write atomically to `dir/seq-NNNNN.bin`.
+    /// Write atomically to `dir/seq-NNNNN.bin` (a synced temporary sibling renamed into place,
+    /// [`sparkling::fsio::write_bytes`]): a killed run leaves the complete file or none.
     pub fn write(&self, dir: &Path) -> Result<PathBuf> {
         let p = seq_path(dir, self.id);
-        let tmp = p.with_extension("tmp");
-        std::fs::write(&tmp, self.to_bytes()).map_err(|e| io(&tmp, e))?;
-        std::fs::rename(&tmp, &p).map_err(|e| io(&p, e))?;
+        sparkling::fsio::write_bytes(&p, &self.to_bytes())?;
         Ok(p)
     }
 

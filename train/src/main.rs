@@ -30,10 +30,12 @@ enum Cmd {
         /// Target: `.gguf` file or HF directory (default: SmolLM2-135M-Instruct in $SPARKLING_ASSETS).
         #[arg(long)]
         target: Option<PathBuf>,
-        /// Prompt file, JSON lines with a `question` / `prompt` / `instruction` / `text` field
-        /// (training prompts only; evaluation sets are refused).
-        #[arg(long)]
-        prompts: PathBuf,
+        /// Prompt files or directories of `*.jsonl` (repeatable), JSON lines with a `question` /
+        /// `prompt` / `instruction` / `text` field (training prompts only; evaluation sets are
+        /// refused). Several files are mixed in a fixed pseudo-random order, so any prefix holds
+        /// each set in proportion to its size.
+        #[arg(long, required = true)]
+        prompts: Vec<PathBuf>,
         /// Cache directory (default: $SPARKLING_ASSETS/train-cache/<target>-taps<N>).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -55,6 +57,16 @@ enum Cmd {
         /// Stop after this many minutes (rerun to continue).
         #[arg(long)]
         max_minutes: Option<f64>,
+        /// Sequences decoded together (the engine's batch API; continuous batching).
+        #[arg(long, default_value_t = 8)]
+        batch: usize,
+        /// Stop once the cache holds this many answer tokens (cached ones count).
+        #[arg(long)]
+        max_tokens: Option<usize>,
+        /// Target weights on the CPU: `f16` (default for GGUF), `native` (GGUF blocks as
+        /// stored, the engine's default), `q8_0` or `f32`.
+        #[arg(long)]
+        weights: Option<String>,
     },
     /// Train a drafter on a cache (resumable with --resume).
     Train {
@@ -185,7 +197,16 @@ fn run(cli: Cli) -> Result<()> {
         let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
     }
     match cli.cmd {
-        Cmd::GenData { target, prompts, out, start, limit, max_new_tokens, topk, taps, max_minutes } => {
+        Cmd::GenData { target, prompts, out, start, limit, max_new_tokens, topk, taps, max_minutes, batch, max_tokens, weights } => {
+            use sparkling::cpu::WeightDtype;
+            let weights = match weights.as_deref() {
+                None => None,
+                Some("f16") => Some(WeightDtype::F16),
+                Some("f32") => Some(WeightDtype::F32),
+                Some("native") => Some(WeightDtype::Native),
+                Some("q8_0") => Some(WeightDtype::Q8_0),
+                Some(other) => return Err(Error::arg("weights", format!("`{other}`: expected f16, native, q8_0 or f32"))),
+            };
             let target = target.unwrap_or_else(default_target);
             if taps == 0 {
                 return Err(Error::arg("taps", "must be ≥ 1"));
@@ -197,12 +218,13 @@ fn run(cli: Cli) -> Result<()> {
                 let taps: Vec<String> = tap_layers.iter().map(|t| t.to_string()).collect();
                 sparkling::assets::dir().join("train-cache").join(format!("{stem}-taps{}", taps.join("-")))
             });
-            let o = GenOptions { target, prompts, out: out.clone(), start, limit, max_new_tokens, topk, tap_layers, max_minutes };
+            let o = GenOptions { target, prompts, out: out.clone(), start, limit, max_new_tokens, topk, tap_layers, max_minutes, batch, max_tokens, weights };
             let s = gen::run(&o)?;
             eprintln!(
-                "gen-data: {} written, {} already cached, {} new answer tokens in {:.1}s ({:.1} tok/s), top-1 mismatches {} → {}",
+                "gen-data: {} written, {} already cached ({} answer tokens), {} new answer tokens in {:.1}s ({:.1} tok/s), top-1 mismatches {} → {}",
                 s.written,
                 s.skipped,
+                s.cached_tokens,
                 s.new_tokens,
                 s.seconds,
                 s.new_tokens as f64 / s.seconds.max(1e-9),
