@@ -30,8 +30,8 @@
 use serde_json::{json, Value};
 use sparkling::core::{Backend, SampleParams};
 use sparkling::cpu::CpuBackend;
-use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::budget::{BudgetChoice, CostModel};
+use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{stop_tokens, Engine, GenParams, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::safetensors_source::SafetensorsSource;
