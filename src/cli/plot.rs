@@ -1,6 +1,6 @@
 //! `sparkling plot`: SVG charts of `sparkling bench --json` results (issue 3): per-depth
 //! conditional acceptance per method (the seeds' headline figure), τ per method, and budget vs
-//! τ vs tokens/s.
+//! τ vs tokens/s; for `--budgets auto` rows, the calibration (predicted vs accepted per depth).
 
 use clap::Args;
 use plotters::prelude::*;
@@ -32,8 +32,19 @@ struct Row {
     acceptance: Vec<f64>,
 }
 
+/// The `--budget auto` calibration of one bench row: per depth, the drafter's raw predicted
+/// mass and the accepted count, summed over the rounds whose tree reached that depth.
+#[derive(Debug, Clone)]
+struct CalibRow {
+    method: String,
+    predicted: Vec<f64>,
+    accepted: Vec<f64>,
+}
+
 /// A parsed bench file.
 struct BenchFile {
+    /// `--budgets auto` rows with calibration data.
+    calib: Vec<CalibRow>,
     stem: String,
     temperature: f64,
     prompts: u64,
@@ -47,10 +58,18 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
     let bad = |what: &str| Error::file(path, format!("not a `sparkling bench --json` file: {what}"));
     let rows = v["rows"].as_array().ok_or_else(|| bad("no `rows` array"))?;
     let mut out = Vec::new();
+    let mut calib = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         let num = |k: &str| r[k].as_f64().ok_or_else(|| bad(&format!("row {i} has no number `{k}`")));
         if r["budget"].as_str() == Some("auto") {
-            // `--budgets auto` rows have no fixed budget to place on the budget axis.
+            // `--budgets auto` rows have no fixed budget to place on the budget axis; their
+            // calibration gets its own chart.
+            let nums = |k: &str| -> Vec<f64> { r["stats"][k].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default() };
+            let (predicted, accepted) = (nums("calib_predicted"), nums("calib_accepted"));
+            if !predicted.is_empty() {
+                let method = r["method"].as_str().unwrap_or("?").to_string();
+                calib.push(CalibRow { method, predicted, accepted });
+            }
             continue;
         }
         out.push(Row {
@@ -65,6 +84,7 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
         return Err(bad("`rows` is empty"));
     }
     Ok(BenchFile {
+        calib,
         stem: path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "bench".into()),
         temperature: v["temperature"].as_f64().unwrap_or(f64::NAN),
         prompts: v["prompts"].as_u64().unwrap_or(0),
@@ -145,7 +165,45 @@ pub fn run(a: PlotArgs) -> Result<()> {
             })?;
             eprintln!("wrote {}", file.display());
         }
+        if !f.calib.is_empty() {
+            let file = a.out.join(format!("{}-calibration.svg", f.stem));
+            sparkling::fsio::write_with(&file, |tmp| calibration_chart(tmp, f, &title).map_err(|e| Error::file(&file, format!("cannot draw chart: {e}"))))?;
+            eprintln!("wrote {}", file.display());
+        }
     }
+    Ok(())
+}
+
+/// `--budget auto` calibration per depth: the drafter's predicted mass of the verified nodes
+/// (dashed) and the acceptances they earned (solid), per round that verified that depth.
+fn calibration_chart(file: &Path, f: &BenchFile, title: &str) -> DrawResult {
+    let root = SVGBackend::new(file, (820, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let max_d = f.calib.iter().map(|r| r.predicted.len()).max().unwrap_or(1).max(2);
+    let top = f.calib.iter().flat_map(|r| r.predicted.iter().chain(&r.accepted)).fold(1.0f64, |m, &x| m.max(x)) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("budget auto: predicted vs accepted per depth — {title}"), ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.5f64..max_d as f64 + 0.5, (0.01f64..top).log_scale())?;
+    chart.configure_mesh().x_desc("depth d").y_desc("Σ over rounds (log)").x_labels(max_d.min(16)).x_label_formatter(&|x| format!("{x:.0}")).draw()?;
+    let all: Vec<String> = f.calib.iter().map(|r| r.method.clone()).collect();
+    for (i, r) in f.calib.iter().enumerate() {
+        let c = color(all.iter().position(|m| *m == r.method).unwrap_or(i));
+        let pred: Vec<(f64, f64)> = r.predicted.iter().enumerate().map(|(d, &p)| (d as f64 + 1.0, p.max(0.01))).collect();
+        let acc: Vec<(f64, f64)> = r.accepted.iter().enumerate().map(|(d, &p)| (d as f64 + 1.0, p.max(0.01))).collect();
+        chart
+            .draw_series(LineSeries::new(acc, c.stroke_width(2)).point_size(3))?
+            .label(format!("{} accepted", r.method))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        chart
+            .draw_series(DashedLineSeries::new(pred, 6, 4, c.stroke_width(1)))?
+            .label(format!("{} predicted (raw)", r.method))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
+    }
+    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+    root.present()?;
     Ok(())
 }
 

@@ -32,8 +32,8 @@
 use serde_json::{json, Value};
 use sparkling::core::{Backend, SampleParams, NO_PARENT};
 use sparkling::cpu::CpuBackend;
-use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::budget::{BudgetChoice, CostModel};
+use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{stop_tokens, Engine, GenParams, Method, RoundView};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::safetensors_source::SafetensorsSource;
