@@ -279,7 +279,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     // The `--budget auto` cost curve on this cache (context P): the verify forward + argmax of
     // r rows at the points the engine measures, N_max = B, and one drafter forward.
     let ctx4 = b.gather_rows(&ctx_all, &(p.saturating_sub(4)..p).collect::<Vec<_>>())?;
-    let curve = sparkling::decode::budget::CostModel::measure(b, t, &mut cache, root, a.budget, &taps, Some((d, &ctx4)))?;
+    let curve = pollster::block_on(sparkling::decode::budget::CostModel::measure(b, t, &mut cache, root, a.budget, &taps, Some((d, &ctx4))))?;
     let cost_path = super::costs::cache_path(&a.model, &m.target_path, &b.name());
 
     // Greedy exactness on these shapes (optional).

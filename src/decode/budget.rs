@@ -178,7 +178,7 @@ impl CostModel {
     /// Each point is timed once (twice when the first pass took under 150 ms; the minimum
     /// kept), so the whole measurement costs about one pass over the rows (a few hundred ms on
     /// a CPU for N_max = 16). Errors: backend failures.
-    pub fn measure<B: Backend>(
+    pub async fn measure<B: Backend>(
         b: &B,
         target: &Target<B>,
         cache: &mut KvCache<B>,
@@ -191,25 +191,25 @@ impl CostModel {
         let start = cache.len;
         let rows = CostModel::sample_rows(n_max);
         let mut best = vec![f64::INFINITY; rows.len()];
-        let mut time_rows = |r: usize| -> Result<f64> {
+        // Warm-up (first-touch allocations, index 0 of the schedule: 1 row), untimed; then up
+        // to two timed passes. Read-backs go through the `_async` ops, so the measurement also
+        // runs where a blocking read-back is impossible (WebGPU in a browser).
+        let schedule: Vec<(Option<usize>, usize)> =
+            std::iter::once((None, 1)).chain((0..2).flat_map(|_| rows.iter().copied().enumerate().map(|(i, r)| (Some(i), r)))).collect();
+        for (k, &(slot, r)) in schedule.iter().enumerate() {
+            if k == 1 + rows.len() && t0.elapsed().as_secs_f64() * 1e3 > 150.0 {
+                break;
+            }
             let toks = vec![anchor; r];
             let pos: Vec<u32> = (0..r as u32).map(|i| start as u32 + i).collect();
             let parents: Vec<u32> = (0..r).map(|i| if i == 0 { crate::tree::NO_PARENT } else { i as u32 - 1 }).collect();
             let t = Instant::now();
             let o = target.forward(b, cache, &toks, &pos, AttnMask::Tree { parents: &parents }, LogitRows::All, taps)?;
-            b.argmax(&o.logits)?;
+            b.argmax_async(&o.logits).await?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             cache.crop(start);
-            Ok(ms)
-        };
-        // Warm-up (first-touch allocations), untimed.
-        time_rows(1)?;
-        for pass in 0..2 {
-            for (i, &r) in rows.iter().enumerate() {
-                best[i] = best[i].min(time_rows(r)?);
-            }
-            if pass == 0 && t0.elapsed().as_secs_f64() * 1e3 > 150.0 {
-                break;
+            if let Some(i) = slot {
+                best[i] = best[i].min(ms);
             }
         }
         // Remove upward noise spikes: the cost of r rows is at most that of any larger tree.
@@ -222,7 +222,7 @@ impl CostModel {
             let mut dc = d.new_cache(b, lc + d.cfg.block_size + 1)?;
             let t = Instant::now();
             let logits = d.draft(b, target, &mut dc, ctx, anchor, lc)?;
-            b.download(&logits)?;
+            b.download_async(&logits).await?;
             draft_ms = t.elapsed().as_secs_f64() * 1e3;
         }
         Ok(CostModel { rows, verify_ms: best, draft_ms, context: start, measure_ms: t0.elapsed().as_secs_f64() * 1e3, backend: b.name() })

@@ -327,7 +327,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                             }
                             None => None,
                         };
-                        let c = CostModel::measure(b, self.target, &mut cache, first, tree_params.budget, &tap_layers, ctx.as_ref().map(|x| (d, x)))?;
+                        let c = CostModel::measure(b, self.target, &mut cache, first, tree_params.budget, &tap_layers, ctx.as_ref().map(|x| (d, x))).await?;
                         stats.cost_measure_ms += ms(t);
                         cost_model = Some(c.clone());
                         c

@@ -232,10 +232,16 @@ pub fn topk_logprobs(row: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
     (idx, lp)
 }
 
+/// The stop tokens of a generation: the engine's one rule (the CLI's and the browser's), the
+/// target's eos ids plus the tokenizer's end-of-turn tokens.
+fn stop_ids(lt: &LoadedTarget) -> Vec<u32> {
+    sparkling::decode::stop_tokens(&lt.target.cfg.eos, lt.tokenizer.as_ref().map_or(&[][..], |t| &t.stop))
+}
+
 /// Answer one prompt and record its cache entry.
 pub fn answer(lt: &LoadedTarget, id: u32, prompt: &[u32], o: &GenOptions) -> Result<(Sequence, usize)> {
     let b = &lt.backend;
-    let stop = lt.tokenizer.as_ref().map(|t| t.stop.clone()).unwrap_or_else(|| lt.target.cfg.eos.clone());
+    let stop = stop_ids(lt);
     let params = GenParams {
         method: Method::Ar,
         tree: TreeParams { budget: 1, candidates: 1, max_fanout: 1, treespark_k: 1, prep: TreePrep::Host },
@@ -393,9 +399,10 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
         pb.println(format!("removed {} incomplete cache files (they are redone)", s.removed));
     }
     let b = &lt.backend;
-    let stop = lt.tokenizer.as_ref().map(|t| t.stop.clone()).unwrap_or_else(|| tcfg.eos.clone());
+    let stop = stop_ids(&lt);
     let params = GenParams {
         method: Method::Ar,
+        auto_budget: None,
         tree: TreeParams { budget: 1, candidates: 1, max_fanout: 1, treespark_k: 1, prep: TreePrep::Host },
         sampling: SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
         seed: 0,
