@@ -14,10 +14,7 @@
 //! `cargo bench --bench tree_build` (needs `[[bench]] name = "tree_build", harness = false`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use sparkling::tree::{
-    build_ddtree, build_sparkling_lazy, build_sparkling_precompute, candidate_table, depth_topk, LazyCandidates,
-    MarkovHead,
-};
+use sparkling::tree::{build_ddtree, build_sparkling_lazy, build_sparkling_precompute, candidate_table, depth_topk, LazyCandidates, MarkovHead};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -76,25 +73,13 @@ fn bench_tree_build(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("tree_build");
     g.bench_function("ddtree_heap", |b| b.iter(|| build_ddtree(black_box(&top), ANCHOR, BUDGET)));
-    g.bench_function("sparkling_heap", |b| {
-        b.iter(|| build_sparkling_precompute(black_box(&table), ANCHOR, BUDGET))
-    });
+    g.bench_function("sparkling_heap", |b| b.iter(|| build_sparkling_precompute(black_box(&table), ANCHOR, BUDGET)));
     let lc = LazyCandidates::new(&logits, LD, VOCAB, Some(&head), ANCHOR, C);
-    g.bench_function("sparkling_lazy_prep", |b| {
-        b.iter(|| LazyCandidates::new(black_box(&logits), LD, VOCAB, Some(&head), ANCHOR, C))
-    });
-    g.bench_function("sparkling_lazy_heap", |b| {
-        b.iter(|| build_sparkling_lazy(black_box(&lc), Some(&head), ANCHOR, MAX_FANOUT, BUDGET))
-    });
-    g.bench_function("ddtree_topk_prep", |b| {
-        b.iter(|| depth_topk(black_box(&logits), LD, VOCAB, BUDGET))
-    });
+    g.bench_function("sparkling_lazy_prep", |b| b.iter(|| LazyCandidates::new(black_box(&logits), LD, VOCAB, Some(&head), ANCHOR, C)));
+    g.bench_function("sparkling_lazy_heap", |b| b.iter(|| build_sparkling_lazy(black_box(&lc), Some(&head), ANCHOR, MAX_FANOUT, BUDGET)));
+    g.bench_function("ddtree_topk_prep", |b| b.iter(|| depth_topk(black_box(&logits), LD, VOCAB, BUDGET)));
     g.sample_size(10).measurement_time(Duration::from_secs(10));
-    g.bench_function("sparkling_table_prep", |b| {
-        b.iter(|| {
-            candidate_table(black_box(&logits), LD, VOCAB, Some(&head), ANCHOR, C, MAX_FANOUT, BUDGET)
-        })
-    });
+    g.bench_function("sparkling_table_prep", |b| b.iter(|| candidate_table(black_box(&logits), LD, VOCAB, Some(&head), ANCHOR, C, MAX_FANOUT, BUDGET)));
     g.finish();
 }
 

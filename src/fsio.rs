@@ -173,16 +173,14 @@ pub fn check_writable(path: &Path, arg: &str) -> Result<()> {
             return Ok(());
         }
         if is_model_file(path) {
-            return Err(Error::file(path, format!("{arg}: holds a model (GGUF or safetensors); refusing to replace it with this output — choose another file name")));
+            return Err(Error::file(
+                path,
+                format!("{arg}: holds a model (GGUF or safetensors); refusing to replace it with this output — choose another file name"),
+            ));
         }
     }
     let t = Temp { path: sibling(path, "probe"), keep: false };
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&t.path)
-        .map(|_| ())
-        .map_err(|e| Error::file(path, format!("{arg}: cannot write here: {e}")))
+    std::fs::OpenOptions::new().write(true).create_new(true).open(&t.path).map(|_| ()).map_err(|e| Error::file(path, format!("{arg}: cannot write here: {e}")))
 }
 
 fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
@@ -268,7 +266,11 @@ mod tests {
     use super::*;
 
     fn tmpdir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("sparkling-fsio-{}-{}", std::process::id(), sibling(Path::new("x"), "t").display().to_string().replace(['/', '.'], "")));
+        let d = std::env::temp_dir().join(format!(
+            "sparkling-fsio-{}-{}",
+            std::process::id(),
+            sibling(Path::new("x"), "t").display().to_string().replace(['/', '.'], "")
+        ));
         std::fs::create_dir_all(&d).unwrap();
         d
     }

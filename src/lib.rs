@@ -26,7 +26,7 @@ pub mod tree;
 pub use error::{Error, Result};
 pub use sparkling_core as core;
 pub use sparkling_cpu as cpu;
-#[cfg(feature = "wgpu")]
-pub use sparkling_wgpu as wgpu_backend;
 #[cfg(feature = "cuda")]
 pub use sparkling_cuda as cuda_backend;
+#[cfg(feature = "wgpu")]
+pub use sparkling_wgpu as wgpu_backend;

@@ -242,7 +242,10 @@ fn generate_into_a_closed_pipe_exits_quietly() {
     quiet_exit(&o);
     // With --stats-json, the stats are still written.
     let st = d.path().join("stats.json");
-    let o = closed_stdout(d.path(), &["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "20", "--ignore-eos", "--stats-json", s(&st)]);
+    let o = closed_stdout(
+        d.path(),
+        &["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "20", "--ignore-eos", "--stats-json", s(&st)],
+    );
     quiet_exit(&o);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
     assert_eq!(v["tokens"].as_array().map(|a| a.len()), Some(20));
@@ -309,7 +312,12 @@ fn stats_json_never_replaces_a_model_or_a_device() {
     let t = tiny_target(d.path(), "tiny", 4);
     let weights = t.join("model.safetensors");
     let before = std::fs::read(&weights).unwrap();
-    let gen = |out: &Path| run(d.path(), &["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--ignore-eos", "--stats-json", s(out)]);
+    let gen = |out: &Path| {
+        run(
+            d.path(),
+            &["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--ignore-eos", "--stats-json", s(out)],
+        )
+    };
     let o = gen(&weights);
     no_panic(&o);
     assert!(!o.status.success() && stderr(&o).contains("holds a model"), "{}", stderr(&o));
@@ -325,7 +333,27 @@ fn profile_into_a_closed_pipe_writes_its_json_first() {
     let d = tmpdir("cli-profile");
     let t = tiny_target(d.path(), "tiny", 4);
     let j = d.path().join("profile.json");
-    let args = ["profile", "--target", s(&t), "--prefill", "8", "--budget", "4", "--candidates", "4", "--max-fanout", "2", "--ctx-rows", "2", "--reps", "1", "--warmup", "0", "--json", s(&j)];
+    let args = [
+        "profile",
+        "--target",
+        s(&t),
+        "--prefill",
+        "8",
+        "--budget",
+        "4",
+        "--candidates",
+        "4",
+        "--max-fanout",
+        "2",
+        "--ctx-rows",
+        "2",
+        "--reps",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        s(&j),
+    ];
     let o = closed_stdout(d.path(), &args);
     quiet_exit(&o);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
@@ -454,7 +482,26 @@ fn tokenizer_argument_is_the_file_it_names() {
 fn show_tree_prints_each_round_with_the_accepted_path() {
     let d = tmpdir("cli-show-tree");
     let t = tiny_target(d.path(), "tiny", 4);
-    let o = run(d.path(), &["generate", "--target", s(&t), "--method", "ddtree", "--budget", "4", "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--ignore-eos", "--show-tree", "--threads", "1"]);
+    let o = run(
+        d.path(),
+        &[
+            "generate",
+            "--target",
+            s(&t),
+            "--method",
+            "ddtree",
+            "--budget",
+            "4",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "6",
+            "--ignore-eos",
+            "--show-tree",
+            "--threads",
+            "1",
+        ],
+    );
     no_panic(&o);
     assert!(o.status.success(), "{}", stderr(&o));
     let e = stderr(&o);

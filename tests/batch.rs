@@ -96,7 +96,11 @@ fn mixed_requests(b: &CpuBackend, t: &Target<CpuBackend>) -> Vec<Req> {
     let e = Engine { backend: b, target: t, drafter: None };
     let free = e.generate(PROMPTS[0], &params(Method::Ar, 1, 0.0, 0, 20, vec![]), &mut |_| {}).unwrap();
     let stop = free.tokens[3];
-    let req = |p: &[u32], temp: f32, seed: u64, max_new: usize, stop: Vec<u32>| Req { prompt: p.to_vec(), params: params(Method::Ar, 1, temp, seed, max_new, stop), join_at: 0 };
+    let req = |p: &[u32], temp: f32, seed: u64, max_new: usize, stop: Vec<u32>| Req {
+        prompt: p.to_vec(),
+        params: params(Method::Ar, 1, temp, seed, max_new, stop),
+        join_at: 0,
+    };
     vec![
         req(PROMPTS[0], 0.0, 0, 20, vec![stop]),
         req(PROMPTS[1], 1.0, 7, 17, vec![]),
@@ -150,7 +154,9 @@ fn cpu_ragged_attention_equals_per_sequence_attention() {
     let caches: Vec<_> = specs
         .iter()
         .enumerate()
-        .map(|(i, &(kv, _, _))| (b.upload(&pseudo(kv * 16 + 32, 10 + i as u64), kv + 2, 16).unwrap(), b.upload(&pseudo(kv * 16 + 32, 20 + i as u64), kv + 2, 16).unwrap()))
+        .map(|(i, &(kv, _, _))| {
+            (b.upload(&pseudo(kv * 16 + 32, 10 + i as u64), kv + 2, 16).unwrap(), b.upload(&pseudo(kv * 16 + 32, 20 + i as u64), kv + 2, 16).unwrap())
+        })
         .collect();
     let rows: usize = specs.iter().map(|s| s.1).sum();
     let q = b.upload(&pseudo(rows * 32, 99), rows, 32).unwrap();

@@ -36,11 +36,7 @@ fn every_method_matches_ar_at_temperature_zero() {
                         let e = Engine { backend: &b, target: &target, drafter: Some(drafter) };
                         for budget in [1usize, 4, 32, 64] {
                             let g = e.generate(prompt, &params(method, budget, 0.0, 0, max_new, vec![]), &mut |_| {}).unwrap();
-                            assert_eq!(
-                                g.tokens, want.tokens,
-                                "{arch:?} block {block} {} budget {budget} prompt {prompt:?} max_new {max_new}",
-                                method.name()
-                            );
+                            assert_eq!(g.tokens, want.tokens, "{arch:?} block {block} {} budget {budget} prompt {prompt:?} max_new {max_new}", method.name());
                             if budget == 64 && matches!(method, Method::DDTree | Method::Sparkling | Method::TreeSpark) {
                                 tree_tau_sum += g.stats.tau();
                                 tree_runs += 1;

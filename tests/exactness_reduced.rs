@@ -132,8 +132,24 @@ fn reduced_proposal_equals_the_full_vocabulary_proposal_without_the_other_tokens
             for prep in [TreePrep::Host, TreePrep::Device] {
                 for budget in [1usize, 5, 24] {
                     let p = TreeParams { budget, candidates: 8, max_fanout: 6, treespark_k: 3, prep };
-                    let red = DraftLogits { logits: &ud, depth, vocab: v_d, markov: Some(&head_d), markov_dev: Some((&dw1, &dw2)), map: Some(&map), markov_w1_target: Some(&w1) };
-                    let full = DraftLogits::<CpuBackend> { logits: &uf, depth, vocab, markov: Some(&head_f), markov_dev: Some((&fw1, &fw2)), map: None, markov_w1_target: None };
+                    let red = DraftLogits {
+                        logits: &ud,
+                        depth,
+                        vocab: v_d,
+                        markov: Some(&head_d),
+                        markov_dev: Some((&dw1, &dw2)),
+                        map: Some(&map),
+                        markov_w1_target: Some(&w1),
+                    };
+                    let full = DraftLogits::<CpuBackend> {
+                        logits: &uf,
+                        depth,
+                        vocab,
+                        markov: Some(&head_f),
+                        markov_dev: Some((&fw1, &fw2)),
+                        map: None,
+                        markov_w1_target: None,
+                    };
                     let got = pollster::block_on(propose(&b, method, &red, anchor, &p)).unwrap().tree;
                     let want = pollster::block_on(propose(&b, method, &full, anchor, &p)).unwrap().tree;
                     let what = format!("{} {prep:?} budget {budget} anchor {anchor} (in draft vocabulary: {})", method.name(), map.draft_id(anchor).is_some());
@@ -158,12 +174,8 @@ fn rewrite_map(dir: &Path, map: Option<MapTensor>) {
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .filter(|(n, _)| n != MAP_TENSOR)
-        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
-        .collect();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> =
+        st.tensors().into_iter().filter(|(n, _)| n != MAP_TENSOR).map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec())).collect();
     if let Some((dt, shape, b)) = map {
         owned.push((MAP_TENSOR.into(), dt, shape, b));
     }
@@ -232,6 +244,8 @@ fn bad_draft_vocabulary_maps_are_clear_errors_naming_the_tensor() {
     assert!(e.contains("markov_w2") && e.contains("[4, 8]"), "{e}");
     // Reducing a reduced drafter is refused.
     let again = tmpdir("bad-map-again");
-    let e = sparkling::model::reduce::write_reduced_drafter(r.path(), again.path(), &[1, 2], sparkling::model::synth::StoreDtype::Bf16, &[]).unwrap_err().to_string();
+    let e = sparkling::model::reduce::write_reduced_drafter(r.path(), again.path(), &[1, 2], sparkling::model::synth::StoreDtype::Bf16, &[])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("already reduced"), "{e}");
 }

@@ -423,7 +423,10 @@ fn fuzz_tree_builders() {
         let c = rng.pick(&[0usize, 1, 3, 16, 128, 5000]);
         let fanout = rng.pick(&[0usize, 1, 2, 8, 64, 10_000]);
         let k = rng.pick(&[0usize, 1, 2, 4, 8]);
-        let input = format!("vocab {vocab} ld {ld} anchor {anchor} scale {scale} quant {quant} markov {} budget {budget} c {c} fanout {fanout} k {k}", m.map_or(0, |m| m.rank));
+        let input = format!(
+            "vocab {vocab} ld {ld} anchor {anchor} scale {scale} quant {quant} markov {} budget {budget} c {c} fanout {fanout} k {k}",
+            m.map_or(0, |m| m.rank)
+        );
         no_panic("trees", case, input.as_bytes(), || {
             let top = tree::depth_topk(&logits, ld, vocab, budget.min(vocab).max(1));
             check_tree("ddtree", &tree::build_ddtree(&top, anchor, budget), anchor, vocab, ld, budget);

@@ -136,7 +136,11 @@ fn every_method_emits_ar_tokens(dtype: WeightDtype) {
         ("random", &random, "What is the capital of France?"),
         ("random", &random, "Write a Python function that reverses a string."),
         ("trained", &trained, "What is the capital of France?"),
-        ("trained", &trained, "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether?"),
+        (
+            "trained",
+            &trained,
+            "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether?",
+        ),
     ] {
         let prompt = m.tok.encode_chat(text, None).unwrap();
         let ar = Engine { backend: &m.b, target: &m.target, drafter: None };

@@ -43,7 +43,14 @@ fn compare(g: &WgpuBackend, cpu: &CpuBackend, c: &Case, mask: AttnMask<'_>, seed
         .attention(&g.upload(&q, c.t, n_heads * head_dim).unwrap(), &g.upload(&k, cap, kvc).unwrap(), &g.upload(&v, cap, kvc).unwrap(), kv_len, c.shape, mask)
         .unwrap();
     let want = cpu
-        .attention(&cpu.upload(&q, c.t, n_heads * head_dim).unwrap(), &cpu.upload(&k, cap, kvc).unwrap(), &cpu.upload(&v, cap, kvc).unwrap(), kv_len, c.shape, mask)
+        .attention(
+            &cpu.upload(&q, c.t, n_heads * head_dim).unwrap(),
+            &cpu.upload(&k, cap, kvc).unwrap(),
+            &cpu.upload(&v, cap, kvc).unwrap(),
+            kv_len,
+            c.shape,
+            mask,
+        )
         .unwrap();
     assert_close(&format!("{what}: t {} prefix {} {:?}", c.t, c.prefix, c.shape), &g.download(&got).unwrap(), &want.data, 2e-6, 2e-5);
 }

@@ -81,12 +81,12 @@ fn target_logits_match_cpu_within_tolerance() {
             }
             let tree_ids: Vec<u32> = (0..17u32).map(|i| (i * 13 + 1) % 200).collect();
             let tree_pos: Vec<u32> = depth.iter().map(|d| prompt.len() as u32 + d).collect();
-            let results = [
-                forward_pair(&cpu, &ct, &prompt, &pos, &tree_ids, &tree_pos, &parents),
-                forward_pair(&g, &gt, &prompt, &pos, &tree_ids, &tree_pos, &parents),
-            ];
+            let results =
+                [forward_pair(&cpu, &ct, &prompt, &pos, &tree_ids, &tree_pos, &parents), forward_pair(&g, &gt, &prompt, &pos, &tree_ids, &tree_pos, &parents)];
             let v = cfg.vocab;
-            for (part, (c, w)) in [("prefill", (&results[0].0, &results[1].0)), ("tree verify", (&results[0].1, &results[1].1)), ("taps", (&results[0].2, &results[1].2))] {
+            for (part, (c, w)) in
+                [("prefill", (&results[0].0, &results[1].0)), ("tree verify", (&results[0].1, &results[1].1)), ("taps", (&results[0].2, &results[1].2))]
+            {
                 let mut worst = 0.0f32;
                 let width = if part == "taps" { c.len() / prompt.len() } else { v };
                 for (ri, (cr, wr)) in c.chunks(width).zip(w.chunks(width)).enumerate() {

@@ -13,10 +13,7 @@ use sparkling_wgpu::{list_adapters, Subgroups, WeightDtype, WgpuBackend, WgpuOpt
 
 /// A backend with 4 KiB bindings and at most 3 workgroups per grid dimension.
 fn tight(dtype: WeightDtype) -> Option<WgpuBackend> {
-    common::open(
-        &WgpuOptions { weight_dtype: dtype, max_binding_bytes: Some(4096), max_workgroups_per_dim: Some(3), ..Default::default() },
-        "tight limits",
-    )
+    common::open(&WgpuOptions { weight_dtype: dtype, max_binding_bytes: Some(4096), max_workgroups_per_dim: Some(3), ..Default::default() }, "tight limits")
 }
 
 #[test]
@@ -38,7 +35,11 @@ fn split_weights_and_folded_grids_give_identical_results() {
         assert_bits(&format!("split matmul {dt:?}"), &got, &want);
         // Embedding rows from several chunks, and a 1-row matmul (small tile kernel).
         let ids = [0u32, 249, 31, 30, 62, 61, 120];
-        assert_bits(&format!("split embedding {dt:?}"), &t.download(&t.embedding(&wt, &ids).unwrap()).unwrap(), &g.download(&g.embedding(&wg, &ids).unwrap()).unwrap());
+        assert_bits(
+            &format!("split embedding {dt:?}"),
+            &t.download(&t.embedding(&wt, &ids).unwrap()).unwrap(),
+            &g.download(&g.embedding(&wg, &ids).unwrap()).unwrap(),
+        );
         let x1 = &x[..k];
         assert_bits(
             &format!("split 1-row matmul {dt:?}"),
@@ -135,13 +136,8 @@ fn a_lost_device_gives_clear_errors_not_panics() {
     let w = b.upload_weight(vec![1.0; 6], 2, 3).unwrap();
     let _pending = b.matmul(&x, &w, None).unwrap();
     b.destroy_device();
-    for r in [
-        b.download(&x).map(|_| ()),
-        b.matmul(&x, &w, None).map(|_| ()),
-        b.upload(&[0.0; 3], 1, 3).map(|_| ()),
-        b.argmax(&x).map(|_| ()),
-        b.synchronize(),
-    ] {
+    for r in [b.download(&x).map(|_| ()), b.matmul(&x, &w, None).map(|_| ()), b.upload(&[0.0; 3], 1, 3).map(|_| ()), b.argmax(&x).map(|_| ()), b.synchronize()]
+    {
         match r {
             Err(Error::Device(m)) => assert!(m.contains("destroyed") || m.contains("lost"), "{m}"),
             other => panic!("expected a device error, got {other:?}"),

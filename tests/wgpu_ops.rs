@@ -179,9 +179,7 @@ fn rope_matches_cpu_at_large_positions() {
     let g = gpu_or_skip!();
     let cpu = CpuBackend::new();
     for (i, &(rows, heads, hd, theta, max_pos)) in
-        [(1usize, 1usize, 2usize, 10000.0f32, 1u32), (7, 4, 16, 10000.0, 40), (65, 9, 64, 100000.0, 4000), (5, 2, 128, 1_000_000.0, 40000)]
-            .iter()
-            .enumerate()
+        [(1usize, 1usize, 2usize, 10000.0f32, 1u32), (7, 4, 16, 10000.0, 40), (65, 9, 64, 100000.0, 4000), (5, 2, 128, 1_000_000.0, 40000)].iter().enumerate()
     {
         let mut r = Rng(400 + i as u64);
         let cols = heads * hd;

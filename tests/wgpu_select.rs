@@ -163,11 +163,7 @@ fn topk_breaks_ties_by_lower_id_and_handles_special_values() {
         let got = g.topk(&g.upload(&x, 1, 3000).unwrap(), 5).unwrap();
         assert_eq!(got.ids, vec![0, 1, 2, 3, 4]);
         // -inf entries, -0 vs +0 (total order: -0 < +0), a +inf row and an all -inf row.
-        let rows = [
-            vec![-inf, 1.0, -0.0, 0.0, -inf, 3.0, 0.0, -0.0],
-            vec![1.0, inf, 2.0, inf, -inf, 0.0, 5.0, 5.0],
-            vec![-inf; 8],
-        ];
+        let rows = [vec![-inf, 1.0, -0.0, 0.0, -inf, 3.0, 0.0, -0.0], vec![1.0, inf, 2.0, inf, -inf, 0.0, 5.0, 5.0], vec![-inf; 8]];
         let x: Vec<f32> = rows.concat();
         check_topk(g, label, &x, 3, 8, 5);
         check_topk(g, label, &x, 3, 8, 8);
@@ -245,7 +241,13 @@ fn check_table(g: &WgpuBackend, label: &str, c: &TableCase, seed: u64) -> (f32, 
                 let frow = &f.slots[row * n..(row + 1) * n];
                 let at = frow.iter().position(|&s| s == gs[j]).expect("slot in the full row");
                 let alt = f.vals[row * n + at];
-                assert!((alt - wv[j]).abs() <= 2.0 * tol, "{what}: row {row} rank {j}: slot {} ({alt}) vs CPU slot {} ({}) is not a near-tie", gs[j], ws[j], wv[j]);
+                assert!(
+                    (alt - wv[j]).abs() <= 2.0 * tol,
+                    "{what}: row {row} rank {j}: slot {} ({alt}) vs CPU slot {} ({}) is not a near-tie",
+                    gs[j],
+                    ws[j],
+                    wv[j]
+                );
                 eprintln!("NEAR-TIE {what}: row {row} rank {j}: device slot {} vs CPU slot {} (CPU values {alt} / {})", gs[j], ws[j], wv[j]);
                 ties += 1;
             }
@@ -358,10 +360,7 @@ fn check_union(g: &WgpuBackend, label: &str, c: &UnionCase, seed: u64) -> (f32, 
     let (gb, g1, g2) = (g.upload(&base, c.ld, c.vocab).unwrap(), g.upload(&w1, c.vocab, rank).unwrap(), g.upload(&w2, c.vocab, rank).unwrap());
     // (The one-sync property is tests/wgpu_syncs.rs's: these backends are shared by parallel tests.)
     let got = g.candidate_table(&gb, c.markov.then_some((&g1, &g2)), c.c, anchor, c.k).unwrap();
-    let what = format!(
-        "candidate_table V={} ld={} C={} k={} r={} markov={} anchor {anchor} {:?} ({label})",
-        c.vocab, c.ld, c.c, c.k, rank, c.markov, c.anchor
-    );
+    let what = format!("candidate_table V={} ld={} C={} k={} r={} markov={} anchor {anchor} {:?} ({label})", c.vocab, c.ld, c.c, c.k, rank, c.markov, c.anchor);
     assert_eq!(got.cand, want.cand, "{what}: candidates");
     assert!(got.cand.binary_search(&anchor).is_ok(), "{what}: anchor missing");
     assert_eq!(got.k, want.k, "{what}: k");
@@ -411,9 +410,19 @@ fn candidate_table_matches_cpu() {
             let t = std::time::Instant::now();
             let (w, n) = check_union(g, label, c, 9100 + i as u64);
             worst = worst.max(w);
-            eprintln!("candidate_table V={} ld={} C={} k={} markov={} ({label}): n = {n}, max |Δval| = {w:e} ({:.2} s)", c.vocab, c.ld, c.c, c.k, c.markov, t.elapsed().as_secs_f64());
+            eprintln!(
+                "candidate_table V={} ld={} C={} k={} markov={} ({label}): n = {n}, max |Δval| = {w:e} ({:.2} s)",
+                c.vocab,
+                c.ld,
+                c.c,
+                c.k,
+                c.markov,
+                t.elapsed().as_secs_f64()
+            );
         }
-        eprintln!("candidate_table ({label}): candidates and slots identical to the CPU; max |Δval| = {worst:e} (tolerance {TABLE_ABS:e} + {TABLE_REL:e}·|val|)");
+        eprintln!(
+            "candidate_table ({label}): candidates and slots identical to the CPU; max |Δval| = {worst:e} (tolerance {TABLE_ABS:e} + {TABLE_REL:e}·|val|)"
+        );
     }
 }
 
@@ -548,7 +557,9 @@ fn candidate_table_timing() {
             let t_one = time(&|| {
                 one();
             });
-            eprintln!("TIMING ({label}) ld={ld} V={vocab} C={c} k={k} r={rank}: candidate_table {t_one:.1} ms (1 sync), topk + markov_table {t_two:.1} ms (2 syncs)");
+            eprintln!(
+                "TIMING ({label}) ld={ld} V={vocab} C={c} k={k} r={rank}: candidate_table {t_one:.1} ms (1 sync), topk + markov_table {t_two:.1} ms (2 syncs)"
+            );
         }
     }
 }
@@ -648,7 +659,13 @@ fn sample_matches_cpu_draws() {
                                     "BOUNDARY sample ({label}) [{rows},{cols}] {p:?} seed {seed} row {i}: u = {} margin {margin:e}: device {} CPU {}",
                                     u[i], got[i], want[i]
                                 );
-                                assert!(margin < TIGHT, "sample ({label}) [{rows},{cols}] {p:?} seed {seed} row {i} u = {}: device {} vs CPU {} with margin {margin:e} ≥ {TIGHT:e}", u[i], got[i], want[i]);
+                                assert!(
+                                    margin < TIGHT,
+                                    "sample ({label}) [{rows},{cols}] {p:?} seed {seed} row {i} u = {}: device {} vs CPU {} with margin {margin:e} ≥ {TIGHT:e}",
+                                    u[i],
+                                    got[i],
+                                    want[i]
+                                );
                                 differ += 1;
                             }
                         }

@@ -3,13 +3,13 @@
 
 use super::generate::{gen_params, GenerateArgs};
 use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
+use super::write_stdout;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
 use sparkling::decode::budget::BudgetChoice;
 use sparkling::decode::{Engine, Method, Stats};
 use sparkling::{Error, Result};
-use super::write_stdout;
 use std::fmt::Write as _;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -108,7 +108,10 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
             let tests: Vec<&str> = tests.iter().filter_map(|x| x.as_str()).collect();
             format!("{t} Your code should pass these tests:\n\n{}", tests.join("\n"))
         } else {
-            return Err(Error::file(path, format!("line {}: expected a `turns`, `prompt`+`task_id`, `question`, `problem` (MATH) or `text`+`test_list` (MBPP) field", i + 1)));
+            return Err(Error::file(
+                path,
+                format!("line {}: expected a `turns`, `prompt`+`task_id`, `question`, `problem` (MATH) or `text`+`test_list` (MBPP) field", i + 1),
+            ));
         };
         out.push(p);
     }
@@ -236,14 +239,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     pb.finish_and_clear();
     let ar_tps = results.iter().find(|r| r.0 == Method::Ar).map(|r| r.2.tokens_per_s());
     let mut table = String::new();
-    let _ = writeln!(
-        table,
-        "{} prompts, {} new tokens max, T={}, backend {}",
-        prompts.len(),
-        a.max_new_tokens,
-        a.temperature,
-        m.backend.name()
-    );
+    let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
     let _ = writeln!(table, "| method | budget | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run | tree sizes (nodes: rounds) |");
     let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();

@@ -85,15 +85,11 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], params: &Gen
     pb.finish_and_clear();
     let base = rows.iter().find(|r| r.batch == 1).map(|r| r.new_tokens as f64 / r.wall_s);
     let mut table = String::new();
+    let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, method ar, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
     let _ = writeln!(
         table,
-        "{} prompts, {} new tokens max, T={}, method ar, backend {}",
-        prompts.len(),
-        a.max_new_tokens,
-        a.temperature,
-        m.backend.name()
+        "| batch | aggregate tok/s | vs batch 1 | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
     );
-    let _ = writeln!(table, "| batch | aggregate tok/s | vs batch 1 | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |");
     let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
     for r in &rows {

@@ -3,8 +3,8 @@
 use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
 use sparkling::core::{Backend, SampleParams};
-use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::budget::BudgetChoice;
+use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{stop_tokens, Engine, GenParams, Method, RoundView, Stats};
 use sparkling::tokenizer::TextStream;
 use sparkling::{Error, Result};
@@ -201,9 +201,7 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     let prompt: Vec<u32> = match (&a.chat, &a.prompt, &a.prompt_ids) {
         (_, _, Some(ids)) => ids.clone(),
         (Some(c), _, _) | (_, Some(c), _) => {
-            let tok = m.tokenizer.as_ref().ok_or_else(|| {
-                Error::Input("no tokenizer for this target: pass --tokenizer or give --prompt-ids".into())
-            })?;
+            let tok = m.tokenizer.as_ref().ok_or_else(|| Error::Input("no tokenizer for this target: pass --tokenizer or give --prompt-ids".into()))?;
             if a.chat.is_some() {
                 tok.encode_chat(c, a.system.as_deref())?
             } else {
@@ -241,30 +239,35 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
             let _ = write!(std::io::stderr(), "\n{}", render_round(r, &token_text));
         }
     };
-    let g = engine.generate_observed(&prompt, &params, &mut |new| {
-        if out_err.is_some() {
-            return;
-        }
-        let mut out = stdout.lock();
-        let mut r = Ok(());
-        if a.ids || m.tokenizer.is_none() {
-            for t in new {
-                r = r.and_then(|_| write!(out, "{t} "));
+    let g = engine.generate_observed(
+        &prompt,
+        &params,
+        &mut |new| {
+            if out_err.is_some() {
+                return;
             }
-        } else if let Some(tok) = &m.tokenizer {
-            // Only the new text: a short window is decoded, not the whole output.
-            if let Ok(tail) = text.push(tok, new) {
-                r = write!(out, "{tail}");
+            let mut out = stdout.lock();
+            let mut r = Ok(());
+            if a.ids || m.tokenizer.is_none() {
+                for t in new {
+                    r = r.and_then(|_| write!(out, "{t} "));
+                }
+            } else if let Some(tok) = &m.tokenizer {
+                // Only the new text: a short window is decoded, not the whole output.
+                if let Ok(tail) = text.push(tok, new) {
+                    r = write!(out, "{tail}");
+                }
             }
-        }
-        if let Err(e) = r.and_then(|_| out.flush()) {
-            if a.stats_json.is_none() {
-                eprintln!("error: {}", super::stdout_error(e));
-                std::process::exit(1);
+            if let Err(e) = r.and_then(|_| out.flush()) {
+                if a.stats_json.is_none() {
+                    eprintln!("error: {}", super::stdout_error(e));
+                    std::process::exit(1);
+                }
+                out_err = Some(e);
             }
-            out_err = Some(e);
-        }
-    }, &mut show)?;
+        },
+        &mut show,
+    )?;
     if let Some(p) = &a.stats_json {
         let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": g.stats.tau(), "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
         sparkling::fsio::write_bytes(p, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;

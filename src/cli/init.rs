@@ -3,10 +3,12 @@
 
 use super::load::{target_path, ModelArgs};
 use clap::Args;
+use sparkling::fsio::check_out_dir;
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{read_json, Arch, DrafterKind, TargetConfig};
-use sparkling::fsio::check_out_dir;
-use sparkling::model::synth::{check_drafter_init, default_taps, preset_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype, PRESETS};
+use sparkling::model::synth::{
+    check_drafter_init, default_taps, preset_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype, PRESETS,
+};
 use sparkling::{Error, Result};
 use std::path::PathBuf;
 
@@ -216,7 +218,15 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
     let taps = a.taps.unwrap_or_else(|| default_taps(cfg.layers, 5));
     if !a.no_drafters {
         // Every drafter argument is checked before the (large) target is written.
-        let init = DrafterInit { kind: DrafterKind::DSpark, layers: a.drafter_layers, block_size: a.block_size, markov_rank: a.markov_rank, taps, mask_token_id: None, confidence_head: true };
+        let init = DrafterInit {
+            kind: DrafterKind::DSpark,
+            layers: a.drafter_layers,
+            block_size: a.block_size,
+            markov_rank: a.markov_rank,
+            taps,
+            mask_token_id: None,
+            confidence_head: true,
+        };
         check_drafter_init(&cfg, &init)?;
     }
     check_out_dir(&a.out.join("target"), a.force, "--out")?;
@@ -228,7 +238,8 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
     let dtype = if a.f32 { StoreDtype::F32 } else { StoreDtype::Bf16 };
     let params = |p: usize| -> f64 { p as f64 / 1e9 };
     let n = cfg.vocab * cfg.hidden * if cfg.tie_embeddings { 1 } else { 2 }
-        + cfg.layers * (cfg.hidden * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.n_heads * cfg.head_dim * cfg.hidden + 3 * cfg.hidden * cfg.intermediate);
+        + cfg.layers
+            * (cfg.hidden * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.n_heads * cfg.head_dim * cfg.hidden + 3 * cfg.hidden * cfg.intermediate);
     eprintln!("writing a random {} target ({:.2} B parameters) to {} …", cfg.arch.name(), params(n), a.out.join("target").display());
     let t0 = std::time::Instant::now();
     write_random_target(&a.out.join("target"), &cfg, a.seed, dtype)?;
@@ -237,10 +248,25 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
         return Ok(());
     }
     for (kind, name, rank) in [(DrafterKind::DSpark, "dspark", a.markov_rank), (DrafterKind::DFlash, "dflash", 0)] {
-        let init = DrafterInit { kind, layers: a.drafter_layers, block_size: a.block_size, markov_rank: rank, taps, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
+        let init = DrafterInit {
+            kind,
+            layers: a.drafter_layers,
+            block_size: a.block_size,
+            markov_rank: rank,
+            taps,
+            mask_token_id: None,
+            confidence_head: kind == DrafterKind::DSpark,
+        };
         let dir = a.out.join(format!("{name}-b{}", a.block_size));
         let d = write_random_drafter(&dir, &cfg, &init, a.seed + 1, dtype)?;
-        eprintln!("wrote a random {name} drafter ({} layers, block {}, taps {:?}, Markov rank {}) to {}", d.layers, d.block_size, d.target_layer_ids, d.markov_rank, dir.display());
+        eprintln!(
+            "wrote a random {name} drafter ({} layers, block {}, taps {:?}, Markov rank {}) to {}",
+            d.layers,
+            d.block_size,
+            d.target_layer_ids,
+            d.markov_rank,
+            dir.display()
+        );
     }
     Ok(())
 }

@@ -170,17 +170,13 @@ fn open_cuda(adapter: Option<&str>, weights: &str) -> Result<AnyBackend> {
 
 #[cfg(not(feature = "cuda"))]
 fn open_cuda(_adapter: Option<&str>, _weights: &str) -> Result<AnyBackend> {
-    Err(Error::Input(
-        "--backend cuda: this sparkling binary was built without the CUDA backend; rebuild with `cargo build --release --features cuda`".into(),
-    ))
+    Err(Error::Input("--backend cuda: this sparkling binary was built without the CUDA backend; rebuild with `cargo build --release --features cuda`".into()))
 }
 
 /// The error for a wgpu request in a build without the `wgpu` feature.
 #[cfg(not(feature = "wgpu"))]
 pub fn no_wgpu(what: &str) -> Error {
-    Error::Input(format!(
-        "{what}: this sparkling binary was built without the wgpu backend; rebuild with `cargo build --release --features wgpu`"
-    ))
+    Error::Input(format!("{what}: this sparkling binary was built without the wgpu backend; rebuild with `cargo build --release --features wgpu`"))
 }
 
 /// `sparkling adapters`: print every wgpu adapter, one per line (index: name (backend, type, driver)).
@@ -268,14 +264,7 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         pb.set_position(i as u64);
     })?;
     pb.finish_and_clear();
-    eprintln!(
-        "target: {} ({} layers, hidden {}, vocab {}) on {}",
-        tpath.display(),
-        target.cfg.layers,
-        target.cfg.hidden,
-        target.cfg.vocab,
-        backend.name()
-    );
+    eprintln!("target: {} ({} layers, hidden {}, vocab {}) on {}", tpath.display(), target.cfg.layers, target.cfg.hidden, target.cfg.vocab, backend.name());
     let tokenizer = match (&args.tokenizer, &gguf) {
         (Some(t), _) => Some(tokenizer_arg(t)?),
         (None, Some(g)) => Some(TextTokenizer::from_gguf(&g.file)?),
@@ -309,9 +298,7 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         let stem = tpath.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "target".into());
         // Keyed by the target's geometry too: two targets sharing a file name get their own.
         let c = &target.cfg;
-        let dir = assets::dir()
-            .join("drafters")
-            .join(format!("{stem}-{}-random-v{}-h{}-l{}", format!("{kind:?}").to_lowercase(), c.vocab, c.hidden, c.layers));
+        let dir = assets::dir().join("drafters").join(format!("{stem}-{}-random-v{}-h{}-l{}", format!("{kind:?}").to_lowercase(), c.vocab, c.hidden, c.layers));
         {
             let init = DrafterInit {
                 kind,

@@ -106,14 +106,8 @@ fn methods(rows: &[Row]) -> Vec<String> {
 }
 
 fn color(i: usize) -> RGBColor {
-    const C: [RGBColor; 6] = [
-        RGBColor(90, 90, 90),
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(214, 39, 40),
-        RGBColor(148, 103, 189),
-    ];
+    const C: [RGBColor; 6] =
+        [RGBColor(90, 90, 90), RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189)];
     C[i % C.len()]
 }
 
@@ -330,9 +324,7 @@ mod tests {
     use super::*;
 
     fn bench_json() -> serde_json::Value {
-        let row = |m: &str, b: usize, tau: f64, tps: f64, acc: &[f64]| {
-            serde_json::json!({"method": m, "budget": b, "tau": tau, "tokens_per_s": tps, "conditional_acceptance": acc})
-        };
+        let row = |m: &str, b: usize, tau: f64, tps: f64, acc: &[f64]| serde_json::json!({"method": m, "budget": b, "tau": tau, "tokens_per_s": tps, "conditional_acceptance": acc});
         serde_json::json!({"prompts": 2, "max_new_tokens": 64, "temperature": 0.0, "rows": [
             row("ar", 0, 1.0, 90.0, &[]),
             row("dspark", 16, 1.6, 30.0, &[0.5, 0.2]),

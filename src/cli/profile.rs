@@ -156,21 +156,29 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let (w, r) = (a.warmup, a.reps);
 
     // Empty sync (the floor every other number includes once).
-    rows.push(("sync", "1-value read-back".into(), time_ms(w, r, || {
-        let t0 = Instant::now();
-        sync()?;
-        Ok(ms_since(t0))
-    })?));
+    rows.push((
+        "sync",
+        "1-value read-back".into(),
+        time_ms(w, r, || {
+            let t0 = Instant::now();
+            sync()?;
+            Ok(ms_since(t0))
+        })?,
+    ));
 
     // AR step: 1 row at position P, argmax (a read-back), cache cropped back.
-    rows.push(("ar_step", format!("1 row at position {p}, + argmax"), time_ms(w, r, || {
-        let t0 = Instant::now();
-        let o = t.forward(b, &mut cache, &[root], &[p as u32], AttnMask::Causal, LogitRows::Last, &[])?;
-        b.argmax(&o.logits)?;
-        let ms = ms_since(t0);
-        cache.crop(p);
-        Ok(ms)
-    })?));
+    rows.push((
+        "ar_step",
+        format!("1 row at position {p}, + argmax"),
+        time_ms(w, r, || {
+            let t0 = Instant::now();
+            let o = t.forward(b, &mut cache, &[root], &[p as u32], AttnMask::Causal, LogitRows::Last, &[])?;
+            b.argmax(&o.logits)?;
+            let ms = ms_since(t0);
+            cache.crop(p);
+            Ok(ms)
+        })?,
+    ));
 
     // Drafter forward over the last ctx_rows context rows.
     let lc = a.ctx_rows;
@@ -183,15 +191,19 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         d.draft(b, t, &mut dcache, &first_ctx, root, p - lc)?;
     }
     let mut logits = None;
-    rows.push(("draft", format!("drafter forward, {lc} context rows + block {bk}"), time_ms(w, r, || {
-        dcache.crop(p - lc);
-        let t0 = Instant::now();
-        let l = d.draft(b, t, &mut dcache, &ctx, root, p)?;
-        sync()?;
-        let ms = ms_since(t0);
-        logits = Some(l);
-        Ok(ms)
-    })?));
+    rows.push((
+        "draft",
+        format!("drafter forward, {lc} context rows + block {bk}"),
+        time_ms(w, r, || {
+            dcache.crop(p - lc);
+            let t0 = Instant::now();
+            let l = d.draft(b, t, &mut dcache, &ctx, root, p)?;
+            sync()?;
+            let ms = ms_since(t0);
+            logits = Some(l);
+            Ok(ms)
+        })?,
+    ));
     let logits = logits.expect("at least one repetition");
 
     // Candidate table: top-C per depth, union (+ anchor) and Markov table in one backend call
@@ -201,20 +213,28 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     // draft id 0 when it has none; the tree's tokens are then mapped back below).
     let droot = d.vocab_map.as_ref().map_or(root, |m| m.draft_id(root).unwrap_or(0));
     let mut table = CandidateTable::default();
-    rows.push(("candidate_table", format!("topk C={} over [{depth}, {}] + union + markov_table + read-back", a.candidates, d.draft_vocab()), time_ms(w, r, || {
-        let t0 = Instant::now();
-        let k = a.max_fanout.min(a.budget);
-        table = b.candidate_table(&logits, markov, a.candidates, droot, k)?;
-        Ok(ms_since(t0))
-    })?));
+    rows.push((
+        "candidate_table",
+        format!("topk C={} over [{depth}, {}] + union + markov_table + read-back", a.candidates, d.draft_vocab()),
+        time_ms(w, r, || {
+            let t0 = Instant::now();
+            let k = a.max_fanout.min(a.budget);
+            table = b.candidate_table(&logits, markov, a.candidates, droot, k)?;
+            Ok(ms_since(t0))
+        })?,
+    ));
 
     // Host heap over the table.
     let mut tree = DraftTree::root(root);
-    rows.push(("heap", format!("build_sparkling_precompute, budget {}, {} candidates", a.budget, table.n()), time_ms(w, r, || {
-        let t0 = Instant::now();
-        tree = build_sparkling_precompute(&table, droot, a.budget);
-        Ok(ms_since(t0))
-    })?));
+    rows.push((
+        "heap",
+        format!("build_sparkling_precompute, budget {}, {} candidates", a.budget, table.n()),
+        time_ms(w, r, || {
+            let t0 = Instant::now();
+            tree = build_sparkling_precompute(&table, droot, a.budget);
+            Ok(ms_since(t0))
+        })?,
+    ));
     if let Some(m) = &d.vocab_map {
         tree = m.map_tree(&tree, root);
     }
@@ -223,31 +243,43 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     // The same tree built on the device, where the backend offers it (one read-back of the
     // nodes instead of the table; replaces candidate_table + heap in the decode loop).
     if b.sparkling_tree(&logits, markov, a.candidates, droot, a.max_fanout.min(a.budget), a.budget)?.is_some() {
-        rows.push(("device_tree", format!("sparkling_tree: candidate_table + heap on the device, {} nodes read back", a.budget), time_ms(w, r, || {
-            let t0 = Instant::now();
-            b.sparkling_tree(&logits, markov, a.candidates, droot, a.max_fanout.min(a.budget), a.budget)?;
-            Ok(ms_since(t0))
-        })?));
+        rows.push((
+            "device_tree",
+            format!("sparkling_tree: candidate_table + heap on the device, {} nodes read back", a.budget),
+            time_ms(w, r, || {
+                let t0 = Instant::now();
+                b.sparkling_tree(&logits, markov, a.candidates, droot, a.max_fanout.min(a.budget), a.budget)?;
+                Ok(ms_since(t0))
+            })?,
+        ));
     }
 
     // Verify forward of the real tree (taps as the engine requests them), cache cropped back.
     let tpos: Vec<u32> = tree.depths.iter().map(|&dp| p as u32 + dp).collect();
     let mut last_verify = None;
-    rows.push(("verify", format!("{n_nodes} tree rows (1+{}), tree attention, taps", n_nodes - 1), time_ms(w, r, || {
-        let t0 = Instant::now();
-        let o = t.forward(b, &mut cache, &tree.tokens, &tpos, AttnMask::Tree { parents: &tree.parents }, LogitRows::All, &taps)?;
-        sync()?;
-        let ms = ms_since(t0);
-        cache.crop(p);
-        last_verify = Some(o);
-        Ok(ms)
-    })?));
+    rows.push((
+        "verify",
+        format!("{n_nodes} tree rows (1+{}), tree attention, taps", n_nodes - 1),
+        time_ms(w, r, || {
+            let t0 = Instant::now();
+            let o = t.forward(b, &mut cache, &tree.tokens, &tpos, AttnMask::Tree { parents: &tree.parents }, LogitRows::All, &taps)?;
+            sync()?;
+            let ms = ms_since(t0);
+            cache.crop(p);
+            last_verify = Some(o);
+            Ok(ms)
+        })?,
+    ));
     let ver = last_verify.expect("at least one repetition");
-    rows.push(("accept", format!("argmax of {n_nodes} rows + read-back"), time_ms(w, r, || {
-        let t0 = Instant::now();
-        b.argmax(&ver.logits)?;
-        Ok(ms_since(t0))
-    })?));
+    rows.push((
+        "accept",
+        format!("argmax of {n_nodes} rows + read-back"),
+        time_ms(w, r, || {
+            let t0 = Instant::now();
+            b.argmax(&ver.logits)?;
+            Ok(ms_since(t0))
+        })?,
+    ));
 
     // KV compaction to a real root-to-leaf path (+ the taps gather of the accepted rows).
     let mut keep = vec![0usize];
@@ -261,20 +293,24 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         }
     }
     let ver_taps = ver.taps.as_ref().ok_or_else(|| Error::Input("verify produced no taps".into()))?;
-    rows.push(("compaction", format!("KV compaction of {} layers to a {}-row path + taps gather", tc.layers, keep.len()), time_ms(w, r, || {
-        // Re-create the verify rows' cache state (untimed), then compact.
-        cache.crop(p);
-        cache.len = p + n_nodes;
-        sync()?;
-        let t0 = Instant::now();
-        cache.compact(b, p, &keep)?;
-        let g = b.gather_rows(ver_taps, &keep)?;
-        sync()?;
-        let ms = ms_since(t0);
-        drop(g);
-        cache.crop(p);
-        Ok(ms)
-    })?));
+    rows.push((
+        "compaction",
+        format!("KV compaction of {} layers to a {}-row path + taps gather", tc.layers, keep.len()),
+        time_ms(w, r, || {
+            // Re-create the verify rows' cache state (untimed), then compact.
+            cache.crop(p);
+            cache.len = p + n_nodes;
+            sync()?;
+            let t0 = Instant::now();
+            cache.compact(b, p, &keep)?;
+            let g = b.gather_rows(ver_taps, &keep)?;
+            sync()?;
+            let ms = ms_since(t0);
+            drop(g);
+            cache.crop(p);
+            Ok(ms)
+        })?,
+    ));
 
     // The `--budget auto` cost curve on this cache (context P): the verify forward + argmax of
     // r rows at the points the engine measures, N_max = B, and one drafter forward.
@@ -315,7 +351,9 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             ar.stats.tokens_per_s(),
             sp.stats.tokens_per_s()
         );
-        Some(serde_json::json!({"tokens": a.check_tokens, "equal": equal, "tau": sp.stats.tau(), "ar_tokens_per_s": ar.stats.tokens_per_s(), "sparkling_tokens_per_s": sp.stats.tokens_per_s()}))
+        Some(
+            serde_json::json!({"tokens": a.check_tokens, "equal": equal, "tau": sp.stats.tau(), "ar_tokens_per_s": ar.stats.tokens_per_s(), "sparkling_tokens_per_s": sp.stats.tokens_per_s()}),
+        )
     } else {
         None
     };
@@ -327,7 +365,16 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let is_gguf = m_target_is_gguf(&a.model);
     let wb = weight_bytes(&a.model.backend, &a.model.weights, is_gguf);
     let gb = (params * wb) as f64 / 1e9;
-    let _ = writeln!(report, "backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}, draft vocabulary {}", b.name(), tc.layers, tc.hidden, tc.vocab, d.cfg.markov_rank, d.draft_vocab());
+    let _ = writeln!(
+        report,
+        "backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}, draft vocabulary {}",
+        b.name(),
+        tc.layers,
+        tc.hidden,
+        tc.vocab,
+        d.cfg.markov_rank,
+        d.draft_vocab()
+    );
     let _ = writeln!(report, "target matmul kernels: {}", t.kernel_paths(b));
     let _ = writeln!(report, "prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", a.budget, a.candidates, r);
     let _ = writeln!(report, "| part | what | median ms | min ms |");
@@ -339,8 +386,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let _ = writeln!(
         report,
         "\n`--budget auto` cost curve at context {p} (verify forward + argmax, min of ≤ 2 runs; measured in {:.0} ms; drafter forward {:.2} ms):",
-        curve.measure_ms,
-        curve.draft_ms
+        curve.measure_ms, curve.draft_ms
     );
     let _ = writeln!(report, "| verify rows (1+n) | ms | × 1 row |");
     let _ = writeln!(report, "|---|---|---|");
@@ -363,10 +409,8 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         gb / (get("ar_step") / 1e3)
     );
     if let Some(path) = &a.json {
-        let parts: serde_json::Map<String, serde_json::Value> = rows
-            .iter()
-            .map(|(n, what, (med, min))| (n.to_string(), serde_json::json!({"what": what, "median_ms": med, "min_ms": min})))
-            .collect();
+        let parts: serde_json::Map<String, serde_json::Value> =
+            rows.iter().map(|(n, what, (med, min))| (n.to_string(), serde_json::json!({"what": what, "median_ms": med, "min_ms": min}))).collect();
         let v = serde_json::json!({
             "backend": b.name(),
             "kernels": t.kernel_paths(b),

@@ -280,7 +280,12 @@ fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> R
                 eprint!("\r{}: {}/{} prompts, {n} answer tokens, {:.0} s", f.display(), i + 1, texts.len(), t0.elapsed().as_secs_f64());
             }
             eprintln!();
-            c.sources.push(format!("{}: target greedy answers to the first {} prompts (chat template, ≤ {} tokens), {n} tokens", f.display(), texts.len(), a.max_new_tokens));
+            c.sources.push(format!(
+                "{}: target greedy answers to the first {} prompts (chat template, ≤ {} tokens), {n} tokens",
+                f.display(),
+                texts.len(),
+                a.max_new_tokens
+            ));
         }
     }
     if !a.tiebreak_prompts.is_empty() {

@@ -161,10 +161,7 @@ impl CostModel {
     /// both sides of 8, 12, 16, 24, 32, 48 and 64, and `1 + n_max`.
     pub fn sample_rows(n_max: usize) -> Vec<usize> {
         let top = n_max + 1;
-        let mut v: Vec<usize> = [1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65]
-            .into_iter()
-            .filter(|&r| r <= top)
-            .collect();
+        let mut v: Vec<usize> = [1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65].into_iter().filter(|&r| r <= top).collect();
         if v.last() != Some(&top) {
             v.push(top);
         }
@@ -653,11 +650,13 @@ mod tests {
         // A chain with conditional acceptance 0.9, 0.8, ... on the staircase.
         let cond = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.02];
         let mut p = 1.0;
-        let q: Vec<f64> = cond.iter().map(|&x| {
-            p *= x;
-            p
-        })
-        .collect();
+        let q: Vec<f64> = cond
+            .iter()
+            .map(|&x| {
+                p *= x;
+                p
+            })
+            .collect();
         let depths: Vec<u32> = (1..=8).collect();
         let e = expected_tokens(&depths, &q);
         let got = choose(&e, &|r| staircase().verify(r), 5.0, 0.0);
@@ -721,7 +720,15 @@ mod tests {
             let q2 = q1 * (0.2 + 0.3 * unit()); // claimed depth-2 path probability
             let p1 = 0.4 * q1; // true
             let p2_given_1 = (1.5 * q2 / q1).min(1.0);
-            let reached = if unit() < p1 { if unit() < p2_given_1 { 2 } else { 1 } } else { 0 };
+            let reached = if unit() < p1 {
+                if unit() < p2_given_1 {
+                    2
+                } else {
+                    1
+                }
+            } else {
+                0
+            };
             cal.observe(&[None, Some(q1), Some(q2)], reached);
             short.observe(&[None, Some(q1), Some(q2)], reached);
         }

@@ -401,15 +401,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             // 2. Verify the whole tree in one target forward with tree attention.
             let t = Instant::now();
             let positions: Vec<u32> = tree.depths.iter().map(|&dp| (root_pos as u32) + dp).collect();
-            let ver = self.target.forward(
-                b,
-                &mut cache,
-                &tree.tokens,
-                &positions,
-                AttnMask::Tree { parents: &tree.parents },
-                LogitRows::All,
-                &tap_layers,
-            )?;
+            let ver = self.target.forward(b, &mut cache, &tree.tokens, &positions, AttnMask::Tree { parents: &tree.parents }, LogitRows::All, &tap_layers)?;
             let verify_ms = ms(t);
             stats.verify_ms += verify_ms;
 
@@ -489,11 +481,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                     Error::Input(format!("method `{}` needs a {kind:?} drafter (pass --drafter, or create one with `sparkling init-drafter`)", p.method.name()))
                 })?;
                 if d.cfg.kind != kind {
-                    return Err(Error::Input(format!(
-                        "method `{}` needs a {kind:?} drafter but the drafter is {:?}",
-                        p.method.name(),
-                        d.cfg.kind
-                    )));
+                    return Err(Error::Input(format!("method `{}` needs a {kind:?} drafter but the drafter is {:?}", p.method.name(), d.cfg.kind)));
                 }
                 Some(d)
             }
@@ -556,9 +544,7 @@ async fn pick<B: Backend>(b: &B, logits: &B::Tensor, p: &GenParams, positions: &
 async fn yield_to_host() {
     use wasm_bindgen::{JsCast, JsValue};
     let p = js_sys::Promise::new(&mut |resolve, _| {
-        let set_timeout = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("setTimeout"))
-            .ok()
-            .and_then(|f| f.dyn_into::<js_sys::Function>().ok());
+        let set_timeout = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("setTimeout")).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok());
         let _ = match set_timeout {
             Some(f) => f.call2(&JsValue::NULL, &resolve, &JsValue::from(0)),
             None => resolve.call0(&JsValue::NULL),

@@ -258,7 +258,16 @@ async fn propose_ids<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, 
 
 /// The host tree builders over downloaded draft logits `[depth, V]`.
 #[allow(clippy::too_many_arguments)]
-fn propose_host(method: Method, logits: &[f32], depth: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, p: &TreeParams, chain_scores: bool) -> Proposal {
+fn propose_host(
+    method: Method,
+    logits: &[f32],
+    depth: usize,
+    vocab: usize,
+    markov: Option<&MarkovHead>,
+    anchor: u32,
+    p: &TreeParams,
+    chain_scores: bool,
+) -> Proposal {
     let t0 = Instant::now();
     let (tree, prep_ms, heap_ms) = match method {
         Method::Ar => (DraftTree::root(anchor), 0.0, 0.0),

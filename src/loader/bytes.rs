@@ -39,7 +39,9 @@ impl FileBytes {
         }
         #[cfg(target_arch = "wasm32")]
         {
-            std::fs::read(path).map(FileBytes::Owned).map_err(|e| Error::file(path, format!("cannot read (no file system in the browser: load checkpoints from bytes): {e}")))
+            std::fs::read(path)
+                .map(FileBytes::Owned)
+                .map_err(|e| Error::file(path, format!("cannot read (no file system in the browser: load checkpoints from bytes): {e}")))
         }
     }
 }

@@ -34,11 +34,8 @@ const LAYER_MAP: &[(&str, &str)] = &[
     ("mlp.down_proj.weight", "ffn_down.weight"),
 ];
 
-const GLOBAL_MAP: &[(&str, &str)] = &[
-    ("model.embed_tokens.weight", "token_embd.weight"),
-    ("model.norm.weight", "output_norm.weight"),
-    ("lm_head.weight", "output.weight"),
-];
+const GLOBAL_MAP: &[(&str, &str)] =
+    &[("model.embed_tokens.weight", "token_embd.weight"), ("model.norm.weight", "output_norm.weight"), ("lm_head.weight", "output.weight")];
 
 /// Map an HF tensor name to its GGUF name.
 pub fn gguf_name(hf: &str) -> Option<String> {
@@ -118,8 +115,7 @@ impl GgufSource {
     pub fn from_file(file: GgufFile) -> Result<Self> {
         let arch = file.get_str("general.architecture")?.to_string();
         let n_heads = file.get_u64(&format!("{arch}.attention.head_count"))? as usize;
-        let n_kv_heads =
-            file.get_u64(&format!("{arch}.attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_heads);
+        let n_kv_heads = file.get_u64(&format!("{arch}.attention.head_count_kv")).map(|v| v as usize).unwrap_or(n_heads);
         Ok(GgufSource { file, arch, n_heads, n_kv_heads })
     }
 }
@@ -145,8 +141,7 @@ impl TensorSource for GgufSource {
     }
 
     fn load_ggml(&self, name: &str, shape: [usize; 2]) -> Result<Option<sparkling_core::GgmlWeight>> {
-        let g = gguf_name(name)
-            .ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
+        let g = gguf_name(name).ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
         let info = self.file.tensor(&g).ok_or_else(|| Error::tensor(&self.file.path, &g, "tensor not found"))?;
         if info.shape() != shape {
             return Err(Error::tensor(&self.file.path, &g, format!("expected shape {shape:?}, found {:?}", info.shape())));
@@ -176,8 +171,7 @@ impl TensorSource for GgufSource {
     }
 
     fn load(&self, name: &str) -> Result<HostTensor> {
-        let g = gguf_name(name)
-            .ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
+        let g = gguf_name(name).ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
         let (shape, data) = self.file.tensor_f32(&g).map_err(|e| Error::tensor(&self.file.path, &g, e.to_string()))?;
         let data = match self.permuted_heads(&g) {
             Some(h) => {

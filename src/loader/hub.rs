@@ -52,11 +52,8 @@ pub fn resolve_with(id: &str, cache: Cache, builder: ApiBuilder) -> Result<PathB
             let index = repo.get("model.safetensors.index.json").map_err(|e| offline(&e))?;
             let text = std::fs::read_to_string(&index).map_err(|e| Error::file(&index, e.to_string()))?;
             let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&index, e.to_string()))?;
-            let mut shards: Vec<String> = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .map(|m| m.values().filter_map(|x| x.as_str().map(String::from)).collect())
-                .unwrap_or_default();
+            let mut shards: Vec<String> =
+                v.get("weight_map").and_then(|m| m.as_object()).map(|m| m.values().filter_map(|x| x.as_str().map(String::from)).collect()).unwrap_or_default();
             shards.sort();
             shards.dedup();
             for s in shards {

@@ -1,9 +1,9 @@
 //! HF safetensors checkpoints: `model.safetensors`, or shards listed in
 //! `model.safetensors.index.json` (`weight_map: name → file`); bf16 / f16 / f32 tensors.
 
+use super::bytes::FileBytes;
 use super::{HostTensor, TensorSource};
 use crate::error::{Error, Result};
-use super::bytes::FileBytes;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,12 +28,8 @@ impl SafetensorsSource {
                 paths.push(single);
             } else if index.exists() {
                 let text = std::fs::read_to_string(&index).map_err(|e| Error::file(&index, e.to_string()))?;
-                let v: serde_json::Value =
-                    serde_json::from_str(&text).map_err(|e| Error::file(&index, format!("invalid JSON: {e}")))?;
-                let map = v
-                    .get("weight_map")
-                    .and_then(|m| m.as_object())
-                    .ok_or_else(|| Error::config(&index, "weight_map", "missing or not an object"))?;
+                let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&index, format!("invalid JSON: {e}")))?;
+                let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::config(&index, "weight_map", "missing or not an object"))?;
                 let mut shard_names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
                 shard_names.sort();
                 shard_names.dedup();
@@ -62,8 +58,7 @@ impl SafetensorsSource {
     fn index(root: PathBuf, files: Vec<(PathBuf, FileBytes)>) -> Result<Self> {
         let mut index = BTreeMap::new();
         for (i, (p, bytes)) in files.iter().enumerate() {
-            let st = SafeTensors::deserialize(bytes)
-                .map_err(|e| Error::file(p, format!("not a valid safetensors file (truncated or corrupt?): {e}")))?;
+            let st = SafeTensors::deserialize(bytes).map_err(|e| Error::file(p, format!("not a valid safetensors file (truncated or corrupt?): {e}")))?;
             for name in st.names() {
                 index.insert(name.to_string(), i);
             }
@@ -95,9 +90,7 @@ impl TensorSource for SafetensorsSource {
             Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             Dtype::F16 => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            other => {
-                return Err(Error::tensor(path, name, format!("unsupported dtype {other:?}; expected F32, BF16 or F16")))
-            }
+            other => return Err(Error::tensor(path, name, format!("unsupported dtype {other:?}; expected F32, BF16 or F16"))),
         };
         Ok(HostTensor { shape: view.shape().to_vec(), data })
     }

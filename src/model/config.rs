@@ -196,7 +196,17 @@ impl Check<'_> {
     /// The attention geometry: positive counts, KV heads dividing the query heads, an even head
     /// size; `derived_head_dim`: head_dim was not given, so the heads must divide the hidden size.
     #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; MSRV is 1.85
-    fn geometry(&self, hidden: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize, derived_head_dim: bool, intermediate: usize, rms_eps: f32, rope_theta: f32) -> Result<()> {
+    fn geometry(
+        &self,
+        hidden: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        derived_head_dim: bool,
+        intermediate: usize,
+        rms_eps: f32,
+        rope_theta: f32,
+    ) -> Result<()> {
         self.count("hidden_size", hidden, MAX_DIM)?;
         self.count("num_attention_heads", n_heads, MAX_DIM)?;
         if derived_head_dim && hidden % n_heads != 0 {
@@ -244,11 +254,7 @@ struct Keys<'a> {
 
 impl Keys<'_> {
     fn usize(&self, key: &str) -> Result<usize> {
-        self.v
-            .get(key)
-            .and_then(Value::as_u64)
-            .map(|x| x as usize)
-            .ok_or_else(|| Error::config(self.path, key, "missing or not a non-negative integer"))
+        self.v.get(key).and_then(Value::as_u64).map(|x| x as usize).ok_or_else(|| Error::config(self.path, key, "missing or not a non-negative integer"))
     }
     fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
         match self.v.get(key) {
@@ -303,7 +309,9 @@ impl Keys<'_> {
     fn layer_ids(&self, key: &str, a: &[Value]) -> Result<Vec<usize>> {
         a.iter()
             .enumerate()
-            .map(|(i, x)| x.as_u64().map(|id| id as usize).ok_or_else(|| Error::config(self.path, key, format!("entry {i} is {x}: expected a non-negative integer"))))
+            .map(|(i, x)| {
+                x.as_u64().map(|id| id as usize).ok_or_else(|| Error::config(self.path, key, format!("entry {i} is {x}: expected a non-negative integer")))
+            })
             .collect()
     }
     fn ids(&self, key: &str) -> Vec<u32> {
@@ -320,8 +328,7 @@ impl TargetConfig {
     pub fn from_hf_json(path: &Path, v: &Value) -> Result<Self> {
         let k = Keys { path, v };
         let mt = v.get("model_type").and_then(Value::as_str).ok_or_else(|| Error::config(path, "model_type", "missing"))?;
-        let arch = Arch::parse(mt)
-            .ok_or_else(|| Error::config(path, "model_type", format!("`{mt}` is not supported (llama, qwen2, qwen3)")))?;
+        let arch = Arch::parse(mt).ok_or_else(|| Error::config(path, "model_type", format!("`{mt}` is not supported (llama, qwen2, qwen3)")))?;
         let hidden = k.usize("hidden_size")?;
         let n_heads = k.usize("num_attention_heads")?;
         k.activation()?;
@@ -353,9 +360,8 @@ impl TargetConfig {
         let path = g.path.as_path();
         let ge = Error::from;
         let arch_name = g.get_str("general.architecture").map_err(ge)?;
-        let arch = Arch::parse(arch_name).ok_or_else(|| {
-            Error::config(path, "general.architecture", format!("`{arch_name}` is not supported (llama, qwen2, qwen3)"))
-        })?;
+        let arch = Arch::parse(arch_name)
+            .ok_or_else(|| Error::config(path, "general.architecture", format!("`{arch_name}` is not supported (llama, qwen2, qwen3)")))?;
         let key = |s: &str| format!("{arch_name}.{s}");
         let hidden = g.get_u64(&key("embedding_length")).map_err(ge)? as usize;
         let n_heads = g.get_u64(&key("attention.head_count")).map_err(ge)? as usize;
@@ -452,8 +458,7 @@ impl DrafterConfig {
     /// `architectures: ["Qwen3DSparkModel"]`).
     pub fn from_hf_json(path: &Path, v: &Value) -> Result<Self> {
         let k = Keys { path, v };
-        let archs: Vec<&str> =
-            v.get("architectures").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        let archs: Vec<&str> = v.get("architectures").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
         let nested = v.get("dflash_config");
         let kind = if archs.iter().any(|a| a.contains("DSpark")) {
             DrafterKind::DSpark
@@ -493,7 +498,13 @@ impl DrafterConfig {
         match v.get("markov_head_type") {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s == "vanilla" => {}
-            Some(other) => return Err(Error::config(path, "markov_head_type", format!("{other} is not supported (expected \"vanilla\": the low-rank W2·W1[prev] bias, reference §3.3)"))),
+            Some(other) => {
+                return Err(Error::config(
+                    path,
+                    "markov_head_type",
+                    format!("{other} is not supported (expected \"vanilla\": the low-rank W2·W1[prev] bias, reference §3.3)"),
+                ))
+            }
         }
         if target_layer_ids.is_empty() {
             return Err(Error::config(path, "target_layer_ids", "empty"));
@@ -565,10 +576,7 @@ impl DrafterConfig {
             DrafterKind::DFlash => {
                 o.insert("architectures".into(), serde_json::json!(["DFlashDraftModel"]));
                 o.insert("rope_theta".into(), serde_json::json!(self.rope_theta));
-                o.insert(
-                    "dflash_config".into(),
-                    serde_json::json!({"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}),
-                );
+                o.insert("dflash_config".into(), serde_json::json!({"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}));
             }
             DrafterKind::DSpark => {
                 o.insert("architectures".into(), serde_json::json!(["Qwen3DSparkModel"]));

@@ -70,7 +70,11 @@ impl<B: Backend> Drafter<B> {
             return Err(Error::config(p, "vocab_size", format!("drafter vocabulary {} does not match the target's {}", cfg.vocab, target.vocab)));
         }
         if let Some(&l) = cfg.target_layer_ids.iter().find(|&&l| l + 1 >= target.layers) {
-            return Err(Error::config(p, "target_layer_ids", format!("layer {l} is not a tappable layer of a {}-layer target (0..{})", target.layers, target.layers - 1)));
+            return Err(Error::config(
+                p,
+                "target_layer_ids",
+                format!("layer {l} is not a tappable layer of a {}-layer target (0..{})", target.layers, target.layers - 1),
+            ));
         }
         if cfg.mask_token_id as usize >= cfg.vocab {
             return Err(Error::config(p, "mask_token_id", format!("{} is outside the vocabulary of {}", cfg.mask_token_id, cfg.vocab)));
@@ -88,7 +92,11 @@ impl<B: Backend> Drafter<B> {
         // The layer count sizes what follows: it cannot exceed the layers the file holds.
         let present = (0..cfg.layers).take_while(|l| src.contains(&format!("layers.{l}.input_layernorm.weight"))).count();
         if present < cfg.layers {
-            return Err(Error::config(p, "num_hidden_layers", format!("{}: the checkpoint holds only {present} layers (layers.0 … layers.{})", cfg.layers, present.saturating_sub(1))));
+            return Err(Error::config(
+                p,
+                "num_hidden_layers",
+                format!("{}: the checkpoint holds only {present} layers (layers.0 … layers.{})", cfg.layers, present.saturating_sub(1)),
+            ));
         }
         // A reduced draft vocabulary: the map first, it sizes the output layer and W2.
         let vocab_map = if cfg.is_reduced() {
@@ -101,10 +109,8 @@ impl<B: Backend> Drafter<B> {
             None
         };
         let vd = cfg.draft_vocab;
-        let mut known: Vec<String> = ["fc.weight", "hidden_norm.weight", "norm.weight", "embed_tokens.weight", "lm_head.weight", MAP_TENSOR]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut known: Vec<String> =
+            ["fc.weight", "hidden_norm.weight", "norm.weight", "embed_tokens.weight", "lm_head.weight", MAP_TENSOR].iter().map(|s| s.to_string()).collect();
         for l in 0..cfg.layers {
             known.extend(DecoderLayer::<B>::tensor_names(&format!("layers.{l}."), d));
         }
@@ -221,23 +227,11 @@ impl<B: Backend> Drafter<B> {
     /// logits `[depth, V_d]` (columns are draft ids, = target ids without a reduced vocabulary): DFlash rows for positions `root_pos+1 ..= root_pos+Bk-1` (in-place
     /// slots 1..Bk), DSpark rows for `root_pos+1 ..= root_pos+Bk` (shifted). The cache ends at
     /// `root_pos` (block K/V are discarded).
-    pub fn draft(
-        &self,
-        b: &B,
-        target: &Target<B>,
-        cache: &mut KvCache<B>,
-        taps: &B::Tensor,
-        anchor: u32,
-        root_pos: usize,
-    ) -> Result<B::Tensor> {
+    pub fn draft(&self, b: &B, target: &Target<B>, cache: &mut KvCache<B>, taps: &B::Tensor, anchor: u32, root_pos: usize) -> Result<B::Tensor> {
         let c = &self.cfg;
         let lc = b.shape(taps).0;
         if cache.len + lc != root_pos {
-            return Err(Error::Input(format!(
-                "drafter context covers positions {}..{} but the root is at {root_pos}",
-                cache.len,
-                cache.len + lc
-            )));
+            return Err(Error::Input(format!("drafter context covers positions {}..{} but the root is at {root_pos}", cache.len, cache.len + lc)));
         }
         let bk = c.block_size;
         cache.ensure_room(lc + bk)?;

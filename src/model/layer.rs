@@ -150,15 +150,7 @@ impl<B: Backend> DecoderLayer<B> {
     }
 
     /// Project keys (normed, rotated at `positions`) and values for the normed rows `x`.
-    pub fn project_kv(
-        &self,
-        b: &B,
-        x: &B::Tensor,
-        positions: &[u32],
-        hd: usize,
-        eps: f32,
-        theta: f32,
-    ) -> Result<(B::Tensor, B::Tensor)> {
+    pub fn project_kv(&self, b: &B, x: &B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<(B::Tensor, B::Tensor)> {
         let mut k = b.matmul(x, &self.wk, self.bk.as_ref())?;
         if let Some(w) = &self.k_norm {
             k = b.rms_norm(&k, w, hd, eps)?;

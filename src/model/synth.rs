@@ -87,18 +87,14 @@ impl Pending {
         };
         let views = bytes
             .iter()
-            .map(|(n, s, b)| {
-                TensorView::new(st_dtype, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| Error::tensor(path, n, e.to_string()))
-            })
+            .map(|(n, s, b)| TensorView::new(st_dtype, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| Error::tensor(path, n, e.to_string())))
             .collect::<Result<Vec<_>>>()?;
         sink(views)
     }
 
     /// The tensors as safetensors bytes in memory.
     fn serialize(self, path: &Path, dtype: StoreDtype) -> Result<Vec<u8>> {
-        self.encode(path, dtype, |views| {
-            safetensors::serialize(views, None).map_err(|e| Error::file(path, format!("cannot serialize safetensors: {e}")))
-        })
+        self.encode(path, dtype, |views| safetensors::serialize(views, None).map_err(|e| Error::file(path, format!("cannot serialize safetensors: {e}"))))
     }
 
     /// Stream the tensors to the safetensors file `to` (no second in-memory copy: presets are

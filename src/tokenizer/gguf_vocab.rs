@@ -39,9 +39,11 @@ const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 /// own piece either way).
 const RE_GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 /// Llama 3 (and `llama-bpe`): case-insensitive contractions spelled out, numbers in groups of 3.
-const RE_LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_LLAMA3: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2: as Llama 3 but every digit is its own piece.
-const RE_QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const RE_QWEN2: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Isolate every digit (StarCoder / SmolLM family, applied before [`RE_GPT2`]).
 const RE_DIGIT: &str = r"\p{N}";
 
@@ -54,9 +56,7 @@ fn pre_tokenizer_spec(pre: &str) -> Option<(Vec<&'static str>, bool)> {
         "gpt-2" | "gpt2" | "phi-2" | "mpt" | "olmo" | "jais" | "roberta-bpe" => (vec![RE_GPT2], false),
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => (vec![RE_LLAMA3], true),
         "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => (vec![RE_QWEN2], false),
-        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
-            (vec![RE_DIGIT, RE_GPT2], false)
-        }
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => (vec![RE_DIGIT, RE_GPT2], false),
         _ => return None,
     })
 }
@@ -89,11 +89,8 @@ pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<Tokenizer, GgufError> {
         None => "default",
         Some(_) => g.get_str("tokenizer.ggml.pre")?,
     };
-    let (regexes, ignore_merges) = pre_tokenizer_spec(pre).ok_or_else(|| {
-        GgufError(format!(
-            "{p}: metadata key `tokenizer.ggml.pre` is \"{pre}\", which this tokenizer does not know; known: {SUPPORTED_PRE}"
-        ))
-    })?;
+    let (regexes, ignore_merges) = pre_tokenizer_spec(pre)
+        .ok_or_else(|| GgufError(format!("{p}: metadata key `tokenizer.ggml.pre` is \"{pre}\", which this tokenizer does not know; known: {SUPPORTED_PRE}")))?;
 
     let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
     let types = match g.get("tokenizer.ggml.token_type") {
@@ -101,25 +98,21 @@ pub fn tokenizer_from_gguf(g: &GgufFile) -> Result<Tokenizer, GgufError> {
         Some(_) => g.get_int_array("tokenizer.ggml.token_type")?,
     };
     if types.len() != tokens.len() {
-        return Err(GgufError(format!(
-            "{p}: metadata key `tokenizer.ggml.token_type` has {} entries, expected one per token ({})",
-            types.len(),
-            tokens.len()
-        )));
+        return Err(GgufError(format!("{p}: metadata key `tokenizer.ggml.token_type` has {} entries, expected one per token ({})", types.len(), tokens.len())));
     }
     let merges = merges(g)?;
 
     // Vocabulary: text -> id. Should a text appear twice, the first id wins (as in llama.cpp).
     let mut vocab = Vocab::default();
     for (id, t) in tokens.iter().enumerate() {
-        let id = u32::try_from(id)
-            .map_err(|_| GgufError(format!("{p}: `tokenizer.ggml.tokens` has more than 2^32 entries")))?;
+        let id = u32::try_from(id).map_err(|_| GgufError(format!("{p}: `tokenizer.ggml.tokens` has more than 2^32 entries")))?;
         vocab.entry(t.clone()).or_insert(id);
     }
-    let bpe =
-        BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(ignore_merges).build().map_err(|e| {
-            GgufError(format!("{p}: cannot build BPE model from `tokenizer.ggml.tokens`/`merges`: {e}"))
-        })?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| GgufError(format!("{p}: cannot build BPE model from `tokenizer.ggml.tokens`/`merges`: {e}")))?;
 
     let mut pieces: Vec<PreTokenizerWrapper> = Vec::with_capacity(regexes.len() + 1);
     for re in regexes {
@@ -206,12 +199,7 @@ pub fn special_tokens(g: &GgufFile) -> SpecialTokens {
         _ => {
             let model = g.get_str("tokenizer.ggml.model").unwrap_or("");
             let pre = g.get_str("tokenizer.ggml.pre").unwrap_or("");
-            model == "llama"
-                || (model == "gpt2"
-                    && matches!(
-                        pre,
-                        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "chameleon" | "tekken"
-                    ))
+            model == "llama" || (model == "gpt2" && matches!(pre, "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" | "chameleon" | "tekken"))
         }
     };
     SpecialTokens { bos: id("tokenizer.ggml.bos_token_id"), eos: id("tokenizer.ggml.eos_token_id"), eot, add_bos }
@@ -244,8 +232,7 @@ mod tests {
                 }
             }
         }
-        let ids: Vec<Vec<u32>> =
-            out.lines().map(|l| l.split_whitespace().map(|x| x.parse().expect("id")).collect()).collect();
+        let ids: Vec<Vec<u32>> = out.lines().map(|l| l.split_whitespace().map(|x| x.parse().expect("id")).collect()).collect();
         assert_eq!(texts.len(), ids.len(), "inp/out case counts differ");
         texts.into_iter().zip(ids).collect()
     }
@@ -322,8 +309,7 @@ mod tests {
         let g = GgufFile::open(&p).unwrap();
         let tok = tokenizer_from_gguf(&g).unwrap();
         assert_eq!(tok.token_to_id("<|im_start|>"), Some(1));
-        for text in ["The capital of France is", "<|im_start|>user\nHi<|im_end|>\n", "x = 12345; y=\"été\" 🦙\t\n"]
-        {
+        for text in ["The capital of France is", "<|im_start|>user\nHi<|im_end|>\n", "x = 12345; y=\"été\" 🦙\t\n"] {
             let ids = tok.encode(text, false).unwrap().get_ids().to_vec();
             assert_eq!(tok.decode(&ids, false).unwrap(), text);
         }

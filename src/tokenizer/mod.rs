@@ -95,8 +95,7 @@ impl TextTokenizer {
     /// the vocabulary has them.
     /// Errors: [`Error::Tokenizer`] when `tokenizer_json` is not a valid tokenizer.
     pub fn from_json(tokenizer_json: &str, tokenizer_config_json: Option<&str>) -> Result<Self> {
-        let inner: tokenizers::Tokenizer =
-            tokenizer_json.parse().map_err(|e| Error::Tokenizer(format!("cannot load tokenizer.json: {e}")))?;
+        let inner: tokenizers::Tokenizer = tokenizer_json.parse().map_err(|e| Error::Tokenizer(format!("cannot load tokenizer.json: {e}")))?;
         let jinja = tokenizer_config_json
             .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
             .and_then(|v| v.get("chat_template").and_then(|x| x.as_str()).map(String::from));

@@ -92,9 +92,7 @@ pub fn build_ddtree(top: &TopK, anchor: u32, budget: usize) -> DraftTree {
         }
         if d < ld {
             let logw = e.logw + lp(e.depth + 1, 0);
-            heap.push(Entry { logw, parent: idx, depth: e.depth + 1, rank: 0 }, |a, b| {
-                first(&arena, &off, a, b)
-            });
+            heap.push(Entry { logw, parent: idx, depth: e.depth + 1, rank: 0 }, |a, b| first(&arena, &off, a, b));
         }
     }
     tree

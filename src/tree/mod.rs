@@ -30,12 +30,12 @@ pub mod sparkling_table;
 pub mod treespark;
 
 pub use ddtree::build_ddtree;
-pub use treespark::build_treespark;
 pub use sparkling::{build_sparkling_reference, markov_greedy_chain, markov_greedy_chain_scored, MarkovHead};
-pub use sparkling_table::{build_sparkling_precompute, candidate_table, candidate_union};
-pub use sparkling_lazy::{build_sparkling_lazy, LazyCandidates};
 /// The tree types are defined once, next to the Backend trait (design §3).
 pub use sparkling_core::tree::{CandidateTable, ChildMap, DraftTree, TopK, NO_PARENT};
+pub use sparkling_lazy::{build_sparkling_lazy, LazyCandidates};
+pub use sparkling_table::{build_sparkling_precompute, candidate_table, candidate_union};
+pub use treespark::build_treespark;
 
 /// Compute the host [`TopK`] of draft logits (§5.1 step 2), normalised: `vals` are
 /// log-probabilities and `lse` is 0 ([`TopK::from_logp`]).
@@ -325,12 +325,7 @@ pub(crate) mod testutil {
     }
 
     pub fn random_head(rng: &mut Rng, vocab: usize, rank: usize, scale: f32) -> MarkovHead {
-        MarkovHead {
-            vocab,
-            rank,
-            w1: random_logits(rng, vocab * rank, scale),
-            w2: random_logits(rng, vocab * rank, scale),
-        }
+        MarkovHead { vocab, rank, w1: random_logits(rng, vocab * rank, scale), w2: random_logits(rng, vocab * rank, scale) }
     }
 
     /// Token path (root excluded) of every non-root node, sorted.
@@ -360,11 +355,7 @@ pub(crate) mod testutil {
     /// Enumerate all token prefixes of length 1..=ld over `vocab` with their scores
     /// (`score(prefix, path)` is given the parent path and returns per-token log-probs for
     /// the next depth), sorted by score descending.
-    pub fn enumerate_prefixes(
-        ld: usize,
-        vocab: usize,
-        cond: &dyn Fn(&[u32]) -> Vec<f64>,
-    ) -> Vec<(f64, Vec<u32>)> {
+    pub fn enumerate_prefixes(ld: usize, vocab: usize, cond: &dyn Fn(&[u32]) -> Vec<f64>) -> Vec<(f64, Vec<u32>)> {
         let mut out = Vec::new();
         let mut stack: Vec<(Vec<u32>, f64)> = vec![(Vec::new(), 0.0)];
         while let Some((path, s)) = stack.pop() {
@@ -385,11 +376,7 @@ pub(crate) mod testutil {
 
     /// Compare a builder's tree against the brute-force top-B prefix set for every B where the
     /// B-th and (B+1)-th scores are separated by more than `gap`; returns the number checked.
-    pub fn check_topb(
-        all: &[(f64, Vec<u32>)],
-        gap: f64,
-        build: &dyn Fn(usize) -> DraftTree,
-    ) -> usize {
+    pub fn check_topb(all: &[(f64, Vec<u32>)], gap: f64, build: &dyn Fn(usize) -> DraftTree) -> usize {
         let mut checked = 0;
         for b in 0..=all.len() {
             if b > 0 && b < all.len() && all[b - 1].0 - all[b].0 <= gap {
@@ -499,12 +486,7 @@ mod tests {
         assert_eq!(c.child_with_token(99, 7), None);
 
         // §4.8 worked example: node1 (d1,p0), node2 (d1,p0), node3 (d2,p1).
-        let t = DraftTree {
-            tokens: vec![1, 10, 11, 12],
-            parents: vec![NO_PARENT, 0, 0, 1],
-            depths: vec![0, 1, 1, 2],
-            scores: vec![0.0; 4],
-        };
+        let t = DraftTree { tokens: vec![1, 10, 11, 12], parents: vec![NO_PARENT, 0, 0, 1], depths: vec![0, 1, 1, 2], scores: vec![0.0; 4] };
         assert!(t.is_well_formed());
         let cm = t.child_map();
         assert_eq!(cm.children(0), &[1, 2]);

@@ -8,9 +8,9 @@
 //! `<= 0`, scores only decrease along a path and a best-first heap returns exactly the
 //! `budget` highest-scoring prefixes.
 
-use super::{log_prob, log_sum_exp, topk_desc, DraftTree, Heap};
 #[cfg(test)]
 use super::sparkling_table::{build_sparkling_precompute, candidate_table, key_parts, rank_key};
+use super::{log_prob, log_sum_exp, topk_desc, DraftTree, Heap};
 
 /// First-order Markov head `B(prev)[v] = <W2[v], W1[prev]>` (DSpark §3.6), rank `r`.
 ///
@@ -135,14 +135,7 @@ struct RefEntry {
 /// # Panics
 /// Only on precondition violations: `base.len() < ld*vocab`, `anchor >= vocab`, or a
 /// head whose `vocab`/weights do not match.
-pub fn build_sparkling_reference(
-    base: &[f32],
-    ld: usize,
-    vocab: usize,
-    markov: Option<&MarkovHead>,
-    anchor: u32,
-    budget: usize,
-) -> DraftTree {
+pub fn build_sparkling_reference(base: &[f32], ld: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, budget: usize) -> DraftTree {
     let mut tree = DraftTree::root(anchor);
     if budget == 0 || ld == 0 || vocab == 0 {
         return tree;
@@ -209,41 +202,19 @@ pub fn build_sparkling_reference(
 /// # Panics
 /// Only on precondition violations: `base.len() < ld*vocab`, `anchor >= vocab`, or a
 /// head whose `vocab`/weights do not match.
-pub fn markov_greedy_chain(
-    base: &[f32],
-    ld: usize,
-    vocab: usize,
-    markov: Option<&MarkovHead>,
-    anchor: u32,
-    max_len: usize,
-) -> Vec<u32> {
+pub fn markov_greedy_chain(base: &[f32], ld: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, max_len: usize) -> Vec<u32> {
     greedy_chain(base, ld, vocab, markov, anchor, max_len, None)
 }
 
 /// [`markov_greedy_chain`] plus each draft's conditional log-probability
 /// `log_softmax(U[d] + B(prev))[tok_d]` over the full vocabulary (same tokens).
-pub fn markov_greedy_chain_scored(
-    base: &[f32],
-    ld: usize,
-    vocab: usize,
-    markov: Option<&MarkovHead>,
-    anchor: u32,
-    max_len: usize,
-) -> (Vec<u32>, Vec<f32>) {
+pub fn markov_greedy_chain_scored(base: &[f32], ld: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, max_len: usize) -> (Vec<u32>, Vec<f32>) {
     let mut lp = Vec::new();
     let toks = greedy_chain(base, ld, vocab, markov, anchor, max_len, Some(&mut lp));
     (toks, lp)
 }
 
-fn greedy_chain(
-    base: &[f32],
-    ld: usize,
-    vocab: usize,
-    markov: Option<&MarkovHead>,
-    anchor: u32,
-    max_len: usize,
-    mut lp: Option<&mut Vec<f32>>,
-) -> Vec<u32> {
+fn greedy_chain(base: &[f32], ld: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, max_len: usize, mut lp: Option<&mut Vec<f32>>) -> Vec<u32> {
     let len = ld.min(max_len);
     if vocab == 0 || len == 0 {
         return Vec::new();
@@ -280,9 +251,7 @@ mod tests {
     fn naive_cond(base: &[f32], d: usize, vocab: usize, m: Option<&MarkovHead>, prev: u32) -> Vec<f64> {
         let z: Vec<f64> = (0..vocab)
             .map(|v| {
-                let b = m.map_or(0.0, |m| {
-                    (0..m.rank).map(|j| m.w1[prev as usize * m.rank + j] as f64 * m.w2[v * m.rank + j] as f64).sum()
-                });
+                let b = m.map_or(0.0, |m| (0..m.rank).map(|j| m.w1[prev as usize * m.rank + j] as f64 * m.w2[v * m.rank + j] as f64).sum());
                 base[d * vocab + v] as f64 + b
             })
             .collect();
@@ -446,9 +415,7 @@ mod tests {
                 // Naive union-normalised row.
                 let z: Vec<f64> = (0..n)
                     .map(|ci| {
-                        let b: f64 = (0..rank)
-                            .map(|j| m.w1[t.cand[p] as usize * rank + j] as f64 * m.w2[t.cand[ci] as usize * rank + j] as f64)
-                            .sum();
+                        let b: f64 = (0..rank).map(|j| m.w1[t.cand[p] as usize * rank + j] as f64 * m.w2[t.cand[ci] as usize * rank + j] as f64).sum();
                         base[d * vocab + t.cand[ci] as usize] as f64 + b
                     })
                     .collect();
@@ -560,10 +527,7 @@ mod tests {
             let n = cand.len();
             let all: Vec<(f64, Vec<u32>)> = enumerate_prefixes(ld, n, &|path: &[u32]| {
                 let prev = path.last().map_or(anchor, |&s| cand[s as usize]);
-                let z: Vec<f64> = cand
-                    .iter()
-                    .map(|&ct| base[path.len() * vocab + ct as usize] as f64 + m.bias_at(prev, ct) as f64)
-                    .collect();
+                let z: Vec<f64> = cand.iter().map(|&ct| base[path.len() * vocab + ct as usize] as f64 + m.bias_at(prev, ct) as f64).collect();
                 naive_log_softmax(&z)
             })
             .into_iter()

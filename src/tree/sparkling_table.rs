@@ -371,4 +371,3 @@ pub fn build_sparkling_precompute(t: &CandidateTable, anchor: u32, budget: usize
     }
     tree
 }
-

@@ -38,15 +38,7 @@ use super::{log_prob, log_sum_exp, topk_desc, DraftTree, MarkovHead, NO_PARENT};
 /// # Panics
 /// Only on precondition violations: `base.len() < ld*vocab`, `anchor >= vocab`, or a
 /// head whose `vocab`/weights do not match.
-pub fn build_treespark(
-    base: &[f32],
-    ld: usize,
-    vocab: usize,
-    markov: Option<&MarkovHead>,
-    anchor: u32,
-    k: usize,
-    budget: usize,
-) -> DraftTree {
+pub fn build_treespark(base: &[f32], ld: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, k: usize, budget: usize) -> DraftTree {
     let kk = k.min(vocab);
     if budget == 0 || ld == 0 || kk == 0 {
         return DraftTree::root(anchor);
@@ -98,12 +90,7 @@ pub fn build_treespark(
     let mut col = vec![u32::MAX; tok.len()];
     col[0] = 0;
     let n = order.len() + 1;
-    let mut tree = DraftTree {
-        tokens: Vec::with_capacity(n),
-        parents: Vec::with_capacity(n),
-        depths: Vec::with_capacity(n),
-        scores: Vec::with_capacity(n),
-    };
+    let mut tree = DraftTree { tokens: Vec::with_capacity(n), parents: Vec::with_capacity(n), depths: Vec::with_capacity(n), scores: Vec::with_capacity(n) };
     tree.tokens.push(anchor);
     tree.parents.push(NO_PARENT);
     tree.depths.push(0);
@@ -128,9 +115,7 @@ mod tests {
     use super::*;
 
     fn naive_cond(base: &[f32], d: usize, vocab: usize, m: Option<&MarkovHead>, prev: u32) -> Vec<f64> {
-        let z: Vec<f64> = (0..vocab)
-            .map(|v| base[d * vocab + v] as f64 + m.map_or(0.0, |m| m.bias_at(prev, v as u32) as f64))
-            .collect();
+        let z: Vec<f64> = (0..vocab).map(|v| base[d * vocab + v] as f64 + m.map_or(0.0, |m| m.bias_at(prev, v as u32) as f64)).collect();
         naive_log_softmax(&z)
     }
 
@@ -166,14 +151,7 @@ mod tests {
     #[test]
     fn properties_random() {
         let mut rng = Rng(0x7EE);
-        for &(vocab, ld, k, budget) in &[
-            (50usize, 7usize, 4usize, 32usize),
-            (50, 16, 4, 32),
-            (30, 5, 3, 100),
-            (10, 4, 2, 5),
-            (3, 6, 4, 64),
-            (200, 7, 4, 31),
-        ] {
+        for &(vocab, ld, k, budget) in &[(50usize, 7usize, 4usize, 32usize), (50, 16, 4, 32), (30, 5, 3, 100), (10, 4, 2, 5), (3, 6, 4, 64), (200, 7, 4, 31)] {
             let base = random_logits(&mut rng, ld * vocab, 3.0);
             let m = random_head(&mut rng, vocab, 6, 0.7);
             let anchor = rng.below(vocab) as u32;

@@ -82,19 +82,34 @@ pub fn bf16(v: f32) -> f32 {
 /// device sees activations and weights.
 pub fn matmul_matches_cpu<B: Backend>(g: &B, round_x: Round, round_w: Round) {
     let cpu = CpuBackend::new();
-    for (i, &(m, k, n, bias)) in
-        [(1, 1, 1, false), (1, 576, 1536, false), (7, 33, 19, true), (5, 17, 3, false), (65, 576, 1536, false), (129, 64, 65, true), (2, 64, 49152, false), (1, 16, 151936, true)]
-            .iter()
-            .enumerate()
+    for (i, &(m, k, n, bias)) in [
+        (1, 1, 1, false),
+        (1, 576, 1536, false),
+        (7, 33, 19, true),
+        (5, 17, 3, false),
+        (65, 576, 1536, false),
+        (129, 64, 65, true),
+        (2, 64, 49152, false),
+        (1, 16, 151936, true),
+    ]
+    .iter()
+    .enumerate()
     {
         let mut r = Rng(100 + i as u64);
         let x = r.vec(m * k);
         let w = r.vec(n * k);
         let bv = r.vec(n);
-        let got = g.download(&g.matmul(&g.upload(&x, m, k).unwrap(), &g.upload_weight(w.clone(), n, k).unwrap(), bias.then_some(&g.upload(&bv, 1, n).unwrap())).unwrap()).unwrap();
+        let got = g
+            .download(
+                &g.matmul(&g.upload(&x, m, k).unwrap(), &g.upload_weight(w.clone(), n, k).unwrap(), bias.then_some(&g.upload(&bv, 1, n).unwrap())).unwrap(),
+            )
+            .unwrap();
         let xr: Vec<f32> = x.iter().map(|&v| round_x(v)).collect();
         let wr: Vec<f32> = w.iter().map(|&v| round_w(v)).collect();
-        let want = cpu.matmul(&cpu.upload(&xr, m, k).unwrap(), &cpu.upload_weight(wr.clone(), n, k).unwrap(), bias.then_some(&cpu.upload(&bv, 1, n).unwrap())).unwrap().data;
+        let want = cpu
+            .matmul(&cpu.upload(&xr, m, k).unwrap(), &cpu.upload_weight(wr.clone(), n, k).unwrap(), bias.then_some(&cpu.upload(&bv, 1, n).unwrap()))
+            .unwrap()
+            .data;
         let mut worst = 0.0f32;
         for (e, (a, b)) in got.iter().zip(&want).enumerate() {
             let (row, col) = (e / n, e % n);
@@ -115,7 +130,9 @@ pub fn rows_do_not_depend_on_the_batch<B: Backend>(g: &B) {
     let x = r.vec(200 * k);
     let w = g.upload_weight(r.vec(n * k), n, k).unwrap();
     let bias = g.upload(&r.vec(n), 1, n).unwrap();
-    let run = |rows: std::ops::Range<usize>| g.download(&g.matmul(&g.upload(&x[rows.start * k..rows.end * k], rows.len(), k).unwrap(), &w, Some(&bias)).unwrap()).unwrap();
+    let run = |rows: std::ops::Range<usize>| {
+        g.download(&g.matmul(&g.upload(&x[rows.start * k..rows.end * k], rows.len(), k).unwrap(), &w, Some(&bias)).unwrap()).unwrap()
+    };
     for total in [65usize, 200] {
         let all = run(0..total);
         for i in [0usize, 1, 31, 64, total - 1] {
@@ -140,7 +157,8 @@ pub fn rows_do_not_depend_on_the_batch<B: Backend>(g: &B) {
         path.reverse();
         let rows: Vec<usize> = (0..prefix).chain(path.iter().map(|&a| prefix + a)).collect();
         let (k2, v2) = (g.gather_rows(&gk, &rows).unwrap(), g.gather_rows(&gv, &rows).unwrap());
-        let one = g.download(&g.attention(&g.upload(&q[i * 128..(i + 1) * 128], 1, 128).unwrap(), &k2, &v2, rows.len(), shape, AttnMask::Causal).unwrap()).unwrap();
+        let one =
+            g.download(&g.attention(&g.upload(&q[i * 128..(i + 1) * 128], 1, 128).unwrap(), &k2, &v2, rows.len(), shape, AttnMask::Causal).unwrap()).unwrap();
         assert_bits(&format!("tree row {i} vs causal decode of its path"), &one, &tree[i * 128..(i + 1) * 128]);
     }
 }
@@ -148,7 +166,9 @@ pub fn rows_do_not_depend_on_the_batch<B: Backend>(g: &B) {
 /// attention vs the CPU: causal / tree / full masks, GQA, long prefixes (several key splits).
 pub fn attention_matches_cpu<B: Backend>(g: &B) {
     let cpu = CpuBackend::new();
-    for (ci, &(heads, kvh, hd, prefix, t)) in [(2usize, 1usize, 4usize, 2usize, 3usize), (4, 2, 32, 300, 9), (8, 2, 64, 5000, 17), (3, 3, 128, 0, 33)].iter().enumerate() {
+    for (ci, &(heads, kvh, hd, prefix, t)) in
+        [(2usize, 1usize, 4usize, 2usize, 3usize), (4, 2, 32, 300, 9), (8, 2, 64, 5000, 17), (3, 3, 128, 0, 33)].iter().enumerate()
+    {
         let mut r = Rng(900 + ci as u64);
         let shape = AttnShape { n_heads: heads, n_kv_heads: kvh, head_dim: hd };
         let kv = prefix + t;
@@ -158,8 +178,30 @@ pub fn attention_matches_cpu<B: Backend>(g: &B) {
             parents.push((i * 7 + 3) % i);
         }
         for (name, mask) in [("causal", AttnMask::Causal), ("full", AttnMask::Full), ("tree", AttnMask::Tree { parents: &parents })] {
-            let got = g.download(&g.attention(&g.upload(&q, t, heads * hd).unwrap(), &g.upload(&kc, kv, kvh * hd).unwrap(), &g.upload(&vc, kv, kvh * hd).unwrap(), kv, shape, mask).unwrap()).unwrap();
-            let want = cpu.attention(&cpu.upload(&q, t, heads * hd).unwrap(), &cpu.upload(&kc, kv, kvh * hd).unwrap(), &cpu.upload(&vc, kv, kvh * hd).unwrap(), kv, shape, mask).unwrap().data;
+            let got = g
+                .download(
+                    &g.attention(
+                        &g.upload(&q, t, heads * hd).unwrap(),
+                        &g.upload(&kc, kv, kvh * hd).unwrap(),
+                        &g.upload(&vc, kv, kvh * hd).unwrap(),
+                        kv,
+                        shape,
+                        mask,
+                    )
+                    .unwrap(),
+                )
+                .unwrap();
+            let want = cpu
+                .attention(
+                    &cpu.upload(&q, t, heads * hd).unwrap(),
+                    &cpu.upload(&kc, kv, kvh * hd).unwrap(),
+                    &cpu.upload(&vc, kv, kvh * hd).unwrap(),
+                    kv,
+                    shape,
+                    mask,
+                )
+                .unwrap()
+                .data;
             assert_close(&format!("attention {name} {heads}x{hd}/{kvh} prefix {prefix} t {t}"), &got, &want, 2e-6, 2e-5);
         }
     }
@@ -178,7 +220,11 @@ pub fn elementwise_and_copies_match_cpu<B: Backend>(g: &B, round_w: Round) {
     let table = r.vec(v * k);
     let tr: Vec<f32> = table.iter().map(|&x| round_w(x)).collect();
     let ids = [0u32, 96, 5, 5, 44, 1, 95];
-    assert_bits("embedding", &g.download(&g.embedding(&g.upload_weight(table, v, k).unwrap(), &ids).unwrap()).unwrap(), &cpu.embedding(&cpu.upload_weight(tr, v, k).unwrap(), &ids).unwrap().data);
+    assert_bits(
+        "embedding",
+        &g.download(&g.embedding(&g.upload_weight(table, v, k).unwrap(), &ids).unwrap()).unwrap(),
+        &cpu.embedding(&cpu.upload_weight(tr, v, k).unwrap(), &ids).unwrap().data,
+    );
     assert!(matches!(g.embedding(&g.upload_weight(vec![0.0; 6], 2, 3).unwrap(), &[2]), Err(Error::Invalid(_))));
     for (i, &(rows, cols, group)) in [(1usize, 1usize, 1usize), (7, 33, 33), (65, 576, 576), (5, 64, 16), (3, 2560, 128)].iter().enumerate() {
         let mut r = Rng(300 + i as u64);
@@ -188,7 +234,9 @@ pub fn elementwise_and_copies_match_cpu<B: Backend>(g: &B, round_w: Round) {
         let want = cpu.rms_norm(&cpu.upload(&x, rows, cols).unwrap(), &cpu.upload(&w, 1, group).unwrap(), group, 1e-6).unwrap().data;
         assert_close(&format!("rms_norm [{rows},{cols}] group {group}"), &got, &want, 1e-6, 1e-5);
     }
-    for (i, &(rows, heads, hd, theta, max_pos)) in [(1usize, 1usize, 2usize, 10000.0f32, 1u32), (7, 4, 16, 10000.0, 40), (65, 9, 64, 100000.0, 4000), (5, 2, 128, 1_000_000.0, 40000)].iter().enumerate() {
+    for (i, &(rows, heads, hd, theta, max_pos)) in
+        [(1usize, 1usize, 2usize, 10000.0f32, 1u32), (7, 4, 16, 10000.0, 40), (65, 9, 64, 100000.0, 4000), (5, 2, 128, 1_000_000.0, 40000)].iter().enumerate()
+    {
         let mut r = Rng(400 + i as u64);
         let cols = heads * hd;
         let x = r.vec(rows * cols);
@@ -278,7 +326,11 @@ pub fn selection_matches_cpu<B: Backend>(g: &B) {
         (7, 33, r.vec(7 * 33)),
         (1, 151936, r.vec(151936)),
     ] {
-        assert_eq!(g.argmax(&g.upload(&data, rows, cols).unwrap()).unwrap(), cpu.argmax(&cpu.upload(&data, rows, cols).unwrap()).unwrap(), "argmax [{rows},{cols}]");
+        assert_eq!(
+            g.argmax(&g.upload(&data, rows, cols).unwrap()).unwrap(),
+            cpu.argmax(&cpu.upload(&data, rows, cols).unwrap()).unwrap(),
+            "argmax [{rows},{cols}]"
+        );
     }
     // sample: every filter, several uniforms; ties broken as the CPU does
     for (rows, cols) in [(5usize, 300usize), (3, 151936)] {
@@ -311,7 +363,9 @@ pub fn selection_matches_cpu<B: Backend>(g: &B) {
     }
     assert!(matches!(g.topk(&g.upload(&[0.0; 4], 1, 4).unwrap(), 0), Err(Error::Invalid(_))));
     // markov_table: with and without a head, awkward candidate counts (shared and global paths)
-    for (ld, vocab, rank, n, k, head) in [(2usize, 40usize, 3usize, 7usize, 7usize, true), (16, 5000, 32, 2049, 64, true), (2, 20000, 8, 9000, 16, true), (4, 300, 0, 33, 5, false)] {
+    for (ld, vocab, rank, n, k, head) in
+        [(2usize, 40usize, 3usize, 7usize, 7usize, true), (16, 5000, 32, 2049, 64, true), (2, 20000, 8, 9000, 16, true), (4, 300, 0, 33, 5, false)]
+    {
         let base: Vec<f32> = r.vec(ld * vocab).iter().map(|v| (v * 32.0).round() / 4.0).collect();
         let (w1, w2) = (r.vec(vocab * rank.max(1)), r.vec(vocab * rank.max(1)));
         let mut cand: Vec<u32> = (0..n).map(|_| r.below(vocab) as u32).collect();
@@ -405,7 +459,8 @@ pub fn load_drafter<B: Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Dra
 /// Write a random 1-layer drafter of `kind` (DSpark: Markov rank 8) for `target` into `dir`.
 pub fn write_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, seed: u64) {
     let rank = if kind == DrafterKind::DSpark { 8 } else { 0 };
-    let init = DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
+    let init =
+        DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
     write_random_drafter(dir, target, &init, seed, StoreDtype::Bf16).expect("write drafter");
 }
 
@@ -445,7 +500,12 @@ pub fn agreed_prefix(cpu: &CpuBackend, ct: &Target<CpuBackend>, prompt: &[u32], 
     let ctx: Vec<u32> = prompt.iter().chain(&want[..i]).copied().collect();
     let row = last_logits(cpu, ct, &ctx);
     let (gap, tol) = (top2_gap(&row), logit_tol(&row));
-    assert!(gap < tol, "{what}: device token {} != CPU token {} at step {i}, and the CPU top-2 gap {gap:e} is not a near-tie (tolerance {tol:e})", got[i], want[i]);
+    assert!(
+        gap < tol,
+        "{what}: device token {} != CPU token {} at step {i}, and the CPU top-2 gap {gap:e} is not a near-tie (tolerance {tol:e})",
+        got[i],
+        want[i]
+    );
     eprintln!("NEAR-TIE {what}: step {i}: CPU {} vs device {} with top-2 gap {gap:e} < {tol:e}; comparing the first {i} tokens only", want[i], got[i]);
     i
 }
@@ -509,12 +569,16 @@ pub fn every_method_matches_its_own_ar<B: Backend>(g: &B) {
         write_drafter(d2.path(), &cfg, DrafterKind::DSpark, 16, 6);
         let (gdf, gds) = (load_drafter(g, d1.path(), &cfg), load_drafter(g, d2.path(), &cfg));
         for prompt in prompts {
-            let ar = Engine { backend: g, target: &gt, drafter: None }.generate(prompt, &params(Method::Ar, 1, 0.0, 0, 40, vec![]), &mut |_| {}).unwrap().tokens;
+            let ar =
+                Engine { backend: g, target: &gt, drafter: None }.generate(prompt, &params(Method::Ar, 1, 0.0, 0, 40, vec![]), &mut |_| {}).unwrap().tokens;
             assert_eq!(ar.len(), 40);
             for method in Method::ALL.into_iter().skip(1) {
                 let d = if method.drafter_kind() == Some(DrafterKind::DSpark) { &gds } else { &gdf };
                 for budget in [1usize, 4, 32, 64] {
-                    let got = Engine { backend: g, target: &gt, drafter: Some(d) }.generate(prompt, &params(method, budget, 0.0, 0, 40, vec![]), &mut |_| {}).unwrap().tokens;
+                    let got = Engine { backend: g, target: &gt, drafter: Some(d) }
+                        .generate(prompt, &params(method, budget, 0.0, 0, 40, vec![]), &mut |_| {})
+                        .unwrap()
+                        .tokens;
                     assert_eq!(got, ar, "{arch:?} {} budget {budget} prompt {prompt:?} on {}", method.name(), g.name());
                     runs += 1;
                 }
@@ -552,11 +616,15 @@ pub fn target_logits_match_cpu<B: Backend>(g: &B) {
         let c = run(&|v| {
             let mut cache = ct.new_cache(&cpu, 40).unwrap();
             v.push(cpu.download(&ct.forward(&cpu, &mut cache, &prompt, &pos, AttnMask::Causal, LogitRows::All, &[]).unwrap().logits).unwrap());
-            v.push(cpu.download(&ct.forward(&cpu, &mut cache, &tree_ids, &tree_pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits).unwrap());
+            v.push(
+                cpu.download(&ct.forward(&cpu, &mut cache, &tree_ids, &tree_pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits)
+                    .unwrap(),
+            );
         });
         let mut cache = gt.new_cache(g, 40).unwrap();
         let gp = g.download(&gt.forward(g, &mut cache, &prompt, &pos, AttnMask::Causal, LogitRows::All, &[]).unwrap().logits).unwrap();
-        let gv = g.download(&gt.forward(g, &mut cache, &tree_ids, &tree_pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits).unwrap();
+        let gv =
+            g.download(&gt.forward(g, &mut cache, &tree_ids, &tree_pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits).unwrap();
         for (part, cw, gw) in [("prefill", &c[0], &gp), ("tree verify", &c[1], &gv)] {
             let mut worst = 0.0f32;
             for (ri, (cr, wr)) in cw.chunks(200).zip(gw.chunks(200)).enumerate() {
@@ -622,8 +690,14 @@ pub fn sparkling_tree_matches_host_heap<B: Backend>(g: &B) -> bool {
             }
             Some(j) => {
                 let gap = (dev.scores[j] - host.scores[j]).abs();
-                assert!(gap <= 1e-5 * (1.0 + host.scores[j].abs()), "{what}: trees differ at node {j} (device {:?}, host {:?}) without a near-tie (weights {} vs {})",
-                    (dev.tokens[j], dev.parents[j], dev.depths[j]), (host.tokens[j], host.parents[j], host.depths[j]), dev.scores[j], host.scores[j]);
+                assert!(
+                    gap <= 1e-5 * (1.0 + host.scores[j].abs()),
+                    "{what}: trees differ at node {j} (device {:?}, host {:?}) without a near-tie (weights {} vs {})",
+                    (dev.tokens[j], dev.parents[j], dev.depths[j]),
+                    (host.tokens[j], host.parents[j], host.depths[j]),
+                    dev.scores[j],
+                    host.scores[j]
+                );
                 eprintln!("{what}: near-tie at node {j} (weights {} vs {}): trees diverge from there, both valid", dev.scores[j], host.scores[j]);
                 near_ties += 1;
             }

@@ -37,7 +37,8 @@ pub fn load_target(dir: &Path) -> Target<CpuBackend> {
 
 /// Write and load a random drafter for `target`.
 pub fn random_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, rank: usize, seed: u64) -> Drafter<CpuBackend> {
-    let init = DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
+    let init =
+        DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
     write_random_drafter(dir, target, &init, seed, StoreDtype::Bf16).expect("write drafter");
     let (cp, v) = read_json(dir).expect("config");
     let cfg = DrafterConfig::from_hf_json(&cp, &v).expect("parse drafter config");

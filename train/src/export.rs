@@ -25,7 +25,15 @@ pub enum ExportDtype {
 /// Write `params` of a drafter `cfg` (for a target of `num_target_layers` layers and context
 /// width `n_feat`) into `dir` as `config.json` + `model.safetensors`. Extra JSON `meta` is
 /// stored as `training.json` when given. Errors name the file.
-pub fn write_hf(dir: &Path, cfg: &DrafterConfig, num_target_layers: usize, n_feat: usize, params: &Params, dtype: ExportDtype, meta: Option<&serde_json::Value>) -> Result<()> {
+pub fn write_hf(
+    dir: &Path,
+    cfg: &DrafterConfig,
+    num_target_layers: usize,
+    n_feat: usize,
+    params: &Params,
+    dtype: ExportDtype,
+    meta: Option<&serde_json::Value>,
+) -> Result<()> {
     // Built in a temporary sibling directory and moved into place when complete: an
     // interrupted export never leaves a half-written checkpoint (issue 15).
     let mut inner: Option<Error> = None;
@@ -40,7 +48,15 @@ pub fn write_hf(dir: &Path, cfg: &DrafterConfig, num_target_layers: usize, n_fea
 }
 
 #[allow(clippy::too_many_arguments)]
-fn write_hf_files(dir: &Path, cfg: &DrafterConfig, num_target_layers: usize, n_feat: usize, params: &Params, dtype: ExportDtype, meta: Option<&serde_json::Value>) -> Result<()> {
+fn write_hf_files(
+    dir: &Path,
+    cfg: &DrafterConfig,
+    num_target_layers: usize,
+    n_feat: usize,
+    params: &Params,
+    dtype: ExportDtype,
+    meta: Option<&serde_json::Value>,
+) -> Result<()> {
     let cp = dir.join("config.json");
     let text = serde_json::to_string_pretty(&cfg.to_hf_json(num_target_layers)).map_err(|e| Error::file(&cp, e))?;
     std::fs::write(&cp, text).map_err(|e| io(&cp, e))?;

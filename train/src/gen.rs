@@ -76,8 +76,7 @@ pub fn load_lm_head(path: &Path) -> Result<(Vec<f32>, TargetConfig)> {
 /// One named target tensor (HF name, e.g. `model.norm.weight`) as host f32, from a `.gguf`
 /// file or an HF directory. Errors name the file and tensor.
 pub fn load_target_tensor(path: &Path, name: &str) -> Result<Vec<f32>> {
-    let src: Box<dyn TensorSource> =
-        if path.extension().is_some_and(|e| e == "gguf") { Box::new(GgufSource::open(path)?) } else { open_source(path)? };
+    let src: Box<dyn TensorSource> = if path.extension().is_some_and(|e| e == "gguf") { Box::new(GgufSource::open(path)?) } else { open_source(path)? };
     Ok(src.load(name)?.data)
 }
 
@@ -106,8 +105,7 @@ pub fn prompt_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     for p in paths {
         if p.is_dir() {
             let rd = std::fs::read_dir(p).map_err(|e| io(p, e))?;
-            let mut files: Vec<PathBuf> =
-                rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.extension().is_some_and(|e| e == "jsonl")).collect();
+            let mut files: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|f| f.extension().is_some_and(|e| e == "jsonl")).collect();
             files.sort();
             if files.is_empty() {
                 return Err(Error::file(p, "no *.jsonl prompt files in this directory"));
@@ -156,8 +154,7 @@ pub fn read_prompts(path: &Path) -> Result<Vec<(u32, String)>> {
         if line.trim().is_empty() {
             continue;
         }
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| Error::file(path, format!("line {}: invalid JSON: {e}", i + 1)))?;
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| Error::file(path, format!("line {}: invalid JSON: {e}", i + 1)))?;
         let q = ["question", "prompt", "instruction", "text"]
             .iter()
             .find_map(|k| v.get(*k).and_then(|x| x.as_str()))
@@ -349,7 +346,13 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
     };
     match CacheMeta::read(&o.out)? {
         Some(m) if (m.tap_layers != meta.tap_layers || m.topk != meta.topk || m.hidden != meta.hidden || m.vocab != meta.vocab) => {
-            return Err(Error::file(&o.out, format!("holds a cache for taps {:?} / top-k {} / H {} / V {}; these settings differ (use another --out)", m.tap_layers, m.topk, m.hidden, m.vocab)));
+            return Err(Error::file(
+                &o.out,
+                format!(
+                    "holds a cache for taps {:?} / top-k {} / H {} / V {}; these settings differ (use another --out)",
+                    m.tap_layers, m.topk, m.hidden, m.vocab
+                ),
+            ));
         }
         // Ids are positions in the prompt files: a cache of other files would alias them.
         Some(m) if canonical_sources(&m.source) != canonical_sources(&meta.source) => {
@@ -490,7 +493,6 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
     s.seconds = t0.elapsed().as_secs_f64();
     Ok(s)
 }
-
 
 #[cfg(test)]
 mod tests {

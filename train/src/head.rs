@@ -154,14 +154,26 @@ impl VocabHead {
                 pk += row[i as usize];
                 tk += l.exp();
             }
-            let u = if pk > tk { 1.0 } else if pk < tk { -1.0 } else { 0.0 };
+            let u = if pk > tk {
+                1.0
+            } else if pk < tk {
+                -1.0
+            } else {
+                0.0
+            };
             let mut a_sum = 0f32;
             let a: Vec<f32> = ids
                 .iter()
                 .zip(lp)
                 .map(|(&i, &l)| {
                     let pi = row[i as usize];
-                    let s = if pi > l.exp() { 1.0 } else if pi < l.exp() { -1.0 } else { 0.0 };
+                    let s = if pi > l.exp() {
+                        1.0
+                    } else if pi < l.exp() {
+                        -1.0
+                    } else {
+                        0.0
+                    };
                     a_sum += (s + u) * pi;
                     s + u
                 })

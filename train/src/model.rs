@@ -292,8 +292,7 @@ impl CandleDrafter {
     pub fn draft_logits(&self, inp: &BlockInput) -> Result<Tensor> {
         let out = self.backbone(inp)?;
         let bk = self.cfg.block_size;
-        let rows: Vec<u32> =
-            (0..inp.anchors.len()).flat_map(|a| self.draft_slots().map(move |j| (a * bk + j) as u32)).collect();
+        let rows: Vec<u32> = (0..inp.anchors.len()).flat_map(|a| self.draft_slots().map(move |j| (a * bk + j) as u32)).collect();
         let sel = out.index_select(&Tensor::from_vec(rows.clone(), rows.len(), &Device::Cpu)?, 0)?;
         Ok(sel.matmul(&self.lm_head.t()?)?)
     }

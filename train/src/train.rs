@@ -478,8 +478,7 @@ pub fn load_checkpoint(out: &Path, step: usize, cfg: &DrafterConfig, n_feat: usi
     }
     let p = Params::from_tensors(cfg, n_feat, params, &st.display().to_string())?;
     if let Some(o) = opt {
-        let state: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&js).map_err(|e| io(&js, e))?).map_err(|e| Error::file(&js, e))?;
+        let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&js).map_err(|e| io(&js, e))?).map_err(|e| Error::file(&js, e))?;
         o.t = state.get("adam_t").and_then(|x| x.as_u64()).ok_or_else(|| Error::file(&js, "missing `adam_t`"))?;
         for n in p.vars.keys() {
             let (Some(a), Some(b)) = (m.remove(n), v.remove(n)) else {
@@ -603,9 +602,7 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     // at 0.1 it starts near ln V.
     let final_norm = vec![0.1f32; dcfg.hidden];
     {
-        let row_norm = |i: u32| -> Result<f32> {
-            Ok(head.get(i as usize)?.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()?)
-        };
+        let row_norm = |i: u32| -> Result<f32> { Ok(head.get(i as usize)?.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()?) };
         let mean: f32 = (0..64u32).map(|i| row_norm(i * 700).unwrap_or(0.0)).sum::<f32>() / 64.0;
         eprintln!("embedding: |E[mask={}]| = {:.4}, mean |E[v]| = {mean:.4}", dcfg.mask_token_id, row_norm(dcfg.mask_token_id)?);
     }
@@ -622,7 +619,14 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         let opt = AdamW::new(ocfg, &p)?;
         (p, opt, 0.0)
     };
-    eprintln!("drafter: {:?}, {} layers, block {}, Markov rank {}, {} trainable parameters", dcfg.kind, dcfg.layers, dcfg.block_size, dcfg.markov_rank, params.count());
+    eprintln!(
+        "drafter: {:?}, {} layers, block {}, Markov rank {}, {} trainable parameters",
+        dcfg.kind,
+        dcfg.layers,
+        dcfg.block_size,
+        dcfg.markov_rank,
+        params.count()
+    );
     let scale = feature_scale(train.iter().flat_map(|q| q.taps.iter().map(|v| v.to_f32())), n_feat);
     if let (Some(first), 0) = (rc.init_from_target, start) {
         let h = tcfg.hidden;
@@ -700,7 +704,13 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         writeln!(log, "{rec}").map_err(|e| io(&log_path, e))?;
         if ctl.eval_every > 0 && step % ctl.eval_every == 0 && !hold.is_empty() {
             let ev = evaluate(&model, &hold, rc, topk, 32)?;
-            pb.println(format!("step {step}: holdout ce {:.3} kl {:.3} acc1 {:.3} τchain {:.3}", ev.ce, ev.kl, ev.acc.first().copied().unwrap_or(0.0), ev.tau_chain));
+            pb.println(format!(
+                "step {step}: holdout ce {:.3} kl {:.3} acc1 {:.3} τchain {:.3}",
+                ev.ce,
+                ev.kl,
+                ev.acc.first().copied().unwrap_or(0.0),
+                ev.tau_chain
+            ));
             writeln!(log, "{}", serde_json::json!({"step": step, "eval": ev})).map_err(|e| io(&log_path, e))?;
         }
         if step % ctl.ckpt_every == 0 || step == rc.steps {
@@ -719,6 +729,13 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     let summary = serde_json::json!({"step": step, "train_seconds": elapsed0, "train_ema": ema, "holdout": ev, "train_sequences": train.len(), "holdout_sequences": hold.len()});
     let sp = ctl.out.join("summary.json");
     sparkling::fsio::write_bytes(&sp, serde_json::to_string_pretty(&summary).map_err(|e| Error::file(&sp, e))?.as_bytes())?;
-    eprintln!("holdout: ce {:.3} kl {:.3} l1 {:.3} acc {:?} τchain {:.3}", ev.ce, ev.kl, ev.l1, ev.acc.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>(), ev.tau_chain);
+    eprintln!(
+        "holdout: ce {:.3} kl {:.3} l1 {:.3} acc {:?} τchain {:.3}",
+        ev.ce,
+        ev.kl,
+        ev.l1,
+        ev.acc.iter().map(|x| (x * 100.0).round() / 100.0).collect::<Vec<_>>(),
+        ev.tau_chain
+    );
     Ok(ev)
 }

@@ -227,13 +227,7 @@ impl Session {
     /// interleave); loading waits until none is running.
     /// Errors: no target loaded, a method whose drafter kind is not loaded, bad options (the
     /// message names the key), a prompt beyond the context, device failures.
-    pub fn generate(
-        &self,
-        prompt_ids: JsValue,
-        options: JsValue,
-        on_tokens: Option<js_sys::Function>,
-        on_round: Option<js_sys::Function>,
-    ) -> js_sys::Promise {
+    pub fn generate(&self, prompt_ids: JsValue, options: JsValue, on_tokens: Option<js_sys::Function>, on_round: Option<js_sys::Function>) -> js_sys::Promise {
         let args = token_ids(&prompt_ids).and_then(|ids| Ok((ids, options_text(&options)?)));
         match args {
             Ok((ids, opts)) => self.start(ids, opts, Callbacks { on_tokens, on_round }),
@@ -244,13 +238,7 @@ impl Session {
     /// Like [`Session::generate`] from a user message (a string), encoded with the tokenizer's
     /// chat template. Errors: no tokenizer set, a message that is not a string, plus those of
     /// `generate`.
-    pub fn generate_text(
-        &self,
-        user: JsValue,
-        options: JsValue,
-        on_tokens: Option<js_sys::Function>,
-        on_round: Option<js_sys::Function>,
-    ) -> js_sys::Promise {
+    pub fn generate_text(&self, user: JsValue, options: JsValue, on_tokens: Option<js_sys::Function>, on_round: Option<js_sys::Function>) -> js_sys::Promise {
         let args = (|| -> Result<(Vec<u32>, String), String> {
             let user = user.as_string().ok_or("generate_text: the message must be a string")?;
             let opts = options_text(&options)?;
@@ -447,8 +435,8 @@ async fn run(
     cbs: &Callbacks,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Value, String> {
-    let opts: Value = serde_json::from_str(if options_json.trim().is_empty() { "{}" } else { options_json })
-        .map_err(|e| format!("generate options: invalid JSON: {e}"))?;
+    let opts: Value =
+        serde_json::from_str(if options_json.trim().is_empty() { "{}" } else { options_json }).map_err(|e| format!("generate options: invalid JSON: {e}"))?;
     let m = models.try_borrow().map_err(|_| BUSY.to_string())?;
     let tok = tokenizer.try_borrow().map_err(|_| BUSY.to_string())?;
     let r = match &*m {
@@ -475,11 +463,7 @@ async fn generate<B: Backend>(
     let drafter = p.method.drafter_kind().and_then(|k| l.drafters.iter().find(|d| d.cfg.kind == k));
     if let (Some(kind), None) = (p.method.drafter_kind(), drafter) {
         let have: Vec<String> = l.drafters.iter().map(|d| format!("{:?}", d.cfg.kind)).collect();
-        return Err(sparkling::Error::Input(format!(
-            "method `{}` needs a {kind:?} drafter; loaded: [{}] (add_drafter)",
-            p.method.name(),
-            have.join(", ")
-        )));
+        return Err(sparkling::Error::Input(format!("method `{}` needs a {kind:?} drafter; loaded: [{}] (add_drafter)", p.method.name(), have.join(", "))));
     }
     let engine = Engine { backend: &l.b, target, drafter };
     // The first exception thrown by a callback rejects the promise once the generation ends.
@@ -575,11 +559,7 @@ async fn generate<B: Backend>(
 
 /// The message of a JavaScript exception (`Error.message`, else the value as text).
 fn js_message(e: &JsValue) -> String {
-    js_sys::Reflect::get(e, &JsValue::from_str("message"))
-        .ok()
-        .and_then(|m| m.as_string())
-        .or_else(|| e.as_string())
-        .unwrap_or_else(|| format!("{e:?}"))
+    js_sys::Reflect::get(e, &JsValue::from_str("message")).ok().and_then(|m| m.as_string()).or_else(|| e.as_string()).unwrap_or_else(|| format!("{e:?}"))
 }
 
 /// One verified round as the plain object `on_round` receives (documented at

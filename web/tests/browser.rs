@@ -11,8 +11,8 @@
 
 use sparkling::core::{Backend, SampleParams};
 use sparkling::cpu::CpuBackend;
-use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::budget::AutoBudget;
+use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{Engine, GenParams, Method};
 use sparkling::loader::safetensors_source::SafetensorsSource;
 use sparkling::model::config::{Arch, DrafterConfig, DrafterKind, TargetConfig};
@@ -39,7 +39,15 @@ fn files(arch: Arch, block: usize) -> Files {
     let ds = [(DrafterKind::DFlash, 0usize, 5u64), (DrafterKind::DSpark, 8, 6)]
         .into_iter()
         .map(|(kind, rank, seed)| {
-            let init = DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
+            let init = DrafterInit {
+                kind,
+                layers: 1,
+                block_size: block,
+                markov_rank: rank,
+                taps: 2,
+                mask_token_id: None,
+                confidence_head: kind == DrafterKind::DSpark,
+            };
             random_drafter_bytes(&cfg, &init, seed, StoreDtype::Bf16).unwrap()
         })
         .collect();

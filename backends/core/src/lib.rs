@@ -333,13 +333,7 @@ pub trait Backend: Send + Sync {
     /// Returns the `[ld, n, k]` table described at [`CandidateTable`] (with `cand` copied into
     /// it and `ld` the rows of `base`). Errors: a candidate id `≥ V`, empty `cand`, `k == 0`,
     /// or W1/W2 shapes that are not `[V, r]` ([`select::check_markov_table_args`]).
-    fn markov_table(
-        &self,
-        base: &Self::Tensor,
-        markov: Option<(&Self::Tensor, &Self::Tensor)>,
-        cand: &[u32],
-        k: usize,
-    ) -> Result<CandidateTable>;
+    fn markov_table(&self, base: &Self::Tensor, markov: Option<(&Self::Tensor, &Self::Tensor)>, cand: &[u32], k: usize) -> Result<CandidateTable>;
 
     /// SparklingTree device tree prep in one op (reference §5.2 b–c, design §3): the candidate
     /// union of the per-row top-`candidates` ids of `base` plus `anchor`, then the Markov
@@ -370,11 +364,7 @@ pub trait Backend: Send + Sync {
     ) -> Result<CandidateTable> {
         let vocab = self.shape(base).1;
         check_candidate_table_args(vocab, candidates, anchor, k)?;
-        let cand: Vec<u32> = if candidates >= vocab {
-            (0..vocab as u32).collect()
-        } else {
-            select::candidate_union(self.topk(base, candidates)?.ids, anchor)
-        };
+        let cand: Vec<u32> = if candidates >= vocab { (0..vocab as u32).collect() } else { select::candidate_union(self.topk(base, candidates)?.ids, anchor) };
         self.markov_table(base, markov, &cand, k.min(cand.len()))
     }
 

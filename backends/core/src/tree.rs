@@ -38,12 +38,7 @@ impl DraftTree {
     /// having parent `i - 1` and depth `i`. Scores are all 0 (a chain carries no log-scores).
     pub fn chain(anchor: u32, drafts: &[u32]) -> Self {
         let n = drafts.len() + 1;
-        let mut t = DraftTree {
-            tokens: Vec::with_capacity(n),
-            parents: Vec::with_capacity(n),
-            depths: Vec::with_capacity(n),
-            scores: vec![0.0; n],
-        };
+        let mut t = DraftTree { tokens: Vec::with_capacity(n), parents: Vec::with_capacity(n), depths: Vec::with_capacity(n), scores: vec![0.0; n] };
         t.tokens.push(anchor);
         t.tokens.extend_from_slice(drafts);
         t.parents.push(NO_PARENT);

@@ -49,11 +49,7 @@ impl Packed {
             });
             out
         }
-        let panels = if f16 {
-            Panels::F16(fill(data, n, k, half::f16::ZERO, half::f16::from_f32))
-        } else {
-            Panels::F32(fill(data, n, k, 0.0f32, |v| v))
-        };
+        let panels = if f16 { Panels::F16(fill(data, n, k, half::f16::ZERO, half::f16::from_f32)) } else { Panels::F32(fill(data, n, k, 0.0f32, |v| v)) };
         Packed { n, k, panels }
     }
 
@@ -82,16 +78,15 @@ pub fn matmul(x: &[f32], m: usize, w: &Packed, bias: Option<&[f32]>) -> Vec<f32>
     let groups = np.div_ceil(TASK_PANELS);
     // Each task computes [m, TASK_PANELS*NR] for its panel group, then rows are assembled.
     let work = |g: usize| {
-            let p0 = g * TASK_PANELS;
-            let pn = TASK_PANELS.min(np - p0);
-            let width = pn * NR;
-            let mut buf = vec![0.0f32; m * width];
-            compute_group(x, m, k, w, p0, pn, &mut buf, width);
-            buf
+        let p0 = g * TASK_PANELS;
+        let pn = TASK_PANELS.min(np - p0);
+        let width = pn * NR;
+        let mut buf = vec![0.0f32; m * width];
+        compute_group(x, m, k, w, p0, pn, &mut buf, width);
+        buf
     };
     // Small products are not worth a parallel dispatch.
-    let parts: Vec<Vec<f32>> =
-        if m * n * k >= PAR_MIN_MACS { (0..groups).into_par_iter().map(work).collect() } else { (0..groups).map(work).collect() };
+    let parts: Vec<Vec<f32>> = if m * n * k >= PAR_MIN_MACS { (0..groups).into_par_iter().map(work).collect() } else { (0..groups).map(work).collect() };
     let mut y = vec![0.0f32; m * n];
     for (g, buf) in parts.iter().enumerate() {
         let c0 = g * TASK_PANELS * NR;
@@ -167,10 +162,7 @@ mod avx {
         #[inline(always)]
         unsafe fn load(p: *const half::f16, off: usize) -> (__m256, __m256) {
             let q = p as *const u16;
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(q.add(off) as *const __m128i)),
-                _mm256_cvtph_ps(_mm_loadu_si128(q.add(off + 8) as *const __m128i)),
-            )
+            (_mm256_cvtph_ps(_mm_loadu_si128(q.add(off) as *const __m128i)), _mm256_cvtph_ps(_mm_loadu_si128(q.add(off + 8) as *const __m128i)))
         }
     }
 

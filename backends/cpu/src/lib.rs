@@ -140,19 +140,12 @@ fn shape_err(op: &'static str, detail: String) -> Error {
 /// costs more than the work).
 const PAR_MIN_ELEMS: usize = 1 << 15;
 
-
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
 
     fn name(&self) -> String {
-        format!(
-            "cpu ({} threads, {}, {} weights, isa {})",
-            rayon::current_num_threads(),
-            kernels::simd_name(),
-            self.weight_dtype.name(),
-            isa::active().name()
-        )
+        format!("cpu ({} threads, {}, {} weights, isa {})", rayon::current_num_threads(), kernels::simd_name(), self.weight_dtype.name(), isa::active().name())
     }
 
     fn host_memory(&self) -> bool {
@@ -212,9 +205,7 @@ impl Backend for CpuBackend {
             Ok(())
         };
         let data = match (quant::QFormat::from_ggml(ggml_type), ggml_type) {
-            (Some(f), _) => WeightData::Quant(
-                quant::QWeight::from_ggml(f, &bytes, n, k).map_err(|e| shape_err("upload_weight_ggml", e))?,
-            ),
+            (Some(f), _) => WeightData::Quant(quant::QWeight::from_ggml(f, &bytes, n, k).map_err(|e| shape_err("upload_weight_ggml", e))?),
             (None, ggml::F16) => {
                 floats(2)?;
                 let vals: Vec<f32> = bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
@@ -333,14 +324,10 @@ impl Backend for CpuBackend {
     #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
     fn rope(&self, x: &mut CpuTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
         if positions.len() != x.rows || head_dim % 2 != 0 || x.cols % head_dim != 0 {
-            return Err(shape_err(
-                "rope",
-                format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len()),
-            ));
+            return Err(shape_err("rope", format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len())));
         }
         let half = head_dim / 2;
-        let inv_freq: Vec<f32> =
-            (0..half).map(|j| 1.0 / (theta as f64).powf(2.0 * j as f64 / head_dim as f64) as f32).collect();
+        let inv_freq: Vec<f32> = (0..half).map(|j| 1.0 / (theta as f64).powf(2.0 * j as f64 / head_dim as f64) as f32).collect();
         let cols = x.cols;
         let rotate = |(row, &p): (&mut [f32], &u32)| {
             let (cos, sin): (Vec<f32>, Vec<f32>) = inv_freq
@@ -419,10 +406,7 @@ impl Backend for CpuBackend {
 
     fn write_rows(&self, dst: &mut CpuTensor, at: usize, src: &CpuTensor) -> Result<()> {
         if src.cols != dst.cols || at + src.rows > dst.rows {
-            return Err(shape_err(
-                "write_rows",
-                format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols),
-            ));
+            return Err(shape_err("write_rows", format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols)));
         }
         dst.data[at * dst.cols..(at + src.rows) * dst.cols].copy_from_slice(&src.data);
         Ok(())
@@ -433,21 +417,12 @@ impl Backend for CpuBackend {
         if keep.iter().any(|&k| start + k >= cache.rows) {
             return Err(shape_err("compact_rows", format!("keep {keep:?} from row {start} of {}", cache.rows)));
         }
-        let gathered: Vec<f32> =
-            keep.iter().flat_map(|&k| cache.data[(start + k) * c..(start + k + 1) * c].iter().copied()).collect();
+        let gathered: Vec<f32> = keep.iter().flat_map(|&k| cache.data[(start + k) * c..(start + k + 1) * c].iter().copied()).collect();
         cache.data[start * c..(start + keep.len()) * c].copy_from_slice(&gathered);
         Ok(())
     }
 
-    fn attention(
-        &self,
-        q: &CpuTensor,
-        k_cache: &CpuTensor,
-        v_cache: &CpuTensor,
-        kv_len: usize,
-        shape: AttnShape,
-        mask: AttnMask<'_>,
-    ) -> Result<CpuTensor> {
+    fn attention(&self, q: &CpuTensor, k_cache: &CpuTensor, v_cache: &CpuTensor, kv_len: usize, shape: AttnShape, mask: AttnMask<'_>) -> Result<CpuTensor> {
         attend(q, &[RaggedSeq { k_cache, v_cache, kv_len, q_rows: q.rows, mask }], shape)
     }
 
@@ -504,10 +479,7 @@ fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) ->
     for (si, s) in seqs.iter().enumerate() {
         let (t, kv_len, k_cache, v_cache) = (s.q_rows, s.kv_len, s.k_cache, s.v_cache);
         if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
-            return Err(shape_err(
-                "attention",
-                format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols),
-            ));
+            return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
         }
         let prefix = kv_len - t;
         match s.mask {

@@ -368,8 +368,7 @@ pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) 
         compute_groups(isa, w, &a, g0, gn, &mut buf);
         buf
     };
-    let parts: Vec<Vec<f32>> =
-        if m * n * w.k >= PAR_MIN_MACS { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
+    let parts: Vec<Vec<f32>> = if m * n * w.k >= PAR_MIN_MACS { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
     let mut y = vec![0.0f32; m * n];
     for (t, buf) in parts.iter().enumerate() {
         let c0 = t * gpt * GC;
@@ -640,7 +639,11 @@ mod tests {
     #[test]
     fn every_path_equals_the_scalar_reference_bit_for_bit() {
         // K a multiple of 32 but not of 256; N not a multiple of any tile; M = 1..=65.
-        eprintln!("quant kernel paths tested on this CPU: {:?} (SPARKLING_CPU_ISA selects the one in use: {:?})", crate::isa::available(), crate::isa::active());
+        eprintln!(
+            "quant kernel paths tested on this CPU: {:?} (SPARKLING_CPU_ISA selects the one in use: {:?})",
+            crate::isa::available(),
+            crate::isa::active()
+        );
         for &format in &FORMATS {
             for &(n, k) in &[(37usize, 96usize), (5, 32), (19, 288)] {
                 let w = QWeight::from_ggml(format, &random_ggml(format, n, k, 7), n, k).unwrap();

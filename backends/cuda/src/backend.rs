@@ -94,15 +94,7 @@ impl Backend for CudaBackend {
         self.op_compact_rows(cache, start, keep)
     }
 
-    fn attention(
-        &self,
-        q: &CudaTensor,
-        k_cache: &CudaTensor,
-        v_cache: &CudaTensor,
-        kv_len: usize,
-        shape: AttnShape,
-        mask: AttnMask<'_>,
-    ) -> Result<CudaTensor> {
+    fn attention(&self, q: &CudaTensor, k_cache: &CudaTensor, v_cache: &CudaTensor, kv_len: usize, shape: AttnShape, mask: AttnMask<'_>) -> Result<CudaTensor> {
         self.op_attention(q, k_cache, v_cache, kv_len, shape, mask)
     }
 
@@ -122,7 +114,14 @@ impl Backend for CudaBackend {
         self.op_markov_table(base, markov, cand, k)
     }
 
-    fn candidate_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<CandidateTable> {
+    fn candidate_table(
+        &self,
+        base: &CudaTensor,
+        markov: Option<(&CudaTensor, &CudaTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+    ) -> Result<CandidateTable> {
         self.op_candidate_table(base, markov, candidates, anchor, k)
     }
 

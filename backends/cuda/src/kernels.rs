@@ -126,9 +126,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     }
     let (mut major, mut minor): (c_int, c_int) = (0, 0);
     // SAFETY: two valid out-pointers.
-    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
-        .result()
-        .map_err(|e| Error::Device(format!("nvrtcVersion: {e:?}")))?;
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(|e| Error::Device(format!("nvrtcVersion: {e:?}")))?;
     Ok((major, minor))
 }
 
@@ -162,10 +160,7 @@ pub fn target_for(cc: (i32, i32)) -> Result<Target> {
     }
     match archs.iter().copied().filter(|&a| a <= want).max() {
         Some(a) => Ok(Target::Ptx(a)),
-        None => Err(Error::Unavailable(format!(
-            "this NVRTC (supports sm_{:?}) cannot compile for a device of compute capability {}.{}",
-            archs, cc.0, cc.1
-        ))),
+        None => Err(Error::Unavailable(format!("this NVRTC (supports sm_{:?}) cannot compile for a device of compute capability {}.{}", archs, cc.0, cc.1))),
     }
 }
 

@@ -227,9 +227,7 @@ impl CudaBackend {
             WeightDtype::Bf16 => cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
         };
         // SAFETY: a live handle.
-        unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }
-            .result()
-            .map_err(|e| Error::Device(format!("cublasSetMathMode: {e}")))?;
+        unsafe { cudarc::cublas::sys::cublasSetMathMode(*blas.handle(), mode) }.result().map_err(|e| Error::Device(format!("cublasSetMathMode: {e}")))?;
         Ok(CudaBackend {
             stream,
             blas: Mutex::new(blas),
@@ -282,7 +280,11 @@ impl CudaBackend {
     }
 
     /// Upload host values to a new device buffer (≥ 1 element allocated).
-    pub(crate) fn upload_slice<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Default + Clone>(&self, op: &str, data: &[T]) -> Result<CudaSlice<T>> {
+    pub(crate) fn upload_slice<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Default + Clone>(
+        &self,
+        op: &str,
+        data: &[T],
+    ) -> Result<CudaSlice<T>> {
         if data.is_empty() {
             return self.stream.alloc_zeros::<T>(1).map_err(|e| Error::Device(format!("{op}: {e}")));
         }

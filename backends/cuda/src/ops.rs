@@ -34,9 +34,7 @@ impl CudaBackend {
         if n == 0 || t.cols == 0 {
             return Ok(Vec::new());
         }
-        self.stream
-            .clone_dtoh(&t.buf.slice(start * t.cols..(start + n) * t.cols))
-            .map_err(|e| Error::Device(format!("download: device→host copy: {e}")))
+        self.stream.clone_dtoh(&t.buf.slice(start * t.cols..(start + n) * t.cols)).map_err(|e| Error::Device(format!("download: device→host copy: {e}")))
     }
 
     /// RMSNorm over groups of `group` columns with weight `w: [1, group]` (reference §1.3),
@@ -64,10 +62,7 @@ impl CudaBackend {
     /// Errors: not one position per row, or an odd `head_dim` not dividing `cols`.
     pub(crate) fn op_rope(&self, x: &mut CudaTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
         if positions.len() != x.rows || head_dim == 0 || !head_dim.is_multiple_of(2) || !x.cols.is_multiple_of(head_dim) {
-            return Err(shape_err(
-                "rope",
-                format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len()),
-            ));
+            return Err(shape_err("rope", format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len())));
         }
         if x.len() == 0 {
             return Ok(());
@@ -196,10 +191,7 @@ impl CudaBackend {
     /// Errors: column mismatch or rows beyond the cache ([`Error::Shape`]).
     pub(crate) fn op_write_rows(&self, dst: &mut CudaTensor, at: usize, src: &CudaTensor) -> Result<()> {
         if src.cols != dst.cols || at.checked_add(src.rows).is_none_or(|e| e > dst.rows) {
-            return Err(shape_err(
-                "write_rows",
-                format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols),
-            ));
+            return Err(shape_err("write_rows", format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols)));
         }
         let n = src.len();
         if n > 0 {
@@ -214,9 +206,7 @@ impl CudaBackend {
     /// Errors: a kept row beyond the cache, or more kept rows than fit below `start`
     /// ([`Error::Shape`]).
     pub(crate) fn op_compact_rows(&self, cache: &mut CudaTensor, start: usize, keep: &[usize]) -> Result<()> {
-        if keep.iter().any(|&k| start.checked_add(k).is_none_or(|r| r >= cache.rows))
-            || start.checked_add(keep.len()).is_none_or(|e| e > cache.rows)
-        {
+        if keep.iter().any(|&k| start.checked_add(k).is_none_or(|r| r >= cache.rows)) || start.checked_add(keep.len()).is_none_or(|e| e > cache.rows) {
             return Err(shape_err("compact_rows", format!("keep {keep:?} from row {start} of {}", cache.rows)));
         }
         let n = keep.len() * cache.cols;

@@ -169,7 +169,13 @@ impl CudaBackend {
         let mut vals = self.alloc::<f32>("markov_table", ld * n * k)?;
         let mut slots = self.alloc::<u32>("markov_table", ld * n * k)?;
         self.launch_markov_table("markov_table", base, markov, &cand_dev, n, k, &mut vals.slice_mut(..), &mut slots.slice_mut(..))?;
-        Ok(CandidateTable { cand: cand.to_vec(), ld, k, vals: self.read("markov_table", &vals, ld * n * k)?, slots: self.read("markov_table", &slots, ld * n * k)? })
+        Ok(CandidateTable {
+            cand: cand.to_vec(),
+            ld,
+            k,
+            vals: self.read("markov_table", &vals, ld * n * k)?,
+            slots: self.read("markov_table", &slots, ld * n * k)?,
+        })
     }
 
     /// Launch markov_table.cu over the header-word candidate buffer `cand` = `[n, ids...]` with
@@ -323,7 +329,14 @@ impl CudaBackend {
 
     /// The trait's default composition of [`sparkling_core::Backend::candidate_table`] (two read-backs), for
     /// the sizes the fused device path does not take.
-    fn host_union_table(&self, base: &CudaTensor, markov: Option<(&CudaTensor, &CudaTensor)>, candidates: usize, anchor: u32, k: usize) -> Result<CandidateTable> {
+    fn host_union_table(
+        &self,
+        base: &CudaTensor,
+        markov: Option<(&CudaTensor, &CudaTensor)>,
+        candidates: usize,
+        anchor: u32,
+        k: usize,
+    ) -> Result<CandidateTable> {
         let cand = select::candidate_union(self.op_topk(base, candidates)?.ids, anchor);
         self.op_markov_table(base, markov, &cand, k.min(cand.len()))
     }

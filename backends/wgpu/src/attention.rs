@@ -33,12 +33,7 @@ impl WgpuBackend {
         if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols != n_heads * head_dim {
             return Err(shape_err(format!("q [{t}, {}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv", q.cols)));
         }
-        if k_cache.cols != n_kv_heads * head_dim
-            || v_cache.cols != k_cache.cols
-            || v_cache.rows != k_cache.rows
-            || kv_len > k_cache.rows
-            || t > kv_len
-        {
+        if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
             return Err(shape_err(format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
         }
         if head_dim > MAX_HEAD_DIM {
@@ -88,13 +83,7 @@ impl WgpuBackend {
             &mut b,
             Kernel::Attention,
             &params,
-            &[
-                Bind::t(q),
-                Bind::b(k_cache.buffer(), kv_bytes),
-                Bind::b(v_cache.buffer(), kv_bytes),
-                Bind::b(tb, tbytes),
-                Bind::t(&out),
-            ],
+            &[Bind::t(q), Bind::b(k_cache.buffer(), kv_bytes), Bind::b(v_cache.buffer(), kv_bytes), Bind::b(tb, tbytes), Bind::t(&out)],
             total,
         )?;
         if let Some(tb) = tree_buf {

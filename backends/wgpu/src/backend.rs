@@ -112,15 +112,7 @@ impl Backend for WgpuBackend {
         self.op_compact_rows(cache, start, keep)
     }
 
-    fn attention(
-        &self,
-        q: &WgpuTensor,
-        k_cache: &WgpuTensor,
-        v_cache: &WgpuTensor,
-        kv_len: usize,
-        shape: AttnShape,
-        mask: AttnMask<'_>,
-    ) -> Result<WgpuTensor> {
+    fn attention(&self, q: &WgpuTensor, k_cache: &WgpuTensor, v_cache: &WgpuTensor, kv_len: usize, shape: AttnShape, mask: AttnMask<'_>) -> Result<WgpuTensor> {
         self.op_attention(q, k_cache, v_cache, kv_len, shape, mask)
     }
 

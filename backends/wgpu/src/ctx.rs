@@ -233,7 +233,15 @@ impl Gpu {
     /// Encode one dispatch whose grid `(x, y, z)` a kernel wrote into `args` at byte `offset`
     /// (three u32; e.g. sized by a count known only on the device). Kernels index workgroups
     /// with `linear_group`, as for [`Gpu::dispatch`]; the writer folds large grids into 2-D.
-    pub(crate) fn dispatch_indirect(&self, batch: &mut Batch, kernel: Kernel, params: &[u32], binds: &[Bind<'_>], args: &wgpu::Buffer, offset: u64) -> Result<()> {
+    pub(crate) fn dispatch_indirect(
+        &self,
+        batch: &mut Batch,
+        kernel: Kernel,
+        params: &[u32],
+        binds: &[Bind<'_>],
+        args: &wgpu::Buffer,
+        offset: u64,
+    ) -> Result<()> {
         self.encode(batch, kernel, params, binds, Grid::Indirect(args, offset))
     }
 
@@ -246,20 +254,12 @@ impl Gpu {
         self.queue.write_buffer(uni.buffer(), 0, bytemuck::cast_slice(&words));
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: uni.buffer(),
-                offset: 0,
-                size: NonZeroU64::new(UNIFORM_BYTES),
-            }),
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: uni.buffer(), offset: 0, size: NonZeroU64::new(UNIFORM_BYTES) }),
         }];
         for (i, b) in binds.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: b.buffer,
-                    offset: 0,
-                    size: NonZeroU64::new(b.bytes.max(4)),
-                }),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: b.buffer, offset: 0, size: NonZeroU64::new(b.bytes.max(4)) }),
             });
         }
         let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipe.layout, entries: &entries });
@@ -321,9 +321,7 @@ impl Gpu {
             if let Some(s) = &r.staging {
                 s.buffer().unmap();
             }
-            Err(Error::Unavailable(
-                "a blocking GPU read-back is impossible in a browser: use the async API (Engine::generate_async, Backend::*_async)".into(),
-            ))
+            Err(Error::Unavailable("a blocking GPU read-back is impossible in a browser: use the async API (Engine::generate_async, Backend::*_async)".into()))
         }
         #[cfg(not(target_arch = "wasm32"))]
         {

@@ -20,12 +20,7 @@ pub(crate) fn adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
 
 /// One line describing an adapter: `name (backend, device type, driver info)`.
 pub(crate) fn describe(info: &wgpu::AdapterInfo) -> String {
-    let driver = [info.driver.as_str(), info.driver_info.as_str()]
-        .iter()
-        .filter(|s| !s.is_empty())
-        .copied()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let driver = [info.driver.as_str(), info.driver_info.as_str()].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join(" ");
     format!("{} ({:?}, {:?}, {})", info.name, info.backend, info.device_type, if driver.is_empty() { "unknown driver" } else { &driver })
 }
 
@@ -52,14 +47,13 @@ pub(crate) async fn select(inst: &wgpu::Instance, want: Option<&str>) -> Result<
         Some(w) => {
             let w = w.trim();
             if let Ok(i) = w.parse::<usize>() {
-                return list.get(i).cloned().ok_or_else(|| {
-                    Error::Unavailable(format!("adapter index {i} out of range; available adapters: {}", names()))
-                });
+                return list.get(i).cloned().ok_or_else(|| Error::Unavailable(format!("adapter index {i} out of range; available adapters: {}", names())));
             }
             let lw = w.to_lowercase();
-            list.iter().find(|a| a.get_info().name.to_lowercase().contains(&lw)).cloned().ok_or_else(|| {
-                Error::Unavailable(format!("no adapter name contains {w:?}; available adapters: {}", names()))
-            })
+            list.iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&lw))
+                .cloned()
+                .ok_or_else(|| Error::Unavailable(format!("no adapter name contains {w:?}; available adapters: {}", names())))
         }
         None => {
             let opts = wgpu::RequestAdapterOptions {
@@ -155,10 +149,8 @@ pub(crate) async fn open(adapter: &wgpu::Adapter, health: &Arc<Health>, features
         required_limits: adapter.limits(),
         ..Default::default()
     };
-    let (device, queue) = adapter
-        .request_device(&desc)
-        .await
-        .map_err(|e| Error::Unavailable(format!("cannot open a device on {}: {e}", describe(&adapter.get_info()))))?;
+    let (device, queue) =
+        adapter.request_device(&desc).await.map_err(|e| Error::Unavailable(format!("cannot open a device on {}: {e}", describe(&adapter.get_info()))))?;
     let h = Arc::clone(health);
     device.set_device_lost_callback(move |reason, msg| h.record(format!("device lost ({reason:?}): {msg}")));
     let h = Arc::clone(health);

@@ -214,9 +214,8 @@ impl WgpuBackend {
         let info = adapter.get_info();
         let adapter_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         let max_binding = opts.max_binding_bytes.map_or(adapter_binding, |b| b.min(adapter_binding)) & !3;
-        let max_groups = opts.max_workgroups_per_dim.map_or(limits.max_compute_workgroups_per_dimension, |g| {
-            g.clamp(1, limits.max_compute_workgroups_per_dimension)
-        });
+        let max_groups =
+            opts.max_workgroups_per_dim.map_or(limits.max_compute_workgroups_per_dimension, |g| g.clamp(1, limits.max_compute_workgroups_per_dimension));
         let dummy = pool::create_buffer(&device, wgpu::BufferUsages::STORAGE, 16, "sparkling dummy")?;
         let indirect = !opts.no_indirect && adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::INDIRECT_EXECUTION);
         let gpu = Gpu {
@@ -281,10 +280,7 @@ impl WgpuBackend {
     pub fn synchronize(&self) -> Result<()> {
         self.gpu.flush();
         self.gpu.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
+        self.gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
         self.gpu.check()
     }
 
@@ -327,8 +323,7 @@ impl WgpuBackend {
         let n_pos = (max_pos + 1).next_power_of_two().max(256);
         let half = head_dim / 2;
         let bytes = self.gpu.tensor_bytes("rope table", n_pos, head_dim)?;
-        let inv_freq: Vec<f32> =
-            (0..half).map(|j| 1.0 / (theta as f64).powf(2.0 * j as f64 / head_dim as f64) as f32).collect();
+        let inv_freq: Vec<f32> = (0..half).map(|j| 1.0 / (theta as f64).powf(2.0 * j as f64 / head_dim as f64) as f32).collect();
         let mut data = vec![0.0f32; n_pos * head_dim];
         for (p, row) in data.chunks_mut(head_dim.max(1)).enumerate() {
             for (j, f) in inv_freq.iter().enumerate() {

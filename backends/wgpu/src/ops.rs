@@ -79,10 +79,7 @@ impl WgpuBackend {
         let g = &self.gpu;
         g.check()?;
         if positions.len() != x.rows || head_dim == 0 || !head_dim.is_multiple_of(2) || !x.cols.is_multiple_of(head_dim) {
-            return Err(shape_err(
-                "rope",
-                format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len()),
-            ));
+            return Err(shape_err("rope", format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len())));
         }
         if x.rows == 0 || x.cols == 0 {
             return Ok(());
@@ -228,10 +225,7 @@ impl WgpuBackend {
         let g = &self.gpu;
         g.check()?;
         if src.cols != dst.cols || at.checked_add(src.rows).is_none_or(|e| e > dst.rows) {
-            return Err(shape_err(
-                "write_rows",
-                format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols),
-            ));
+            return Err(shape_err("write_rows", format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols)));
         }
         if src.bytes() > 0 {
             let mut b = g.batch();

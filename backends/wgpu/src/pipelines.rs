@@ -292,10 +292,8 @@ impl Pipelines {
         }
         let label = format!("{k:?}");
         let ((module, pipeline), err) = crate::device::checked(device, || {
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(k.source(self.backend).into()),
-            });
+            let module = device
+                .create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(k.source(self.backend).into()) });
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: None,

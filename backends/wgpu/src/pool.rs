@@ -141,9 +141,8 @@ impl Pool {
 /// Create a buffer, turning an out-of-memory or validation failure into [`Error::Device`]
 /// instead of wgpu's default panic.
 pub(crate) fn create_buffer(device: &wgpu::Device, usage: wgpu::BufferUsages, size: u64, label: &str) -> Result<wgpu::Buffer> {
-    let (buffer, err) = crate::device::checked(device, || {
-        device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
-    });
+    let (buffer, err) =
+        crate::device::checked(device, || device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false }));
     if let Some(e) = err {
         return Err(Error::Device(format!("allocating a {size}-byte buffer ({label}) failed: {e}")));
     }

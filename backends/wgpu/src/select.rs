@@ -377,10 +377,7 @@ impl WgpuBackend {
             return Err(Error::Shape { op: "sample", detail: format!("{} uniforms for {} rows", uniforms.len(), logits.rows) });
         }
         if params.temperature.is_nan() || params.top_p.is_nan() {
-            return Err(Error::Invalid(format!(
-                "sample: temperature ({}) and top_p ({}) must be numbers",
-                params.temperature, params.top_p
-            )));
+            return Err(Error::Invalid(format!("sample: temperature ({}) and top_p ({}) must be numbers", params.temperature, params.top_p)));
         }
         if params.temperature < 1e-5 {
             return self.op_argmax(logits);
@@ -403,13 +400,7 @@ impl WgpuBackend {
         let out = g.alloc("sample", rows, 1)?;
         let p = [rows as u32, cols as u32, inv_t.to_bits(), k_eff as u32, params.top_p.to_bits(), filter as u32];
         let mut b = g.batch();
-        g.dispatch(
-            &mut b,
-            Kernel::Sample(g.reduce),
-            &p,
-            &[Bind::t(logits), Bind::b(u_buf.buffer(), rows as u64 * 4), Bind::t(&out)],
-            rows as u64,
-        )?;
+        g.dispatch(&mut b, Kernel::Sample(g.reduce), &p, &[Bind::t(logits), Bind::b(u_buf.buffer(), rows as u64 * 4), Bind::t(&out)], rows as u64)?;
         b.keep(u_buf);
         g.submit(b);
         let r = g.start_read(&[(out.buffer(), 0, rows as u64 * 4)])?;

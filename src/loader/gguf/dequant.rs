@@ -38,11 +38,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 /// match `n_elements`.
 pub fn dequantize(ggml_type: u32, bytes: &[u8], n_elements: usize, out: &mut [f32]) -> Result<(), GgufError> {
     if !SUPPORTED.contains(&ggml_type) {
-        return err(format!(
-            "ggml type {} (id {ggml_type}) cannot be dequantized; supported types: {}",
-            type_name(ggml_type),
-            supported_list()
-        ));
+        return err(format!("ggml type {} (id {ggml_type}) cannot be dequantized; supported types: {}", type_name(ggml_type), supported_list()));
     }
     let Some((name, block, block_bytes)) = type_layout(ggml_type) else {
         return err(format!("ggml type id {ggml_type} has no known block layout"));

@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use half::{bf16, f16};
 use crate::loader::bytes::FileBytes;
+use half::{bf16, f16};
 
 /// Error of the GGUF reader: a human-readable message that names the file path, tensor or
 /// metadata key at fault and what was expected.
@@ -157,9 +157,7 @@ fn byte_size(ggml_type: u32, n_elements: u64) -> Result<u64, String> {
     if n_elements % block as u64 != 0 {
         return Err(format!("{n_elements} values of type {name} are not a whole number of {block}-value blocks"));
     }
-    (n_elements / block as u64)
-        .checked_mul(bytes as u64)
-        .ok_or_else(|| format!("size of {n_elements} values of type {name} overflows"))
+    (n_elements / block as u64).checked_mul(bytes as u64).ok_or_else(|| format!("size of {n_elements} values of type {name} overflows"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -356,8 +354,7 @@ impl<'a> Cursor<'a> {
         let len = self.u64(what)?;
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|e| GgufError(format!("{}: {} at byte {at} is not valid UTF-8: {e}", self.path.display(), what())))
+        String::from_utf8(bytes.to_vec()).map_err(|e| GgufError(format!("{}: {} at byte {at} is not valid UTF-8: {e}", self.path.display(), what())))
     }
 
     /// Read one value of GGUF value type `ty` (arrays recurse, at most `depth` levels).
@@ -399,12 +396,7 @@ impl<'a> Cursor<'a> {
             10 => MetaValue::U64(u64::from_le_bytes(self.arr(&what)?)),
             11 => MetaValue::I64(i64::from_le_bytes(self.arr(&what)?)),
             12 => MetaValue::F64(f64::from_le_bytes(self.arr(&what)?)),
-            _ => {
-                return err(format!(
-                    "{}: metadata key `{key}` has unknown value type {ty} (expected 0..=12)",
-                    self.path.display()
-                ))
-            }
+            _ => return err(format!("{}: metadata key `{key}` has unknown value type {ty} (expected 0..=12)", self.path.display())),
         })
     }
 }
@@ -452,10 +444,7 @@ impl GgufFile {
         let buf: &[u8] = &mmap;
 
         if &buf[0..4] != MAGIC {
-            return err(format!(
-                "{p}: not a GGUF file: magic bytes are {:02x?}, expected \"GGUF\" (47 47 55 46)",
-                &buf[0..4]
-            ));
+            return err(format!("{p}: not a GGUF file: magic bytes are {:02x?}, expected \"GGUF\" (47 47 55 46)", &buf[0..4]));
         }
         let mut c = Cursor { buf, pos: 4, path };
         let version = c.u32(&|| "the version".into())?;
@@ -486,11 +475,7 @@ impl GgufFile {
             None => 32,
             Some(v) => match v.as_int() {
                 Some(a) if a > 0 && (a as u64).is_power_of_two() && a <= u32::MAX as i128 => a as u64,
-                _ => {
-                    return err(format!(
-                        "{p}: metadata key `general.alignment` is {v:?}, expected a positive power-of-two integer"
-                    ))
-                }
+                _ => return err(format!("{p}: metadata key `general.alignment` is {v:?}, expected a positive power-of-two integer")),
             },
         };
 
@@ -530,13 +515,9 @@ impl GgufFile {
                 }
             }
             if rel % alignment != 0 {
-                return err(format!(
-                    "{p}: tensor `{name}` has data offset {rel}, which is not a multiple of the alignment {alignment}"
-                ));
+                return err(format!("{p}: tensor `{name}` has data offset {rel}, which is not a multiple of the alignment {alignment}"));
             }
-            let offset = data_start
-                .checked_add(rel)
-                .ok_or_else(|| GgufError(format!("{p}: tensor `{name}`: data offset {rel} overflows")))?;
+            let offset = data_start.checked_add(rel).ok_or_else(|| GgufError(format!("{p}: tensor `{name}`: data offset {rel} overflows")))?;
             // Unknown types cannot be sized; they are still listed and fail in `tensor_f32`.
             let size = byte_size(ty, n).unwrap_or(0);
             let end = offset.saturating_add(size);
@@ -565,9 +546,7 @@ impl GgufFile {
     }
 
     fn need(&self, key: &str) -> Result<&MetaValue, GgufError> {
-        self.metadata
-            .get(key)
-            .ok_or_else(|| GgufError(format!("{}: metadata key `{key}` is missing", self.path.display())))
+        self.metadata.get(key).ok_or_else(|| GgufError(format!("{}: metadata key `{key}` is missing", self.path.display())))
     }
 
     fn wrong(&self, key: &str, v: &MetaValue, expected: &str) -> GgufError {
@@ -582,9 +561,7 @@ impl GgufFile {
         let v = self.need(key)?;
         match v.as_int() {
             Some(i) if i >= 0 => Ok(i as u64),
-            Some(i) => {
-                err(format!("{}: metadata key `{key}` is {i}, expected a non-negative integer", self.path.display()))
-            }
+            Some(i) => err(format!("{}: metadata key `{key}` is {i}, expected a non-negative integer", self.path.display())),
             None => Err(self.wrong(key, v, "an integer")),
         }
     }
@@ -628,13 +605,9 @@ impl GgufFile {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_str().map(str::to_owned).ok_or_else(|| {
-                    GgufError(format!(
-                        "{}: metadata key `{key}`: element {i} is a {}, expected a string",
-                        self.path.display(),
-                        v.type_name()
-                    ))
-                })
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| GgufError(format!("{}: metadata key `{key}`: element {i} is a {}, expected a string", self.path.display(), v.type_name())))
             })
             .collect()
     }
@@ -651,12 +624,9 @@ impl GgufFile {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                v.as_int().and_then(|x| i64::try_from(x).ok()).ok_or_else(|| {
-                    GgufError(format!(
-                        "{}: metadata key `{key}`: element {i} is {v:?}, expected an integer",
-                        self.path.display()
-                    ))
-                })
+                v.as_int()
+                    .and_then(|x| i64::try_from(x).ok())
+                    .ok_or_else(|| GgufError(format!("{}: metadata key `{key}`: element {i} is {v:?}, expected an integer", self.path.display())))
             })
             .collect()
     }
@@ -680,8 +650,8 @@ impl GgufFile {
     pub fn tensor_data(&self, name: &str) -> Result<&[u8], GgufError> {
         let p = self.path.display();
         let t = self.tensor(name).ok_or_else(|| GgufError(format!("{p}: tensor `{name}` not found")))?;
-        let size = byte_size(t.ggml_type, t.n_elements())
-            .map_err(|e| GgufError(format!("{p}: tensor `{name}`: {e}; supported types: {}", supported_list())))?;
+        let size =
+            byte_size(t.ggml_type, t.n_elements()).map_err(|e| GgufError(format!("{p}: tensor `{name}`: {e}; supported types: {}", supported_list())))?;
         // Bounds were checked against the file length in `open`.
         let (start, end) = (t.offset as usize, (t.offset + size) as usize);
         Ok(&self.mmap[start..end])
@@ -707,8 +677,7 @@ impl GgufFile {
                 supported_list()
             ));
         }
-        let n = usize::try_from(t.n_elements())
-            .map_err(|_| GgufError(format!("{p}: tensor `{name}` is too large for this platform")))?;
+        let n = usize::try_from(t.n_elements()).map_err(|_| GgufError(format!("{p}: tensor `{name}` is too large for this platform")))?;
         let bytes = self.tensor_data(name)?;
         let mut out = vec![0f32; n];
         dequantize(t.ggml_type, bytes, n, &mut out).map_err(|e| GgufError(format!("{p}: tensor `{name}`: {e}")))?;

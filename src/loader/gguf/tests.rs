@@ -57,11 +57,7 @@ pub(crate) type RawTensor<'a> = (&'a str, Vec<u64>, u32, Vec<u8>);
 
 /// Serialize a GGUF v3 file (alignment 32 unless `general.alignment` is in `kvs`).
 pub(crate) fn gguf_bytes(kvs: &[(&str, MetaValue)], tensors: &[RawTensor]) -> Vec<u8> {
-    let align = kvs
-        .iter()
-        .find(|(k, _)| *k == "general.alignment")
-        .and_then(|(_, v)| v.as_int())
-        .map_or(32, |a| a as usize);
+    let align = kvs.iter().find(|(k, _)| *k == "general.alignment").and_then(|(_, v)| v.as_int()).map_or(32, |a| a as usize);
     let mut out = b"GGUF".to_vec();
     out.extend_from_slice(&3u32.to_le_bytes());
     out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
@@ -127,10 +123,7 @@ fn small_file() -> TempFile {
             ("names", MetaValue::Array(vec![MetaValue::Str("a".into()), MetaValue::Str("b".into())])),
             ("ids", MetaValue::Array(vec![MetaValue::I32(1), MetaValue::I32(4)])),
         ],
-        &[
-            ("w", vec![3, 2], ggml_type::F32, f32_bytes(&w)),
-            ("q", vec![32], ggml_type::Q8_0, hex(Q8_0_BYTES)[..34].to_vec()),
-        ],
+        &[("w", vec![3, 2], ggml_type::F32, f32_bytes(&w)), ("q", vec![32], ggml_type::Q8_0, hex(Q8_0_BYTES)[..34].to_vec())],
     ))
 }
 
