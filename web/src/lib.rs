@@ -388,7 +388,7 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
         Some(Value::String(s)) if s == "auto" => GenParams::new(method, host_memory),
         Some(x) => match x.as_u64().and_then(|n| usize::try_from(n).ok()) {
             Some(n) if n >= 1 => GenParams::new(method, host_memory).with_budget(BudgetChoice::Fixed(n)),
-            _ => return Err(bad("budget", "\"auto\" or an integer ≥ 1")),
+            _ => return Err(bad("budget", "\"auto\" or an integer ≥ 1 and below 2^32")),
         },
     };
     Ok(GenParams {

@@ -286,7 +286,9 @@ def main():
         d.wait("return document.getElementById('gpuinfo').textContent !== ''", "the WebGPU check")
         default_prompt = d.js("return document.getElementById('prompt').value")
         load(d, "cpu", keyboard=True)
-        r, st = generate(d, "sparkling", 24)
+        # A fixed tree size: `auto` chooses from measured timings, so a second run (the tree-view
+        # check below) could draft in other rounds.
+        r, st = generate(d, "sparkling", 24, budget=8)
         check(r is not None and not r["cancelled"] and len(r["tokens"]) > 0 and r["text"], "sparkling generates text on the CPU backend")
         n_spans = d.js("return document.querySelectorAll('#out span').length")
         check(n_spans == r["rounds"] + 1, f"the answer is shown coloured by round ({n_spans} spans, {r['rounds']} rounds + the first token)")
@@ -296,7 +298,7 @@ def main():
         d.shot("2-cpu-sparkling")
 
         print("page test: the tree view equals the engine's per-round trees")
-        check_tree_view(d, {"method": "sparkling", "max_new_tokens": 24}, r)
+        check_tree_view(d, {"method": "sparkling", "budget": 8, "max_new_tokens": 24}, r)
         d.js("document.getElementById('h-drafts').scrollIntoView()")
         d.shot("2b-cpu-sparkling-tree")
 

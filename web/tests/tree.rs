@@ -10,6 +10,7 @@
 use js_sys::{Array, Function, Object, Reflect};
 use sparkling::core::NO_PARENT;
 use sparkling::cpu::CpuBackend;
+use sparkling::decode::budget::BudgetChoice;
 use sparkling::decode::{Engine, GenParams, Method};
 use sparkling::loader::safetensors_source::SafetensorsSource;
 use sparkling::model::config::{Arch, DrafterConfig, DrafterKind, TargetConfig};
@@ -171,8 +172,8 @@ async fn rounds_are_the_engines_and_rebuild_the_tokens_on_cpu_and_webgpu() {
     let b = CpuBackend::new();
     let target = Target::load(&b, &SafetensorsSource::from_bytes("t", f.1.clone()).unwrap(), f.0.clone(), &|_, _| {}).unwrap();
     let drafter = Drafter::load(&b, &SafetensorsSource::from_bytes("d", f.3.clone()).unwrap(), f.2.clone(), &f.0).unwrap();
-    let mut p = GenParams::new(Method::Sparkling, true);
-    (p.tree.budget, p.max_new_tokens, p.stop) = (BUDGET, MAX_NEW, vec![]);
+    let mut p = GenParams::new(Method::Sparkling, true).with_budget(BudgetChoice::Fixed(BUDGET));
+    (p.max_new_tokens, p.stop) = (MAX_NEW, vec![]);
     let mut engine_rounds = Vec::new();
     let e = Engine { backend: &b, target: &target, drafter: Some(&drafter) };
     let g = e
