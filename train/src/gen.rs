@@ -515,10 +515,10 @@ mod tests {
         assert!(check_not_eval(Path::new("/x/gsm8k/train.jsonl")).is_ok());
         // The evaluation files of ../shared/data (README) and its training prompts.
         for eval in ["math500/test.jsonl", "mbpp/mbpp.jsonl", "mbpp/sanitized-mbpp.json", "alpaca_eval/eagle_alpaca_80.jsonl"] {
-            assert!(check_not_eval(&Path::new("/work/shared/data").join(eval)).is_err(), "{eval}");
+            assert!(check_not_eval(&Path::new("../shared/data").join(eval)).is_err(), "{eval}");
         }
         for ok in ["prompts/mbpp_train.jsonl", "prompts/arena_hard.jsonl", "prompts/gsm8k_train.jsonl", "prompts/t0_p3_sample.jsonl"] {
-            assert!(check_not_eval(&Path::new("/work/shared/data").join(ok)).is_ok(), "{ok}");
+            assert!(check_not_eval(&Path::new("../shared/data").join(ok)).is_ok(), "{ok}");
         }
     }
 }
