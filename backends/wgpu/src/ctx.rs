@@ -94,8 +94,11 @@ impl Batch {
 pub(crate) struct Reading {
     staging: Option<PooledBuffer>,
     sizes: Vec<u64>,
-    rx: Option<futures_channel::oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>>,
+    rx: Option<MapReceiver>,
 }
+
+/// The channel a `map_async` callback reports its result on.
+type MapReceiver = futures_channel::oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>;
 
 /// An op result waiting on its read-back: the reading, and how to turn the read bytes (one
 /// `Vec` per part) into the result. Ops return this so each has one body for the blocking
@@ -313,10 +316,10 @@ impl Gpu {
     /// Errors: [`Error::Device`] when the wait, the mapping or the device fails; in the browser
     /// always [`Error::Unavailable`] (a page cannot block on the GPU: use the `*_async` ops).
     pub(crate) fn finish_read(&self, r: Reading) -> Result<Vec<Vec<u8>>> {
-        let Some(mut rx) = r.rx else { return Ok(r.sizes.iter().map(|_| Vec::new()).collect()) };
+        let Some(rx) = r.rx else { return Ok(r.sizes.iter().map(|_| Vec::new()).collect()) };
         #[cfg(target_arch = "wasm32")]
         {
-            let _ = &mut rx;
+            drop(rx);
             // Abort the pending mapping so the staging buffer goes back to the pool unmapped.
             if let Some(s) = &r.staging {
                 s.buffer().unmap();
@@ -326,21 +329,40 @@ impl Gpu {
         #[cfg(not(target_arch = "wasm32"))]
         {
             self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let waited = self.device.poll(wgpu::PollType::wait_indefinitely());
-            let mapped = match (waited, rx.try_recv()) {
-                (Ok(_), Ok(Some(m))) => m,
-                (w, _) => {
+            let mapped = match self.wait_for_mapping(rx) {
+                Ok(m) => m,
+                Err(e) => {
                     // Leave no pending or live mapping on a buffer that goes back to the pool.
                     if let Some(s) = &r.staging {
                         s.buffer().unmap();
                     }
-                    return Err(Error::Device(match w {
-                        Err(e) => format!("waiting for the GPU failed: {e}"),
-                        Ok(_) => "buffer map callback never ran".into(),
-                    }));
+                    return Err(e);
                 }
             };
             self.collect(r.staging, &r.sizes, mapped)
+        }
+    }
+
+    /// Poll the device until the mapping callback behind `rx` has run and return what it
+    /// reported (native only).
+    ///
+    /// One `poll(wait)` is not enough when several threads share the device: wgpu fires map
+    /// callbacks from whichever thread is polling, so another thread's poll can have taken our
+    /// callback off the queue and not yet run it when our own poll returns. So we poll again
+    /// (sleeping 200 µs in between) until the callback has run, for at most 30 s of wall time.
+    /// Errors: [`Error::Device`] when the wait fails, the callback was dropped unrun, or it still
+    /// had not run after 30 s.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn wait_for_mapping(&self, mut rx: MapReceiver) -> Result<std::result::Result<(), wgpu::BufferAsyncError>> {
+        let start = std::time::Instant::now();
+        loop {
+            self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| Error::Device(format!("waiting for the GPU failed: {e}")))?;
+            match rx.try_recv() {
+                Ok(Some(mapped)) => return Ok(mapped),
+                Ok(None) if start.elapsed() < std::time::Duration::from_secs(30) => std::thread::sleep(std::time::Duration::from_micros(200)),
+                Ok(None) => return Err(Error::Device("a read-back's buffer mapping did not finish within 30 s of waiting for the GPU".into())),
+                Err(_) => return Err(Error::Device("buffer map callback was dropped without running (device lost?)".into())),
+            }
         }
     }
 
@@ -356,11 +378,16 @@ impl Gpu {
             }
         };
         #[cfg(not(target_arch = "wasm32"))]
-        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
-            unmap(&r.staging);
-            return Err(Error::Device(format!("waiting for the GPU failed: {e}")));
-        }
-        let Ok(mapped) = rx.await else {
+        let mapped = match self.wait_for_mapping(rx) {
+            Ok(m) => m,
+            Err(e) => {
+                unmap(&r.staging);
+                return Err(e);
+            }
+        };
+        #[cfg(target_arch = "wasm32")]
+        let Ok(mapped) = rx.await
+        else {
             unmap(&r.staging);
             return Err(Error::Device("buffer map callback never ran (device lost?)".into()));
         };
