@@ -237,7 +237,6 @@ pub(crate) mod testutil {
 #[cfg(test)]
 #[allow(clippy::needless_range_loop)]
 mod tests {
-    use super::testutil::*;
     use super::*;
 
     #[test]
