@@ -116,3 +116,19 @@ async fn stop_from_the_callback_or_cancel_ends_a_generation_early() {
     let stopped_tokens = tokens(&r);
     assert_eq!(&tokens(&full)[..stopped_tokens.len()], &stopped_tokens[..]);
 }
+
+#[wasm_bindgen_test]
+async fn load_errors_name_the_users_file_and_the_context_is_known() {
+    let s = cpu_session_with_models().await;
+    // The page passes the picked file's name (or the address) so a bad file is named as the
+    // user knows it, not by an internal name.
+    let e = s.load_target_gguf(b"this is not a GGUF file".to_vec(), Some("my-model.gguf".into())).err().expect("not a GGUF: an error");
+    let m = field(&JsValue::from(e), "message").as_string().unwrap();
+    assert!(m.contains("my-model.gguf") && !m.contains("target.gguf"), "{m}");
+    // The failed load left the loaded target in place; its context bounds message + answer.
+    let cfg = tiny_target_config(Arch::Qwen3, 48);
+    assert_eq!(s.context_length().unwrap_or_else(|_| panic!("context_length")), cfg.max_positions);
+    let fresh = Session::create("cpu".into()).await.unwrap_or_else(|_| panic!("cpu session"));
+    assert!(fresh.context_length().is_err(), "no target loaded: an error");
+    assert!(fresh.count_chat_tokens("Hi").is_err(), "no tokenizer: an error");
+}
