@@ -120,12 +120,15 @@ impl Session {
     /// drops the drafters (they are tied to the target's geometry) and a tokenizer whose
     /// vocabulary is larger than the target's.
     /// Errors: invalid config (the message names the key), missing or misshapen tensors
-    /// (named), a model larger than the adapter's limits.
-    pub fn load_target(&self, config_json: &str, weights: Vec<u8>) -> Result<(), JsError> {
-        let path = Path::new("target/config.json");
+    /// (named), a model larger than the adapter's limits. `name` (optional, default `target`):
+    /// the folder or address the files came from, which error messages name
+    /// (`<name>/config.json`, `<name>/model.safetensors`).
+    pub fn load_target(&self, config_json: &str, weights: Vec<u8>, name: Option<String>) -> Result<(), JsError> {
+        let dir = name.filter(|n| !n.is_empty()).unwrap_or_else(|| "target".into());
+        let path = Path::new(&dir).join("config.json");
         let v: Value = serde_json::from_str(config_json).map_err(|e| JsError::new(&format!("{}: invalid JSON: {e}", path.display())))?;
-        let cfg = TargetConfig::from_hf_json(path, &v).map_err(js_err)?;
-        let src = SafetensorsSource::from_bytes("target/model.safetensors", weights).map_err(js_err)?;
+        let cfg = TargetConfig::from_hf_json(&path, &v).map_err(js_err)?;
+        let src = SafetensorsSource::from_bytes(&format!("{dir}/model.safetensors"), weights).map_err(js_err)?;
         let vocab = cfg.vocab;
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
         match &mut *m {
@@ -165,12 +168,15 @@ impl Session {
 
     /// Add a drafter (DFlash or DSpark, from its `config.json` text and `model.safetensors`
     /// bytes) for the loaded target; a drafter of the same kind replaces the earlier one.
+    /// `name` (optional, default `drafter`): the folder or address the files came from, which
+    /// error messages name (`<name>/config.json`, `<name>/model.safetensors`).
     /// Errors: no target loaded yet; config or tensors that do not fit the target.
-    pub fn add_drafter(&self, config_json: &str, weights: Vec<u8>) -> Result<(), JsError> {
-        let path = Path::new("drafter/config.json");
+    pub fn add_drafter(&self, config_json: &str, weights: Vec<u8>, name: Option<String>) -> Result<(), JsError> {
+        let dir = name.filter(|n| !n.is_empty()).unwrap_or_else(|| "drafter".into());
+        let path = Path::new(&dir).join("config.json");
         let v: Value = serde_json::from_str(config_json).map_err(|e| JsError::new(&format!("{}: invalid JSON: {e}", path.display())))?;
-        let cfg = DrafterConfig::from_hf_json(path, &v).map_err(js_err)?;
-        let src = SafetensorsSource::from_bytes("drafter/model.safetensors", weights).map_err(js_err)?;
+        let cfg = DrafterConfig::from_hf_json(&path, &v).map_err(js_err)?;
+        let src = SafetensorsSource::from_bytes(&format!("{dir}/model.safetensors"), weights).map_err(js_err)?;
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
         match &mut *m {
             Models::Gpu(l) => add_drafter(l, &src, cfg),

@@ -238,7 +238,7 @@ async function load() {
         const cfg = await fetchText(`${t}/config.json`, hintFor(t, "model"));
         const bytes = await fetchBytes(`${t}/model.safetensors`, `downloading the model (${t})`, t0, hintFor(t, "model"));
         await preparing(t0);
-        s.load_target(cfg, bytes);
+        s.load_target(cfg, bytes, t);
       }
     } else if (src === "file") {
       const f = ui.ggufFile.files[0];
@@ -254,7 +254,7 @@ async function load() {
         const cfg = await d.config.text();
         const bytes = await readStream(d.weights.stream(), d.weights.size, `reading ${d.name}/model.safetensors`, t0);
         await preparing(t0);
-        s.load_target(cfg, bytes);
+        s.load_target(cfg, bytes, d.name);
       } else if (d.gguf) {
         const bytes = await readStream(d.gguf.stream(), d.gguf.size, `reading ${d.gguf.name}`, t0);
         await preparing(t0);
@@ -274,7 +274,7 @@ async function load() {
       try {
         const cfg = await fetchText(`${dname}/config.json`, hintFor(dname, "drafter"));
         const bytes = await fetchBytes(`${dname}/model.safetensors`, `downloading the drafter ${dname}`, t0, hintFor(dname, "drafter"));
-        s.add_drafter(cfg, bytes);
+        s.add_drafter(cfg, bytes, dname);
         kinds.push(kindOf(cfg));
       } catch (e) {
         warnings.push(`drafter ${dname} not used: ${e.message ?? e}`);
