@@ -531,3 +531,52 @@ fn show_tree_prints_each_round_with_the_accepted_path() {
     assert!(rounds >= 1, "{e}");
     assert_eq!(&rebuilt[..5.min(rebuilt.len())], &committed[1..1 + 5.min(rebuilt.len())], "{e}");
 }
+
+/// `--show-tree` names control tokens (a plain decode gives them no text): every token of this
+/// vocabulary is a control token, so each printed token must be its name, quoted, and the
+/// end-of-turn token `<|im_end|>` is marked as such.
+#[test]
+fn show_tree_names_control_tokens() {
+    let d = tmpdir("cli-show-tree-special");
+    let t = tiny_target(d.path(), "tiny", 2);
+    let name = |i: usize| if i == 5 { "<|im_end|>".to_string() } else { format!("w{i}") };
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..64).map(|i| (name(i), serde_json::json!(i))).collect();
+    let added: Vec<serde_json::Value> = (0..64)
+        .map(|i| serde_json::json!({"id": i, "content": name(i), "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    let tok = d.path().join("tokenizer.json");
+    std::fs::write(&tok, json.to_string()).unwrap();
+    let o = run(
+        d.path(),
+        &[
+            "generate",
+            "--target",
+            s(&t),
+            "--tokenizer",
+            s(&tok),
+            "--method",
+            "ar",
+            "--prompt",
+            "w1 w2 w3",
+            "--max-new-tokens",
+            "8",
+            "--show-tree",
+            "--threads",
+            "1",
+        ],
+    );
+    no_panic(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    let bonuses: Vec<&str> = e.lines().filter_map(|l| l.strip_prefix("round ")).map(|l| l.rsplit("bonus ").next().unwrap()).collect();
+    assert!(!bonuses.is_empty(), "{e}");
+    for b in &bonuses {
+        let ok = (b.starts_with("\"w") && b.ends_with('"')) || *b == "\"<|im_end|>\" (end of turn)";
+        assert!(ok, "bonus printed as {b:?}, expected the token's name: {e}");
+    }
+}

@@ -6,7 +6,7 @@ use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::budget::BudgetChoice;
 use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{stop_tokens, Engine, GenParams, Method, RoundView, Stats};
-use sparkling::tokenizer::TextStream;
+use sparkling::tokenizer::{TextStream, TextTokenizer};
 use sparkling::{Error, Result};
 use std::io::Write;
 
@@ -111,6 +111,18 @@ pub fn render_round(r: &RoundView<'_>, text: &dyn Fn(u32) -> String) -> String {
         let mark = if r.accepted.contains(&i) { '✓' } else { '·' };
         s.push_str(&format!("  {}{mark} {}\n", "  ".repeat(t.depths[i] as usize), text(t.tokens[i])));
         stack.extend(children[i].iter().rev());
+    }
+    s
+}
+
+/// One token as `--show-tree` prints it: its text quoted (`"Ġthe"` decodes to `" the"`), control
+/// tokens by name (`"<|im_end|>"`, not the empty text a plain decode gives them), a stop token
+/// followed by `(end of turn)`, and `#id` when the token has no text.
+pub fn token_label(tok: &TextTokenizer, id: u32) -> String {
+    let text = tok.decode(&[id], true).unwrap_or_default();
+    let mut s = if text.is_empty() { format!("#{id}") } else { format!("{text:?}") };
+    if tok.stop.contains(&id) {
+        s.push_str(" (end of turn)");
     }
     s
 }
@@ -229,7 +241,7 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     // still to be written (then the run finishes without printing); other errors are reported.
     let mut out_err: Option<std::io::Error> = None;
     let token_text = |t: u32| match (&m.tokenizer, a.ids) {
-        (Some(tok), false) => format!("{:?}", tok.decode(&[t], false).unwrap_or_default()),
+        (Some(tok), false) => token_label(tok, t),
         _ => t.to_string(),
     };
     let mut show = |r: &RoundView<'_>| {

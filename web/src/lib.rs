@@ -120,12 +120,15 @@ impl Session {
     /// drops the drafters (they are tied to the target's geometry) and a tokenizer whose
     /// vocabulary is larger than the target's.
     /// Errors: invalid config (the message names the key), missing or misshapen tensors
-    /// (named), a model larger than the adapter's limits.
-    pub fn load_target(&self, config_json: &str, weights: Vec<u8>) -> Result<(), JsError> {
-        let path = Path::new("target/config.json");
+    /// (named), a model larger than the adapter's limits. `name` (optional, default `target`):
+    /// the folder or address the files came from, which error messages name
+    /// (`<name>/config.json`, `<name>/model.safetensors`).
+    pub fn load_target(&self, config_json: &str, weights: Vec<u8>, name: Option<String>) -> Result<(), JsError> {
+        let dir = name.filter(|n| !n.is_empty()).unwrap_or_else(|| "target".into());
+        let path = Path::new(&dir).join("config.json");
         let v: Value = serde_json::from_str(config_json).map_err(|e| JsError::new(&format!("{}: invalid JSON: {e}", path.display())))?;
-        let cfg = TargetConfig::from_hf_json(path, &v).map_err(js_err)?;
-        let src = SafetensorsSource::from_bytes("target/model.safetensors", weights).map_err(js_err)?;
+        let cfg = TargetConfig::from_hf_json(&path, &v).map_err(js_err)?;
+        let src = SafetensorsSource::from_bytes(&format!("{dir}/model.safetensors"), weights).map_err(js_err)?;
         let vocab = cfg.vocab;
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
         match &mut *m {
@@ -145,10 +148,12 @@ impl Session {
     /// `smollm2-135m-instruct-f16.gguf`; F32, F16, BF16 and the Q4/Q5/Q8 block types are
     /// dequantized at load). The file's vocabulary and chat template become the session's
     /// tokenizer (call [`Session::set_tokenizer`] afterwards to use another). Replaces any
-    /// loaded target and drops the drafters.
+    /// loaded target and drops the drafters. `name` (optional, default `target.gguf`): the
+    /// file name or address the bytes came from, which error messages name.
     /// Errors: not a GGUF file, an unsupported architecture or tensor type (named).
-    pub fn load_target_gguf(&self, bytes: Vec<u8>) -> Result<(), JsError> {
-        let src = GgufSource::from_bytes("target.gguf", bytes).map_err(js_err)?;
+    pub fn load_target_gguf(&self, bytes: Vec<u8>, name: Option<String>) -> Result<(), JsError> {
+        let name = name.filter(|n| !n.is_empty()).unwrap_or_else(|| "target.gguf".into());
+        let src = GgufSource::from_bytes(&name, bytes).map_err(js_err)?;
         let cfg = TargetConfig::from_gguf(&src.file).map_err(js_err)?;
         let tok = TextTokenizer::from_gguf(&src.file).ok();
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
@@ -163,12 +168,15 @@ impl Session {
 
     /// Add a drafter (DFlash or DSpark, from its `config.json` text and `model.safetensors`
     /// bytes) for the loaded target; a drafter of the same kind replaces the earlier one.
+    /// `name` (optional, default `drafter`): the folder or address the files came from, which
+    /// error messages name (`<name>/config.json`, `<name>/model.safetensors`).
     /// Errors: no target loaded yet; config or tensors that do not fit the target.
-    pub fn add_drafter(&self, config_json: &str, weights: Vec<u8>) -> Result<(), JsError> {
-        let path = Path::new("drafter/config.json");
+    pub fn add_drafter(&self, config_json: &str, weights: Vec<u8>, name: Option<String>) -> Result<(), JsError> {
+        let dir = name.filter(|n| !n.is_empty()).unwrap_or_else(|| "drafter".into());
+        let path = Path::new(&dir).join("config.json");
         let v: Value = serde_json::from_str(config_json).map_err(|e| JsError::new(&format!("{}: invalid JSON: {e}", path.display())))?;
-        let cfg = DrafterConfig::from_hf_json(path, &v).map_err(js_err)?;
-        let src = SafetensorsSource::from_bytes("drafter/model.safetensors", weights).map_err(js_err)?;
+        let cfg = DrafterConfig::from_hf_json(&path, &v).map_err(js_err)?;
+        let src = SafetensorsSource::from_bytes(&format!("{dir}/model.safetensors"), weights).map_err(js_err)?;
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
         match &mut *m {
             Models::Gpu(l) => add_drafter(l, &src, cfg),
@@ -250,6 +258,27 @@ impl Session {
             Ok((ids, opts)) => self.start(ids, opts, Callbacks { on_tokens, on_round }),
             Err(m) => js_sys::Promise::reject(&JsValue::from(JsError::new(&m))),
         }
+    }
+
+    /// The number of tokens [`Session::generate_text`] gives the model for `user` (the message
+    /// in the chat template), to check a message against [`Session::context_length`] before
+    /// generating. Errors: no tokenizer set.
+    pub fn count_chat_tokens(&self, user: &str) -> Result<usize, JsError> {
+        let t = self.tokenizer.try_borrow().map_err(|_| JsError::new(BUSY))?;
+        let t = t.as_ref().ok_or_else(|| JsError::new("no tokenizer: call set_tokenizer (or load_target_gguf) first"))?;
+        Ok(t.encode_chat(user, None).map_err(js_err)?.len())
+    }
+
+    /// The loaded target's context in tokens (`max_position_embeddings`, a GGUF's
+    /// `<arch>.context_length`): message + answer + the largest checked tree must fit in it.
+    /// Errors: no target loaded.
+    pub fn context_length(&self) -> Result<usize, JsError> {
+        let m = self.models.try_borrow().map_err(|_| JsError::new(BUSY))?;
+        let n = match &*m {
+            Models::Gpu(l) => l.target.as_ref().map(|t| t.cfg.max_positions),
+            Models::Cpu(l) => l.target.as_ref().map(|t| t.cfg.max_positions),
+        };
+        n.ok_or_else(|| JsError::new("no target loaded: call load_target or load_target_gguf first"))
     }
 
     /// Encode text with the tokenizer (no chat template). Errors: no tokenizer set.

@@ -19,10 +19,10 @@ async fn cpu_session_with_models() -> Session {
     let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 7, markov_rank: 8, taps: 2, mask_token_id: None, confidence_head: true };
     let (dcfg, dbytes) = random_drafter_bytes(&cfg, &init, 6, StoreDtype::Bf16).unwrap();
     // A drafter before its target is refused with a message naming both load calls.
-    let early = s.add_drafter(&dcfg.to_hf_json(cfg.layers).to_string(), dbytes.clone());
+    let early = s.add_drafter(&dcfg.to_hf_json(cfg.layers).to_string(), dbytes.clone(), None);
     assert!(early.is_err(), "a drafter before the target must be an error");
-    s.load_target(&cfg.to_hf_json().to_string(), random_target_bytes(&cfg, 21, StoreDtype::F32).unwrap()).unwrap_or_else(|_| panic!("load_target"));
-    s.add_drafter(&dcfg.to_hf_json(cfg.layers).to_string(), dbytes).unwrap_or_else(|_| panic!("add_drafter"));
+    s.load_target(&cfg.to_hf_json().to_string(), random_target_bytes(&cfg, 21, StoreDtype::F32).unwrap(), None).unwrap_or_else(|_| panic!("load_target"));
+    s.add_drafter(&dcfg.to_hf_json(cfg.layers).to_string(), dbytes, None).unwrap_or_else(|_| panic!("add_drafter"));
     s
 }
 
@@ -115,4 +115,24 @@ async fn stop_from_the_callback_or_cancel_ends_a_generation_early() {
     assert_eq!(tokens(&full).len(), 40);
     let stopped_tokens = tokens(&r);
     assert_eq!(&tokens(&full)[..stopped_tokens.len()], &stopped_tokens[..]);
+}
+
+#[wasm_bindgen_test]
+async fn load_errors_name_the_users_file_and_the_context_is_known() {
+    let s = cpu_session_with_models().await;
+    // The page passes the picked file's name (or the address) so a bad file is named as the
+    // user knows it, not by an internal name.
+    let e = s.load_target_gguf(b"this is not a GGUF file".to_vec(), Some("my-model.gguf".into())).err().expect("not a GGUF: an error");
+    let m = field(&JsValue::from(e), "message").as_string().unwrap();
+    assert!(m.contains("my-model.gguf") && !m.contains("target.gguf"), "{m}");
+    // A drafter config that is not JSON, from a (mistyped) address: the error names the address.
+    let e = s.add_drafter("<html>404</html>", vec![], Some("models/my-drafter".into())).err().expect("not JSON: an error");
+    let m = field(&JsValue::from(e), "message").as_string().unwrap();
+    assert!(m.contains("models/my-drafter/config.json") && m.contains("invalid JSON"), "{m}");
+    // The failed load left the loaded target in place; its context bounds message + answer.
+    let cfg = tiny_target_config(Arch::Qwen3, 48);
+    assert_eq!(s.context_length().unwrap_or_else(|_| panic!("context_length")), cfg.max_positions);
+    let fresh = Session::create("cpu".into()).await.unwrap_or_else(|_| panic!("cpu session"));
+    assert!(fresh.context_length().is_err(), "no target loaded: an error");
+    assert!(fresh.count_chat_tokens("Hi").is_err(), "no tokenizer: an error");
 }

@@ -270,6 +270,8 @@ def main():
         print(f"  WebGPU: {info}")
         check(not soft or (d.js("return document.getElementById('backend').value") == "cpu" and "processor" in info),
               "a software WebGPU adapter is detected and the CPU backend suggested and selected")
+        check("8 or less" not in info and "auto" in d.js("return document.getElementById('budgetrange').textContent"),
+              "the help text is true with tree size auto the default (no stale “tree size of 8 or less”)")
         click(d, "load")
         d.wait(IDLE, "the load to fail", 120)
         err = d.js("return document.getElementById('loaderror').textContent")
@@ -286,6 +288,37 @@ def main():
         d.wait("return document.getElementById('gpuinfo').textContent !== ''", "the WebGPU check")
         default_prompt = d.js("return document.getElementById('prompt').value")
         load(d, "cpu", keyboard=True)
+        info = d.status()["load"]
+        check("1 threads" not in info and "processor" in info, f"the ready message names the processor in plain words ({info!r})")
+
+        print("page test: every numeric field is checked against its range before a run")
+        runs_before = d.js("return demo.runId")
+        for field, value, want in [("budget", "100000", ["“Tree size”", "1 to 64", "empty for auto", "100000"]),
+                                   ("budget", "-5", ["“Tree size”", "1 to 64", "-5"]),
+                                   ("budget", "2.5", ["“Tree size”", "whole number"]),
+                                   ("maxnew", "0", ["“Answer length”", "1 to 2048", "(it is 0)"]),
+                                   ("maxnew", "-5", ["“Answer length”", "from 1"]),
+                                   ("maxnew", "", ["“Answer length”", "empty"])]:
+            set_value(d, "budget", "")
+            set_value(d, "maxnew", "24")
+            set_value(d, field, value)
+            click(d, "go")
+            time.sleep(0.3)
+            err = d.js("return document.getElementById('error').textContent")
+            started = d.js("return demo.runId") != runs_before or d.js("return demo.busy") is not None
+            check(all(w in err for w in want) and not started and "non-negative" not in err and "budget" not in err and "max_new_tokens" not in err,
+                  f"{field} = {value!r} is refused before starting, naming the field as labelled: {err!r}")
+        set_value(d, "budget", "")
+        set_value(d, "maxnew", "24")
+        # A message longer than the model's context is refused with its length and what to do.
+        ctx = d.js("return demo.session.context_length()")
+        set_value(d, "prompt", "word " * ctx)
+        click(d, "go")
+        time.sleep(0.5)
+        err = d.js("return document.getElementById('error').textContent")
+        check("“Your message” is" in err and f"{ctx} tokens" in err and "Shorten" in err and d.js("return demo.runId") == runs_before,
+              f"a message beyond the context is refused before starting: {err[:160]!r}")
+        set_value(d, "prompt", default_prompt)
         # A fixed tree size: `auto` chooses from measured timings, so a second run (the tree-view
         # check below) could draft in other rounds.
         r, st = generate(d, "sparkling", 24, budget=8)
@@ -315,8 +348,11 @@ def main():
         set_value(d, "method", "sparkling")
         set_value(d, "maxnew", "400")
         set_value(d, "prompt", "Tell a long story about a forest, with many details.")
-        click(d, "go")
+        # From the keyboard: Enter on the focused Generate; the focus moves to Stop (not lost).
+        d.js("document.getElementById('go').focus()")
+        press(d, ENTER)
         d.wait("return demo.rounds.length >= 3", "three rounds", 300)
+        check(d.js("return document.activeElement.id") == "stop", f"the keyboard focus moves to Stop during the run ({d.js('return document.activeElement.id')})")
         check(d.js("return document.getElementById('go').disabled && !document.getElementById('stop').disabled && document.getElementById('compare').disabled"),
               "during a generation Generate and Compare are disabled, Stop enabled")
         d.shot("4-during-generation")
@@ -326,6 +362,15 @@ def main():
         st = d.status()
         check(r is not None and r["cancelled"] and 0 < len(r["tokens"]) < 400 and "stopped" in st["stats"] and st["error"] == "",
               f"Stop ends the run early ({len(r['tokens']) if r else None} tokens; {st['stats']!r})")
+        check(d.js("return document.activeElement.id") == "go", f"after the run the focus is on Generate ({d.js('return document.activeElement.id')})")
+        rows = d.js("return [...document.querySelectorAll('#runs tbody tr')].map(r => [...r.cells].map(c => c.textContent))")
+        check(len(rows) == 1 and "stopped" in rows[0][0] and rows[0][1] == str(len(r["tokens"])), f"the stopped run stays in the runs table, marked stopped ({rows})")
+        # Keyboard: the answer's pieces are tab stops; Enter on one shows its step's tree.
+        d.js("document.querySelector(\"#out span[data-round='2']\").focus()")
+        check(d.js("return document.activeElement.dataset.round") == "2", "a coloured piece of the answer takes the keyboard focus")
+        press(d, ENTER)
+        t = d.js(READ_TREE)
+        check(t is not None and t["round"] == 1, f"Enter on step 2's piece shows its tree ({t and t['pos']})")
 
         print("page test: Load during a run")
         click(d, "go")
@@ -333,6 +378,8 @@ def main():
         check(d.js("return document.getElementById('load').textContent").startswith("Stop and load"), "Load during a run says it stops the run")
         click(d, "load")
         d.wait(READY, "the reload", 600)
+        check(d.js("return document.getElementById('stats').textContent") == "" and d.js("return demo.trees.length") == 0,
+              "loading clears the old run's statistics and trees")
         spans = d.js("return document.querySelectorAll('#out span').length")
         time.sleep(2)
         check(d.js("return document.querySelectorAll('#out span').length") == spans and d.status()["error"] == "",
@@ -342,6 +389,26 @@ def main():
         check(r is not None and r["tokens"] == sparkling_cpu and d.js("return document.getElementById('out').textContent") == r["text"],
               "a new Generate after the reload shows only its own run, with the same tokens as before")
         check(d.js("return document.querySelectorAll('#runs tbody tr').length") == 1, "the comparison table was cleared for the new model")
+
+        print("page test: rounds that skipped the drafter are not counted as misses")
+        fake = [{"tokens": [5], "accepted": [0]}, {"tokens": [5, 6, 7], "accepted": [0, 1, 2]}, {"tokens": [5], "accepted": [0]},
+                {"tokens": [5, 6], "accepted": [0]}]
+        a = d.js("return demo.acceptance(arguments[0])", fake)
+        check(a == {"acc": [2, 0], "skipped": 2}, f"two skipped rounds apart, two checked rounds with 2 and 0 accepted ({a})")
+        r, st = generate(d, "sparkling", 24)  # tree size auto
+        trees = d.js("return demo.trees.map(t => t.tokens.length)")
+        skipped = sum(1 for n in trees if n == 1)
+        steps = d.js("return [+document.getElementById('accept').dataset.steps, +document.getElementById('accept').dataset.skipped]")
+        axis = d.js("return document.getElementById('acceptaxis').textContent")
+        check(r is not None and steps == [len(trees) - skipped, skipped] and (skipped == 0 or "skipped the drafter" in axis),
+              f"with tree size auto the chart counts {steps[0]} steps with guesses, {steps[1]} skipped apart ({axis!r})")
+        # Diagnostic only (seen to differ once on a loaded machine: 13 trees for 18 rounds, 15
+        # skipped by the engine's count); to be investigated, see the branch's report.
+        print(f"  engine: {r and r.get('rounds')} rounds, {r and r.get('drafts_skipped')} skipped; page: {len(trees)} trees, {skipped} without guesses")
+        if skipped:
+            k = next(i for i, n in enumerate(trees) if n == 1)
+            d.js("demo.showTree(arguments[0])", k)
+            check("drafter skipped" in d.js("return document.getElementById('treesum').textContent"), "a skipped step's tree view says the drafter was skipped")
 
         print("page test: a 64-node tree (CPU backend, tree size 64)")
         r, st = generate(d, "sparkling", 12, budget=64)
@@ -365,14 +432,30 @@ def main():
         d.shot("5b-phone-390px-lower")
         d.size(1100, 1400)
 
-        print("page test: a local .gguf file through the file picker")
+        print("page test: a file that is not a model, through the file picker")
         el = d.call("POST", f"/session/{d.sid}/element", {"using": "css selector", "value": "#ggufFile"})
         el = next(iter(el.values()))
+        junk = os.path.join(tmp, "my-notes.gguf")
+        with open(junk, "w") as f:
+            f.write("these are notes, not a model\n")
+        d.call("POST", f"/session/{d.sid}/element/{el}/value", {"text": junk})
+        set_value(d, "backend", "cpu")
+        click(d, "load")
+        d.wait(IDLE, "the failed load", 120)
+        err = d.js("return document.getElementById('loaderror').textContent")
+        check("my-notes.gguf" in err and "target.gguf" not in err and "To fix" in err, f"a bad file's error names the user's file and what to do ({err!r})")
+
+        print("page test: a local .gguf file through the file picker, with a mistyped drafter address")
+        set_value(d, "drafters", "models/smollm2-135m-dspark-b1,models/smollm2-135m-dflash-b16")
         gguf = os.path.realpath(os.path.join(WWW, "assets", "smollm2-135m-instruct-q4_1.gguf"))
         d.call("POST", f"/session/{d.sid}/element/{el}/value", {"text": gguf})
         check(d.js("return document.querySelector('input[name=src]:checked').value") == "file", "picking a file selects “a .gguf file on this computer”")
         load(d, "cpu")
         check("smollm2-135m-instruct-q4_1.gguf" in d.status()["load"] and "assets/" not in d.status()["load"], "the picked file is the loaded model")
+        warn = d.js("return document.getElementById('loadwarn').textContent")
+        check("models/smollm2-135m-dspark-b1/config.json is not on this server" in warn and "drafter address" in warn and "web-demo" not in warn,
+              f"a mistyped drafter address is named with what to check ({warn!r})")
+        set_value(d, "drafters", "models/smollm2-135m-dspark-b16,models/smollm2-135m-dflash-b16")
         r, st = generate(d, "ar", 8)
         check(r is not None and r["tokens"] == sparkling_cpu[:8], "the picked file gives the served file's tokens")
 

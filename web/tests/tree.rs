@@ -51,8 +51,8 @@ fn tokenizer_json() -> String {
 
 async fn session(backend: &str, f: &(TargetConfig, Vec<u8>, DrafterConfig, Vec<u8>)) -> Session {
     let s = Session::create(backend.into()).await.unwrap_or_else(|_| panic!("{backend} session (WebGPU needs Chromium with --enable-unsafe-webgpu)"));
-    s.load_target(&f.0.to_hf_json().to_string(), f.1.clone()).unwrap_or_else(|_| panic!("load_target"));
-    s.add_drafter(&f.2.to_hf_json(f.0.layers).to_string(), f.3.clone()).unwrap_or_else(|_| panic!("add_drafter"));
+    s.load_target(&f.0.to_hf_json().to_string(), f.1.clone(), None).unwrap_or_else(|_| panic!("load_target"));
+    s.add_drafter(&f.2.to_hf_json(f.0.layers).to_string(), f.3.clone(), None).unwrap_or_else(|_| panic!("add_drafter"));
     s
 }
 

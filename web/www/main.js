@@ -37,7 +37,8 @@ const state = {
   loadedBackend: null,
   runId: 0,            // bumped by every Generate and Load: older runs are superseded
   running: null,       // the promise of the running generation
-  runs: [],            // finished runs of this model: { method, budget, prompt, maxnew, tokens, tau, tps, text }
+  runs: [],            // runs of this model: { key, method, budget, tokens, tau, tps, stopped }
+  prefillRate: null,   // message tokens read per millisecond, measured by the last finished run
   softwareGpu: false,
   gpuDesc: "",
   lastResult: null,
@@ -57,6 +58,7 @@ function showError(msg, el = ui.error) { el.textContent = msg; }
 function clearMessages() { for (const id of ["error", "warn", "loaderror", "loadwarn"]) $(id).textContent = ""; }
 
 function setBusy(kind) {
+  const focused = document.activeElement;
   state.busy = kind;
   document.body.dataset.busy = kind ?? "";
   const loading = kind === "load", generating = kind === "gen";
@@ -71,6 +73,12 @@ function setBusy(kind) {
   ui.prompt.readOnly = generating;
   ui.stop.disabled = !generating;
   ui.load.textContent = generating ? "Stop and load model" : "Load model";
+  // A control disabled under the keyboard's focus would drop the focus to the page: move it to
+  // Stop during a generation, to the load message while loading, else to Generate (or Load).
+  if (focused && focused !== document.body && (focused.disabled || (focused === ui.loadinfo && !loading))) {
+    const to = generating ? ui.stop : loading ? ui.loadinfo : !ui.go.disabled ? ui.go : ui.load;
+    to.focus();
+  }
 }
 
 // ---------------------------------------------------------------- the wasm package
@@ -113,12 +121,11 @@ async function checkGpu(autoSwitch) {
   ui.gpuinfo.className = "msg " + (state.softwareGpu ? "warn" : "info");
   if (none) {
     if (autoSwitch) ui.backend.value = "cpu";
-    say(ui.gpuinfo, `${none} The processor (CPU) is selected: it works everywhere, with a tree size of 8 or less.`);
+    say(ui.gpuinfo, `${none} The processor (CPU) is selected: it works everywhere.`);
   } else if (soft) {
     if (autoSwitch) ui.backend.value = "cpu";
     say(ui.gpuinfo, `WebGPU here is a software renderer (${desc || "fallback adapter"}): it runs on the processor and is ` +
-      `far slower than the CPU backend (minutes for a short answer). ${autoSwitch ? "The processor (CPU) is selected" : "Pick the processor (CPU)"}, ` +
-      `with a tree size of 8 or less.`);
+      `far slower than the processor (minutes for a short answer). ${autoSwitch ? "The processor (CPU) is selected" : "Pick the processor (CPU)"}.`);
   } else {
     say(ui.gpuinfo, `WebGPU adapter: ${desc || "(the browser does not name it)"}.`);
   }
@@ -152,7 +159,7 @@ async function fetchBytes(url, label, t0, hint) {
   try { r = await fetch(url); } catch (e) {
     throw new Error(`${url}: the server did not answer (${e.message ?? e}). Is \`scripts/web-demo\` still running?`);
   }
-  if (!r.ok) throw new Error(`${url}: HTTP ${r.status}${r.status === 404 && hint ? `. To fix: ${hint}.` : ""}`);
+  if (!r.ok) throw new Error(httpError(url, r.status, hint));
   return readStream(r.body, +r.headers.get("content-length") || 0, label, t0);
 }
 async function fetchText(url, hint, optional = false) {
@@ -162,11 +169,23 @@ async function fetchText(url, hint, optional = false) {
   }
   if (!r.ok) {
     if (optional) return null;
-    throw new Error(`${url}: HTTP ${r.status}${r.status === 404 && hint ? `. To fix: ${hint}.` : ""}`);
+    throw new Error(httpError(url, r.status, hint));
   }
   return r.text();
 }
-const hintFor = (url) => url === DEFAULTS.target ? FETCH_HINT : url.startsWith("models/") ? SERVE_HINT : "check the address under “Addresses the demo model loads from”";
+function httpError(url, status, hint) {
+  const what = status === 404 ? "is not on this server" : "could not be read";
+  return `${url} ${what} (HTTP ${status})${hint ? `. To fix: ${hint}.` : ""}`;
+}
+// What to do when an address fails: the demo's own files need fetching or serving; an address
+// the user typed is probably mistyped.
+function hintFor(url, what) {
+  const where = `check the ${what} address “${url}” under “Addresses the demo model loads from” (relative to this page; `;
+  if (what === "tokenizer") return where + "leave it blank to use the model file's own tokenizer)";
+  const demo = what === "drafter" ? DEFAULTS.drafters.split(",") : [DEFAULTS.target];
+  if (demo.includes(url)) return what === "drafter" ? SERVE_HINT : FETCH_HINT;
+  return where + `the demo's ${what === "drafter" ? "drafters are" : "model is"} ${demo.join(" and ")})`;
+}
 const kindOf = (configText) => {
   try {
     const arch = (JSON.parse(configText).architectures ?? []).join(" ");
@@ -189,6 +208,7 @@ async function load() {
   if (state.busy === "load") return;
   clearMessages();
   if (state.busy === "gen") await cancelRun();
+  clearRunView();
   setBusy("load");
   const t0 = performance.now();
   const backend = ui.backend.value;
@@ -211,14 +231,14 @@ async function load() {
       const t = ui.target.value.trim().replace(/\/$/, "");
       targetName = t;
       if (t.endsWith(".gguf")) {
-        const bytes = await fetchBytes(t, `downloading the model (${t})`, t0, hintFor(t));
+        const bytes = await fetchBytes(t, `downloading the model (${t})`, t0, hintFor(t, "model"));
         await preparing(t0);
-        s.load_target_gguf(bytes);
+        s.load_target_gguf(bytes, t);
       } else {
-        const cfg = await fetchText(`${t}/config.json`, hintFor(t));
-        const bytes = await fetchBytes(`${t}/model.safetensors`, `downloading the model (${t})`, t0, hintFor(t));
+        const cfg = await fetchText(`${t}/config.json`, hintFor(t, "model"));
+        const bytes = await fetchBytes(`${t}/model.safetensors`, `downloading the model (${t})`, t0, hintFor(t, "model"));
         await preparing(t0);
-        s.load_target(cfg, bytes);
+        s.load_target(cfg, bytes, t);
       }
     } else if (src === "file") {
       const f = ui.ggufFile.files[0];
@@ -226,7 +246,7 @@ async function load() {
       targetName = f.name;
       const bytes = await readStream(f.stream(), f.size, `reading ${f.name}`, t0);
       await preparing(t0);
-      s.load_target_gguf(bytes);
+      s.load_target_gguf(bytes, f.name);
     } else {
       const d = folderFiles(ui.dirFile.files);
       targetName = d.name;
@@ -234,11 +254,11 @@ async function load() {
         const cfg = await d.config.text();
         const bytes = await readStream(d.weights.stream(), d.weights.size, `reading ${d.name}/model.safetensors`, t0);
         await preparing(t0);
-        s.load_target(cfg, bytes);
+        s.load_target(cfg, bytes, d.name);
       } else if (d.gguf) {
         const bytes = await readStream(d.gguf.stream(), d.gguf.size, `reading ${d.gguf.name}`, t0);
         await preparing(t0);
-        s.load_target_gguf(bytes);
+        s.load_target_gguf(bytes, `${d.name}/${d.gguf.name}`);
       } else if (d.index) {
         throw new Error(`${d.name} holds a sharded checkpoint (model.safetensors.index.json): the browser loads one model.safetensors file; merge the shards first.`);
       } else {
@@ -252,9 +272,9 @@ async function load() {
     const kinds = [];
     for (const dname of ui.drafters.value.split(",").map((x) => x.trim().replace(/\/$/, "")).filter(Boolean)) {
       try {
-        const cfg = await fetchText(`${dname}/config.json`, hintFor(dname));
-        const bytes = await fetchBytes(`${dname}/model.safetensors`, `downloading the drafter ${dname}`, t0, hintFor(dname));
-        s.add_drafter(cfg, bytes);
+        const cfg = await fetchText(`${dname}/config.json`, hintFor(dname, "drafter"));
+        const bytes = await fetchBytes(`${dname}/model.safetensors`, `downloading the drafter ${dname}`, t0, hintFor(dname, "drafter"));
+        s.add_drafter(cfg, bytes, dname);
         kinds.push(kindOf(cfg));
       } catch (e) {
         warnings.push(`drafter ${dname} not used: ${e.message ?? e}`);
@@ -262,7 +282,7 @@ async function load() {
     }
     const k = ui.tokenizer.value.trim().replace(/\/$/, "");
     if (k && src === "server") {
-      s.set_tokenizer(await fetchText(`${k}/tokenizer.json`, hintFor(k)), (await fetchText(`${k}/tokenizer_config.json`, null, true)) ?? undefined);
+      s.set_tokenizer(await fetchText(`${k}/tokenizer.json`, hintFor(k, "tokenizer")), (await fetchText(`${k}/tokenizer_config.json`, null, true)) ?? undefined);
     }
     state.session = s;
     s = null;
@@ -276,12 +296,21 @@ async function load() {
     }
     if (ui.method.selectedOptions[0]?.disabled) ui.method.value = "ar";
     if (kinds.length === 0) warnings.push("No drafter loaded: only the plain method (ar) is available.");
-    say(ui.loadinfo, `Ready in ${secs(t0)} s: ${targetName}${kinds.length ? ` with the ${kinds.join(" and ")} drafters` : ""}, on ${state.loaded.backend}.`);
+    // The largest tree size the page accepts: the processor checks a tree as several plain
+    // steps, so a large one stalls the page for seconds each step.
+    ui.budget.max = backend === "cpu" ? 64 : 512;
+    showRanges();
+    const on = backend === "cpu" ? "the processor" : "the graphics card";
+    say(ui.loadinfo, `Ready in ${secs(t0)} s: ${targetName}${kinds.length ? ` with the ${kinds.join(" and ")} drafters` : ""}, on ${on} (${state.loaded.backend}).`);
     $("loadwarn").textContent = warnings.join("\n");
   } catch (e) {
     s?.free();
     say(ui.loadinfo, `Loading failed after ${secs(t0)} s.`);
-    showError(`Could not load the model: ${e.message ?? e}`, $("loaderror"));
+    const msg = `${e.message ?? e}`;
+    // A file that is not a model (the engine names it): say what the page can open.
+    const fix = src !== "server" && !msg.includes("To fix") && !msg.startsWith("No ")
+      ? "\nTo fix: pick a .gguf model file (llama.cpp's format) or a folder with config.json + model.safetensors." : "";
+    showError(`Could not load the model: ${msg}${fix}`, $("loaderror"));
   } finally {
     setBusy(null);
   }
@@ -294,6 +323,17 @@ async function preparing(t0) {
 
 // ---------------------------------------------------------------- generation
 const roundColour = (i) => i === 0 ? "#e4e4e8" : `hsl(${(i * 67) % 360} 75% 84%)`;
+
+// Forget the previous model's answer, statistics, trees and chart (a new model is loading).
+function clearRunView() {
+  ui.out.textContent = "";
+  ui.stats.textContent = "";
+  $("outlabel").textContent = "Answer";
+  ui.accept.textContent = "";
+  $("acceptaxis").textContent = "(drawn while a method with a drafter runs)";
+  state.trees = []; state.treeShown = null; state.rounds = []; state.lastResult = null;
+  renderTree();
+}
 
 function resetRunView(method) {
   ui.out.textContent = "";
@@ -318,10 +358,25 @@ function liveStats(t0, first) {
   return `${secs(t0)} s · ${n} tokens · ${Math.max(steps, 0)} steps · τ ${tau.toFixed(2)} · ${tps.toFixed(1)} tokens/s`;
 }
 
+// The acceptance chart's data from a run's verified rounds: rounds that checked guesses give
+// how many were accepted; rounds where `auto` skipped the drafter (the root alone: a plain
+// step was cheaper) checked no guess, so they are counted apart, not as misses.
+function acceptance(trees) {
+  const drafted = trees.filter((t) => t.tokens.length > 1);
+  return { acc: drafted.map((t) => t.accepted.length - 1), skipped: trees.length - drafted.length };
+}
+state.acceptance = acceptance;  // for the browser tests
+const skippedText = (n) => `${n} step${n === 1 ? "" : "s"} skipped the drafter (a plain step was cheaper there) and ${n === 1 ? "is" : "are"} not counted`;
+
 function renderAccept() {
-  const acc = state.rounds.slice(1).map((r) => r.length - 1);  // drafted tokens accepted per round
+  const { acc, skipped } = acceptance(state.trees);
   ui.accept.textContent = "";
-  if (acc.length === 0) return;
+  ui.accept.dataset.steps = acc.length;
+  ui.accept.dataset.skipped = skipped;
+  if (acc.length === 0) {
+    $("acceptaxis").textContent = skipped ? `No guesses checked yet: ${skippedText(skipped)}.` : "(drawn while a method with a drafter runs)";
+    return;
+  }
   const maxD = Math.max(8, ...acc);
   for (let d = 1; d <= maxD; d++) {
     const share = acc.filter((a) => a >= d).length / acc.length;
@@ -333,7 +388,8 @@ function renderAccept() {
     bar.append(pct);
     ui.accept.append(bar);
   }
-  $("acceptaxis").textContent = `guessed token 1 (left) to ${maxD} (right), over ${acc.length} steps`;
+  $("acceptaxis").textContent = `guessed token 1 (left) to ${maxD} (right), over ${acc.length} step${acc.length === 1 ? "" : "s"} that checked guesses` +
+    (skipped ? `; ${skippedText(skipped)}` : "");
   ui.accept.setAttribute("aria-label", `acceptance by depth: ${[...ui.accept.children].map((b) => b.title).join("; ")}`);
 }
 
@@ -344,7 +400,7 @@ const SVGNS = "http://www.w3.org/2000/svg";
 const T = { w: 70, h: 20, col: 88, row: 26, pad: 8, top: 18, chars: 7 };
 let treeFrame = 0;
 function scheduleTree() {
-  if (!treeFrame) treeFrame = requestAnimationFrame(() => { treeFrame = 0; renderTree(); });
+  if (!treeFrame) treeFrame = requestAnimationFrame(() => { treeFrame = 0; renderTree(); renderAccept(); });
 }
 const visible = (t) => t.replace(/ /g, "␣").replace(/\n/g, "⏎").replace(/\t/g, "⇥");
 const tokText = (r, i) => (i === "bonus" ? r.bonus_text : r.texts?.[i]) ?? null;
@@ -391,7 +447,8 @@ function summary(r, k, total) {
   const drafted = r.tokens.length - 1;
   const kept = path.length + 1;
   let s = `Step ${r.round + 1}${k === total - 1 ? " (latest)" : ""}: `;
-  s += drafted === 0 ? "no guesses (the plain method); " : `${drafted} guessed token${drafted > 1 ? "s" : ""} checked, ${path.length} accepted${words.length ? ` (${words.join(" ")})` : ""}, `;
+  s += drafted === 0 ? "drafter skipped: a plain step was cheaper here (tree size auto), no guesses checked; " :
+    `${drafted} guessed token${drafted > 1 ? "s" : ""} checked, ${path.length} accepted${words.length ? ` (${words.join(" ")})` : ""}, `;
   s += `then the model's own ${quoted(r.bonus_text ?? null, r.bonus)}: ${kept} token${kept > 1 ? "s" : ""} kept`;
   if (r.committed !== undefined && r.committed < kept) s += ` (the answer ends after ${r.committed}: length limit or end of answer)`;
   return s + ".";
@@ -410,7 +467,9 @@ function renderTree() {
     return;
   }
   const r = state.trees[k];
-  ui.treepos.textContent = `step ${k + 1} of ${total}${state.treeShown === null ? " · following the latest" : ""}`;
+  const skipped = acceptance(state.trees).skipped;
+  ui.treepos.textContent = `step ${k + 1} of ${total}${state.treeShown === null ? " · following the latest" : ""}` +
+    (skipped ? ` · ${skipped} skipped the drafter` : "");
   const sum = summary(r, k, total);
   ui.treesum.textContent = sum;
   const { kids, rank, row, rows, last } = layout(r);
@@ -463,27 +522,103 @@ state.showTree = showTree;  // for the browser tests: show round k (an index int
 
 function runKey() { return `${ui.prompt.value}\u0000${ui.maxnew.value}`; }
 
+// The numeric fields, checked before a run against the range shown on each: the label the
+// user sees, the value (null = empty), or an Error whose message names the field.
+const FIELDS = {
+  budget: { label: "Tree size", empty: "auto" },
+  maxnew: { label: "Answer length", empty: null },
+};
+function fieldValue(id) {
+  const el = ui[id], f = FIELDS[id], min = +el.min, max = +el.max;
+  const range = `a whole number from ${min} to ${max}${f.empty ? `, or empty for ${f.empty}` : ""}`;
+  const raw = el.value.trim();
+  if (el.validity.badInput) throw new Error(`“${f.label}” must be ${range}: what is typed there is not a number.`);
+  if (raw === "") {
+    if (f.empty) return null;
+    throw new Error(`“${f.label}” is empty: type ${range}.`);
+  }
+  const v = Number(raw);
+  if (!Number.isInteger(v) || v < min || v > max) throw new Error(`“${f.label}” must be ${range} (it is ${raw}).`);
+  return v;
+}
+function showRanges() {
+  for (const id of Object.keys(FIELDS)) {
+    const f = FIELDS[id], el = ui[id];
+    $(`${id}range`).textContent = `${el.min}–${el.max}${f.empty ? `, empty = ${f.empty}` : ""}`;
+  }
+}
+state.fieldValue = fieldValue;  // for the browser tests
+
+// The options of a run from the page's fields, and the message's length in tokens; an Error
+// naming the field (or the message) when a value is out of its range or the message does not
+// fit the model's context with the answer.
+function runRequest(method) {
+  const budget = fieldValue("budget"), maxnew = fieldValue("maxnew");
+  const prompt = ui.prompt.value;
+  if (prompt.trim() === "") throw new Error("“Your message” is empty: type a question first.");
+  const opts = { method, max_new_tokens: maxnew };
+  if (budget !== null && method !== "ar") opts.budget = budget;
+  const n = state.session.count_chat_tokens(prompt);
+  const ctx = state.session.context_length();
+  // The engine needs room for the message, the answer and the largest tree it may check.
+  const tree = method === "ar" ? 0 : budget ?? (state.loadedBackend === "cpu" ? 16 : 64);
+  if (n + maxnew + tree > ctx) {
+    const room = ctx - maxnew - tree;
+    throw new Error(`“Your message” is ${n} tokens long: with an answer of up to ${maxnew} tokens (“Answer length”)` +
+      `${tree ? ` and up to ${tree} guesses per step` : ""} it does not fit in the ${ctx} tokens this model reads at once. ` +
+      (room > 0 ? `Shorten the message to under ${room} tokens or lower “Answer length”.` : "Lower “Answer length”."));
+  }
+  return { opts, prompt, tokens: n };
+}
+
+// Reading a long message is one uninterrupted step of the model: the page cannot repaint until
+// it is done. Say so (with the time the last run's reading rate predicts) before it starts.
+function longMessageWarning(n) {
+  const rate = state.prefillRate;
+  const est = rate ? n / rate / 1000 : null;
+  if (est !== null ? est < 3 : n < 400) return "";
+  return `Your message is ${n} tokens long: the model reads it in one go` +
+    `${est !== null ? `, about ${est < 10 ? est.toFixed(1) : est.toFixed(0)} s here` : ""}, and the page does not respond until it has.`;
+}
+
 async function generate(method) {
   if (!state.session || state.busy) return null;
   ui.error.textContent = "";
   ui.warn.textContent = "";
-  if (state.loadedBackend === "webgpu" && state.softwareGpu && method !== "ar" && !(+ui.budget.value > 0 && +ui.budget.value <= 8)) {
-    ui.warn.textContent = "WebGPU runs on a software renderer here: with a tree size above 8 this can take minutes " +
-      "(Stop ends it). The processor (CPU) backend with tree size 8 is much faster here.";
+  let req;
+  try {
+    req = runRequest(method);
+  } catch (e) {
+    showError(`${e.message ?? e}`);
+    return null;
   }
+  const { opts, prompt } = req;
+  const warns = [];
+  if (state.loadedBackend === "webgpu" && state.softwareGpu && method !== "ar" && !(opts.budget <= 8)) {
+    warns.push("WebGPU runs on a software renderer here: a step that checks many guesses takes seconds, a whole answer " +
+      "minutes (Stop ends it). The processor (CPU) is much faster here.");
+  }
+  const long = longMessageWarning(req.tokens);
+  if (long) warns.push(long);
+  ui.warn.textContent = warns.join("\n");
   const id = ++state.runId;
   setBusy("gen");
   resetRunView(method);
-  const opts = { method };
-  if (ui.budget.value !== "" && method !== "ar") opts.budget = +ui.budget.value;
-  if (ui.maxnew.value !== "") opts.max_new_tokens = +ui.maxnew.value;
   const t0 = performance.now();
   let first = null;
   const tick = setInterval(() => { if (id === state.runId) say(ui.stats, `${method}: ${liveStats(t0, first)}`); }, 200);
-  say(ui.stats, `${method}: reading the message…`);
-  const prompt = ui.prompt.value, key = runKey();
+  say(ui.stats, `${method}: reading the message (${req.tokens} tokens)…`);
+  const key = runKey();
   let result = null;
+  // Show the messages before the model starts reading (which holds the page on the processor).
+  state.stopAsked = false;
+  await nextPaint();
   try {
+    if (id !== state.runId) return null;
+    if (state.stopAsked) {  // Stop pressed before the model started
+      say(ui.stats, `${method}: stopped before it started.`);
+      return null;
+    }
     state.running = state.session.generate_text(prompt, opts, (ids, piece) => {
       if (id !== state.runId) return false;  // superseded: stop this run
       if (first === null) first = performance.now();
@@ -491,11 +626,12 @@ async function generate(method) {
       state.rounds.push([...ids]);
       const span = document.createElement("span");
       span.style.background = roundColour(i);
-      span.title = i === 0 ? "first token (reading the message)" : `step ${i}: ${ids.length} token${ids.length > 1 ? "s" : ""}`;
+      span.title = i === 0 ? "first token (reading the message)" : `step ${i}: ${ids.length} token${ids.length > 1 ? "s" : ""}${method !== "ar" ? " (Enter or click: show its tree)" : ""}`;
       span.dataset.round = i;
+      // Keyboard: each step's piece is a tab stop; Enter or Space shows its tree (below).
+      if (i > 0 && method !== "ar") span.tabIndex = 0;
       span.textContent = piece ?? "";
       ui.out.append(span);
-      if (i > 0 && method !== "ar") renderAccept();
       return true;
     }, method === "ar" ? undefined : (round) => {
       if (id !== state.runId) return false;
@@ -509,13 +645,21 @@ async function generate(method) {
     state.lastResult = r;
     if (r.cancelled) {
       say(ui.stats, `${method}: stopped after ${r.tokens.length} tokens and ${secs(t0)} s.`);
+      // A stopped run stays in the table, marked, with what it did until Stop.
+      const steps = state.rounds.length - 1;
+      const n = state.rounds.reduce((a, x) => a + x.length, 0);
+      const tau = steps > 0 ? (n - state.rounds[0].length) / steps : null;
+      const tps = first !== null && steps > 0 ? (n - 1) / ((performance.now() - first) / 1000) : null;
+      state.runs.push({ key, method, budget: method === "ar" ? null : opts.budget ?? "auto", tokens: r.tokens, tau, tps, stopped: true });
     } else {
+      const skipped = r.drafts_skipped ? ` · the drafter skipped in ${r.drafts_skipped} step${r.drafts_skipped === 1 ? "" : "s"} (a plain step was cheaper)` : "";
       say(ui.stats, `${method}${method !== "ar" ? ` (tree size ${r.budget})` : ""}: ${r.tokens.length} tokens in ${secs(t0)} s · ` +
-        `τ ${r.tau.toFixed(2)} tokens per model step · ${r.tokens_per_s.toFixed(1)} tokens/s · ${r.rounds} steps · ` +
+        `τ ${r.tau.toFixed(2)} tokens per model step · ${r.tokens_per_s.toFixed(1)} tokens/s · ${r.rounds} steps${skipped} · ` +
         `reading the message ${r.prefill_ms.toFixed(0)} ms${r.stopped ? "" : " · stopped at the length limit"}`);
-      state.runs.push({ key, method, budget: method === "ar" ? null : r.budget, tokens: r.tokens, tau: r.tau, tps: r.tokens_per_s });
-      renderRuns();
+      if (r.prefill_ms > 0) state.prefillRate = req.tokens / r.prefill_ms;
+      state.runs.push({ key, method, budget: method === "ar" ? null : r.budget, tokens: r.tokens, tau: r.tau, tps: r.tokens_per_s, stopped: false });
     }
+    renderRuns();
   } catch (e) {
     if (id === state.runId) {
       say(ui.stats, `${method}: failed after ${secs(t0)} s.`);
@@ -546,12 +690,16 @@ function renderRuns() {
   body.textContent = "";
   const key = runKey();
   const runs = state.runs.filter((r) => r.key === key);
-  const ar = [...runs].reverse().find((r) => r.method === "ar");
+  const ar = [...runs].reverse().find((r) => r.method === "ar" && !r.stopped);
+  const num = (x, d) => x === null || x === undefined ? "—" : x.toFixed(d);
   for (const r of runs) {
     const tr = body.insertRow();
-    const same = !ar ? "?" : r.tokens.length === ar.tokens.length && r.tokens.every((t, i) => t === ar.tokens[i]) ? "yes" : "NO";
-    const cells = [r.method + (r.budget ? ` (tree ${r.budget})` : ""), r.tokens.length, r.tau.toFixed(2), r.tps.toFixed(1),
-      ar ? `${(r.tps / ar.tps).toFixed(2)}×` : "—", r.method === "ar" ? "—" : same];
+    if (r.stopped) tr.dataset.stopped = "1";
+    // A stopped run is compared on the tokens it made before Stop.
+    const fits = ar && (r.stopped ? r.tokens.length <= ar.tokens.length : r.tokens.length === ar.tokens.length);
+    const same = !ar ? "?" : fits && r.tokens.every((t, i) => t === ar.tokens[i]) ? (r.stopped ? "yes, so far" : "yes") : "NO";
+    const cells = [r.method + (r.budget ? ` (tree size ${r.budget})` : "") + (r.stopped ? " — stopped" : ""), r.tokens.length, num(r.tau, 2), num(r.tps, 1),
+      ar && r.tps !== null ? `${(r.tps / ar.tps).toFixed(2)}×` : "—", r.method === "ar" && !r.stopped ? "—" : same];
     for (const c of cells) tr.insertCell().textContent = c;
   }
 }
@@ -559,7 +707,7 @@ function renderRuns() {
 async function compare() {
   const m = ui.method.value;
   const key = runKey();
-  const have = (method) => state.runs.some((r) => r.key === key && r.method === method);
+  const have = (method) => state.runs.some((r) => r.key === key && r.method === method && !r.stopped);
   if (m !== "ar" && !have(m)) {
     const r = await generate(m);
     if (!r || r.cancelled) return;
@@ -571,7 +719,7 @@ async function compare() {
 ui.load.onclick = load;
 ui.go.onclick = () => generate(ui.method.value);
 ui.compare.onclick = compare;
-ui.stop.onclick = () => { if (state.busy === "gen") state.session?.cancel(); };
+ui.stop.onclick = () => { if (state.busy === "gen") { state.stopAsked = true; state.session?.cancel(); } };
 ui.prompt.addEventListener("keydown", (e) => {
   if (e.key === "Enter" && (e.ctrlKey || e.metaKey) && !ui.go.disabled) { e.preventDefault(); ui.go.click(); }
 });
@@ -581,14 +729,20 @@ ui.treeprev.onclick = () => { state.treeShown = Math.max(0, treeIndex() - 1); re
 ui.treenext.onclick = () => showTree(treeIndex() + 1);
 ui.treelast.onclick = () => showTree(state.trees.length - 1);
 // A coloured piece of the answer shows the tree its step checked (when the trees are this answer's).
-ui.out.addEventListener("click", (e) => {
+function showStepOf(e) {
   const span = e.target.closest?.("span[data-round]");
   const step = span ? +span.dataset.round : 0;
   if (step > 0 && +ui.out.dataset.run === state.treeRun && step <= state.trees.length) {
     state.treeShown = step - 1;
     renderTree();
     ui.treewrap.scrollIntoView({ block: "nearest" });
+    return true;
   }
+  return false;
+}
+ui.out.addEventListener("click", showStepOf);
+ui.out.addEventListener("keydown", (e) => {
+  if ((e.key === "Enter" || e.key === " ") && showStepOf(e)) e.preventDefault();
 });
 ui.maxnew.addEventListener("input", renderRuns);
 ui.ggufFile.addEventListener("change", () => { document.querySelector("input[name=src][value=file]").checked = true; });
@@ -600,4 +754,5 @@ ui.backend.addEventListener("change", async () => {
   }
 });
 setBusy(null);
+showRanges();
 checkGpu(true);

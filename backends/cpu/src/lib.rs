@@ -145,7 +145,14 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
 
     fn name(&self) -> String {
-        format!("cpu ({} threads, {}, {} weights, isa {})", rayon::current_num_threads(), kernels::simd_name(), self.weight_dtype.name(), isa::active().name())
+        let n = rayon::current_num_threads();
+        format!(
+            "cpu ({n} thread{}, {}, {} weights, isa {})",
+            if n == 1 { "" } else { "s" },
+            kernels::simd_name(),
+            self.weight_dtype.name(),
+            isa::active().name()
+        )
     }
 
     fn host_memory(&self) -> bool {
