@@ -204,16 +204,22 @@ pub fn seq_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("seq-{id:05}.bin"))
 }
 
-/// Read every `seq-*.bin` of `dir` (sorted by id) and check each against `meta`.
-pub fn load_all(dir: &Path, meta: &CacheMeta) -> Result<Vec<Sequence>> {
+/// The file names of every `seq-*.bin` in `dir`, sorted (by name: zero-padded ids sort by id).
+/// A training run lists the cache once and freezes the list (`gen-data` may keep appending).
+pub fn list(dir: &Path) -> Result<Vec<String>> {
     let rd = std::fs::read_dir(dir).map_err(|e| io(dir, e))?;
-    let mut paths: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("seq-") && n.ends_with(".bin")))
-        .collect();
-    paths.sort();
-    let mut out = Vec::with_capacity(paths.len());
-    for p in paths {
+    let mut names: Vec<String> =
+        rd.filter_map(|e| e.ok().and_then(|e| e.file_name().to_str().map(str::to_string))).filter(|n| n.starts_with("seq-") && n.ends_with(".bin")).collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Read the sequence files `names` of `dir` (in that order) and check each against `meta`.
+/// Errors name the file (missing, corrupt, or not matching `meta`).
+pub fn load_files(dir: &Path, meta: &CacheMeta, names: &[String]) -> Result<Vec<Sequence>> {
+    let mut out = Vec::with_capacity(names.len());
+    for n in names {
+        let p = dir.join(n);
         let s = Sequence::read(&p)?;
         if s.width != meta.width() || s.topk != meta.topk {
             return Err(Error::file(&p, format!("width {} / top-k {} differ from meta.json ({} / {})", s.width, s.topk, meta.width(), meta.topk)));

@@ -10,6 +10,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use sparkling::cpu::CpuBackend;
 use sparkling::loader::open_source;
 use sparkling::model::config::{read_json, DrafterConfig, TargetConfig};
+use sparkling::model::draft_vocab::{DraftVocab, MAP_TENSOR};
 use sparkling::model::drafter::Drafter;
 use std::path::Path;
 
@@ -23,22 +24,40 @@ pub enum ExportDtype {
 }
 
 /// Write `params` of a drafter `cfg` (for a target of `num_target_layers` layers and context
-/// width `n_feat`) into `dir` as `config.json` + `model.safetensors`. Extra JSON `meta` is
-/// stored as `training.json` when given. Errors name the file.
+/// width `n_feat`) into `dir` as `config.json` + `model.safetensors`. A reduced drafter
+/// (`cfg.is_reduced()`) needs its `draft_vocab`: `config.json` then carries
+/// `draft_vocab_size` and the safetensors the map [`MAP_TENSOR`] (`[V_d]`, I64, absolute target
+/// ids; no `lm_head.weight`: the engine gathers the target's rows, models/README.md). Extra
+/// JSON `meta` is stored as `training.json` when given. Errors name the file, or the argument
+/// when the map is missing or does not match `cfg.draft_vocab`.
+#[allow(clippy::too_many_arguments)]
 pub fn write_hf(
     dir: &Path,
     cfg: &DrafterConfig,
     num_target_layers: usize,
     n_feat: usize,
     params: &Params,
+    draft_vocab: Option<&DraftVocab>,
     dtype: ExportDtype,
     meta: Option<&serde_json::Value>,
 ) -> Result<()> {
+    match draft_vocab {
+        Some(dv) if !cfg.is_reduced() || dv.len() != cfg.draft_vocab => {
+            return Err(Error::arg(
+                "draft vocabulary",
+                format!("a map of {} ids for a drafter with draft_vocab_size {} (reduced: {})", dv.len(), cfg.draft_vocab, cfg.is_reduced()),
+            ));
+        }
+        None if cfg.is_reduced() => {
+            return Err(Error::arg("draft vocabulary", format!("the drafter is reduced to {} ids but no draft_to_target map was given", cfg.draft_vocab)))
+        }
+        _ => {}
+    }
     // Built in a temporary sibling directory and moved into place when complete: an
     // interrupted export never leaves a half-written checkpoint (issue 15).
     let mut inner: Option<Error> = None;
     sparkling::fsio::publish_dir(dir, |tmp| {
-        write_hf_files(tmp, cfg, num_target_layers, n_feat, params, dtype, meta).map_err(|e| {
+        write_hf_files(tmp, cfg, num_target_layers, n_feat, params, draft_vocab, dtype, meta).map_err(|e| {
             let m = e.to_string();
             inner = Some(e);
             sparkling::Error::Input(m)
@@ -54,13 +73,18 @@ fn write_hf_files(
     num_target_layers: usize,
     n_feat: usize,
     params: &Params,
+    draft_vocab: Option<&DraftVocab>,
     dtype: ExportDtype,
     meta: Option<&serde_json::Value>,
 ) -> Result<()> {
     let cp = dir.join("config.json");
     let text = serde_json::to_string_pretty(&cfg.to_hf_json(num_target_layers)).map_err(|e| Error::file(&cp, e))?;
     std::fs::write(&cp, text).map_err(|e| io(&cp, e))?;
-    let mut bufs: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let dt = match dtype {
+        ExportDtype::Bf16 => Dtype::BF16,
+        ExportDtype::F32 => Dtype::F32,
+    };
+    let mut bufs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, shape) in tensor_shapes(cfg, n_feat) {
         let t = params.get(&name)?.to_dtype(DType::F32)?.flatten_all()?;
         let v: Vec<f32> = t.to_vec1()?;
@@ -68,16 +92,16 @@ fn write_hf_files(
             ExportDtype::Bf16 => v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
             ExportDtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         };
-        bufs.push((name, shape, bytes));
+        bufs.push((name, dt, shape, bytes));
+    }
+    if let Some(dv) = draft_vocab {
+        let ids: Vec<u8> = dv.draft_to_target().iter().flat_map(|&t| (t as i64).to_le_bytes()).collect();
+        bufs.push((MAP_TENSOR.to_string(), Dtype::I64, vec![dv.len()], ids));
     }
     let st = dir.join("model.safetensors");
-    let dt = match dtype {
-        ExportDtype::Bf16 => Dtype::BF16,
-        ExportDtype::F32 => Dtype::F32,
-    };
     let views = bufs
         .iter()
-        .map(|(n, s, b)| TensorView::new(dt, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| Error::file(&st, format!("tensor `{n}`: {e}"))))
+        .map(|(n, dt, s, b)| TensorView::new(*dt, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| Error::file(&st, format!("tensor `{n}`: {e}"))))
         .collect::<Result<Vec<_>>>()?;
     let mut md = std::collections::HashMap::new();
     md.insert("format".to_string(), "pt".to_string());

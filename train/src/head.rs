@@ -19,6 +19,14 @@
 //!
 //! Gradients w.r.t. `z`: `p − e_y`, `p − q`, and `p_j (a_j − Σ_i a_i p_i)` with
 //! `a_i = sign(p_i − t_i) + sign(Σ_K p − Σ_K t)` on `K`, 0 elsewhere.
+//!
+//! **Reduced draft vocabulary** (`--draft-vocab`): the columns of `z` are draft ids, and the
+//! caller maps labels and top-k ids into them; an id outside the draft vocabulary is passed as
+//! [`ABSENT`]. A row whose label is absent has `ce = 0` with no gradient (the token cannot be
+//! drafted: CE is skipped, not redirected) and `hit = 0` (the engine's chain would stop there
+//! too); absent top-k entries are dropped, so `q` is the target renormalised over `K ∩ V_d`
+//! and the L1 bucket holds the target's mass outside `K ∩ V_d`; a row with no top-k entry in
+//! `V_d` has `kl = 0`.
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -27,14 +35,26 @@ use std::sync::Mutex;
 /// Loss columns of [`VocabHead`]'s output.
 pub const N_COLS: usize = 4;
 
+/// Label / top-k id of a token outside the draft vocabulary (see the module doc).
+pub const ABSENT: u32 = u32::MAX;
+
+/// `log Σ exp(ℓ)` over the present (non-[`ABSENT`]) entries; `None` when there are none.
+fn present_lse(ids: &[u32], lp: &[f32]) -> Option<f32> {
+    let lmax = ids.iter().zip(lp).filter(|x| *x.0 != ABSENT).map(|x| *x.1).fold(f32::NEG_INFINITY, f32::max);
+    if lmax == f32::NEG_INFINITY {
+        return None;
+    }
+    Some(lmax + ids.iter().zip(lp).filter(|x| *x.0 != ABSENT).map(|x| (x.1 - lmax).exp()).sum::<f32>().ln())
+}
+
 /// Per-row targets of the head.
 #[derive(Debug, Clone)]
 pub struct HeadTargets {
-    /// The target's greedy token per row.
+    /// The target's greedy token per row (a column of the head; [`ABSENT`]: not draftable).
     pub labels: Vec<u32>,
     /// Top-k kept per row.
     pub k: usize,
-    /// `[rows, k]` top-k ids.
+    /// `[rows, k]` top-k ids (columns of the head; [`ABSENT`] entries are skipped).
     pub top_ids: Vec<u32>,
     /// `[rows, k]` top-k log-probabilities (full-softmax normalised).
     pub top_logp: Vec<f32>,
@@ -55,6 +75,10 @@ pub fn vocab_head(h: &Tensor, e: &Tensor, bias: Option<&Tensor>, tg: HeadTargets
     let (_, he) = e.dims2()?;
     if hd != he || tg.labels.len() != rows || tg.top_ids.len() != rows * tg.k || tg.top_logp.len() != rows * tg.k {
         candle_core::bail!("vocab_head: h {:?}, e {:?}, {} labels, k {}", h.dims(), e.dims(), tg.labels.len(), tg.k);
+    }
+    let v = e.dims2()?.0;
+    if let Some(&bad) = tg.labels.iter().chain(&tg.top_ids).find(|&&i| i != ABSENT && i as usize >= v) {
+        candle_core::bail!("vocab_head: label / top-k id {bad} outside the head's {v} columns");
     }
     let op = VocabHead { e: e.clone(), tg, probs: Mutex::new(None) };
     let h = h.contiguous()?;
@@ -89,7 +113,7 @@ impl VocabHead {
         let mut out = vec![0f32; rows * N_COLS];
         z.par_chunks_mut(v).zip(out.par_chunks_mut(N_COLS)).enumerate().for_each(|(r, (row, o))| {
             let y = tg.labels[r] as usize;
-            let mut best = 0;
+            let mut best = usize::MAX;
             let mut max = f32::NEG_INFINITY;
             for (i, &x) in row.iter().enumerate() {
                 if x > max {
@@ -97,7 +121,7 @@ impl VocabHead {
                     best = i;
                 }
             }
-            let zy = row[y];
+            let zy = row.get(y).copied();
             let mut sum = 0f64;
             for x in row.iter_mut() {
                 *x = (*x - max).exp();
@@ -108,10 +132,12 @@ impl VocabHead {
             let lse = max + sum.ln() as f32;
             let ids = &tg.top_ids[r * k..(r + 1) * k];
             let lp = &tg.top_logp[r * k..(r + 1) * k];
-            let lmax = lp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let qlse = lmax + lp.iter().map(|l| (l - lmax).exp()).sum::<f32>().ln();
+            let qlse = present_lse(ids, lp).unwrap_or(0.0);
             let (mut kl, mut l1, mut pk, mut tk) = (0f32, 0f32, 0f32, 0f32);
             for (&i, &l) in ids.iter().zip(lp) {
+                if i == ABSENT {
+                    continue;
+                }
                 let p = row[i as usize];
                 let logq = l - qlse;
                 let logp = (p.max(1e-30)).ln();
@@ -122,7 +148,7 @@ impl VocabHead {
                 tk += t;
             }
             l1 += (tk - pk).abs();
-            o[0] = lse - zy;
+            o[0] = zy.map_or(0.0, |zy| lse - zy);
             o[1] = kl;
             o[2] = l1;
             o[3] = if best == y { 1.0 } else { 0.0 };
@@ -151,8 +177,10 @@ impl VocabHead {
             // Σ of the dense part: (gce + gkl) p_j − gl1 p_j A ; then sparse corrections on K and y.
             let (mut pk, mut tk) = (0f32, 0f32);
             for (&i, &l) in ids.iter().zip(lp) {
-                pk += row[i as usize];
-                tk += l.exp();
+                if i != ABSENT {
+                    pk += row[i as usize];
+                    tk += l.exp();
+                }
             }
             let u = if pk > tk {
                 1.0
@@ -166,6 +194,9 @@ impl VocabHead {
                 .iter()
                 .zip(lp)
                 .map(|(&i, &l)| {
+                    if i == ABSENT {
+                        return 0.0;
+                    }
                     let pi = row[i as usize];
                     let s = if pi > l.exp() {
                         1.0
@@ -178,15 +209,23 @@ impl VocabHead {
                     s + u
                 })
                 .collect();
-            let lmax = lp.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let qlse = lmax + lp.iter().map(|l| (l - lmax).exp()).sum::<f32>().ln();
-            let pa: Vec<f32> = ids.iter().map(|&i| row[i as usize]).collect();
+            // An absent label has ce = 0 (no gradient); no present top-k entry means kl = 0.
+            let y = tg.labels[r] as usize;
+            let gce = if y < v { gce } else { 0.0 };
+            let qlse = present_lse(ids, lp);
+            let gkl = if qlse.is_some() { gkl } else { 0.0 };
+            let qlse = qlse.unwrap_or(0.0);
+            let pa: Vec<f32> = ids.iter().map(|&i| if i == ABSENT { 0.0 } else { row[i as usize] }).collect();
             let dense = gce + gkl - gl1 * a_sum;
             row.iter_mut().for_each(|x| *x *= dense);
             for ((&i, &l), (&ai, &pi)) in ids.iter().zip(lp).zip(a.iter().zip(&pa)) {
-                row[i as usize] += -gkl * (l - qlse).exp() + gl1 * pi * ai;
+                if i != ABSENT {
+                    row[i as usize] += -gkl * (l - qlse).exp() + gl1 * pi * ai;
+                }
             }
-            row[tg.labels[r] as usize] -= gce;
+            if y < v {
+                row[y] -= gce;
+            }
         });
         Ok(p)
     }
@@ -243,15 +282,52 @@ mod tests {
         }
     }
 
-    /// Analytic gradients against central finite differences, with and without the bias.
+    /// As [`targets`], with tokens outside a reduced draft vocabulary: row 0's label and first
+    /// top-k entry, every top-k entry of row 2.
+    fn targets_with_absent(rows: usize, v: usize) -> HeadTargets {
+        let mut t = targets(rows, v);
+        t.labels[0] = ABSENT;
+        t.top_ids[0] = ABSENT;
+        t.top_ids[6..9].iter_mut().for_each(|x| *x = ABSENT);
+        t
+    }
+
+    /// Analytic gradients against central finite differences, with and without the bias, with
+    /// and without [`ABSENT`] labels / top-k ids.
     #[test]
     fn gradients_match_finite_differences() {
+        gradient_check(targets);
+        gradient_check(targets_with_absent);
+    }
+
+    /// Absent entries: CE 0 and no hit for an absent label, KL over the present top-k entries
+    /// renormalised, KL 0 for a row without any; ids beyond the head are an error.
+    #[test]
+    fn absent_entries_are_skipped() {
+        let dev = Device::Cpu;
+        // V = 3, logits (0, ln 3, 0) → p = (0.2, 0.6, 0.2).
+        let e = Tensor::from_vec(vec![0.0f32, 1.0, 0.0], (3, 1), &dev).unwrap();
+        let h = Tensor::from_vec(vec![3f32.ln(), 3f32.ln()], (2, 1), &dev).unwrap();
+        let tg = HeadTargets { labels: vec![ABSENT, 1], k: 2, top_ids: vec![ABSENT, 1, ABSENT, ABSENT], top_logp: vec![-0.1, -1.0, -0.5, -0.9] };
+        let o: Vec<f32> = vocab_head(&h, &e, None, tg.clone()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        // Row 0: no CE, no hit; q = δ_1 → KL = −log 0.6; L1 = |0.6 − e^-1| + |e^-1 − 0.6|.
+        assert_eq!((o[0], o[3]), (0.0, 0.0));
+        assert!((o[1] - (-(0.6f32.ln()))).abs() < 1e-5, "{o:?}");
+        assert!((o[2] - 2.0 * (0.6 - (-1f32).exp())).abs() < 1e-5, "{o:?}");
+        // Row 1: CE −log 0.6, hit, KL 0 (no top-k entry in the head), L1 = |0 − 0|.
+        assert!((o[4] - (-(0.6f32.ln()))).abs() < 1e-5 && o[5] == 0.0 && o[6] == 0.0 && o[7] == 1.0, "{o:?}");
+        let bad = HeadTargets { labels: vec![3, 1], ..tg };
+        let err = vocab_head(&h, &e, None, bad).unwrap_err().to_string();
+        assert!(err.contains("outside the head's 3 columns"), "{err}");
+    }
+
+    fn gradient_check(targets: fn(usize, usize) -> HeadTargets) {
         let (rows, hdim, v) = (3, 4, 7);
         let dev = Device::Cpu;
         let e = Tensor::from_vec((0..v * hdim).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.2).collect::<Vec<_>>(), (v, hdim), &dev).unwrap();
         let h0: Vec<f32> = (0..rows * hdim).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.3).collect();
         let b0: Vec<f32> = (0..rows * v).map(|i| ((i * 5 % 9) as f32 - 4.0) * 0.1).collect();
-        let coef = Tensor::from_vec(vec![0.3f32, 0.5, 0.7, 0.0].repeat(rows), (rows, N_COLS), &dev).unwrap();
+        let coef = Tensor::from_vec([0.3f32, 0.5, 0.7, 0.0].repeat(rows), (rows, N_COLS), &dev).unwrap();
         let loss = |h: &[f32], b: &[f32]| -> f64 {
             let ht = Tensor::from_slice(h, (rows, hdim), &dev).unwrap();
             let bt = Tensor::from_slice(b, (rows, v), &dev).unwrap();

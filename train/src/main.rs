@@ -8,7 +8,7 @@ use sparkling_train::error::{Error, Result};
 use sparkling_train::export::{verify_with_engine, write_hf, ExportDtype};
 use sparkling_train::gen::{self, GenOptions};
 use sparkling_train::train::{
-    self, fold_ctx_scale, latest_checkpoint, load_checkpoint, load_checkpoint_scale, read_run_config, run_context, RunConfig, TrainControl,
+    self, fold_ctx_scale, latest_checkpoint, load_checkpoint, load_checkpoint_scale, read_draft_vocab, read_run_config, run_context, RunConfig, TrainControl,
 };
 use std::path::{Path, PathBuf};
 
@@ -151,6 +151,15 @@ enum Cmd {
         /// makes the context rows exactly the normalised input of target layer F).
         #[arg(long)]
         init_from_target: Option<usize>,
+        /// Reduced draft vocabulary V_d: the output layer (the target lm_head's rows) and the
+        /// Markov W2 cover the V_d most frequent target ids of the training answers (counted
+        /// once, frozen into --out/draft_vocab.json); CE to a label outside it is skipped.
+        #[arg(long)]
+        draft_vocab: Option<usize>,
+        /// Train on the first N cache files (by name) only. The file list is frozen into
+        /// --out/data.json at the start either way, so a resumed run sees the same data.
+        #[arg(long)]
+        max_seqs: Option<usize>,
         /// Continue from the newest checkpoint in --out.
         #[arg(long)]
         resume: bool,
@@ -262,6 +271,8 @@ fn run(cli: Cli) -> Result<()> {
             ckpt_every,
             eval_every,
             init_from_target,
+            draft_vocab,
+            max_seqs,
             resume,
             max_minutes,
         } => {
@@ -291,6 +302,8 @@ fn run(cli: Cli) -> Result<()> {
                 seed,
                 holdout,
                 init_from_target,
+                draft_vocab,
+                max_seqs,
             };
             let ctl = TrainControl { out, resume, ckpt_every, eval_every, max_minutes };
             train::run(&rc, &ctl)?;
@@ -309,21 +322,23 @@ fn export(run: &Path, out: &Path, step: Option<usize>, f32: bool, force: bool) -
         None => latest_checkpoint(run)?.ok_or_else(|| Error::file(run, "no checkpoint (ckpt-*.json) in this run directory"))?,
     };
     let params = load_checkpoint(run, step, &dcfg, meta.width(), None)?;
+    let draft_vocab = read_draft_vocab(run, &rc, tcfg.vocab)?;
     if let Some(scale) = load_checkpoint_scale(run, step)? {
         fold_ctx_scale(&params, &scale)?;
     }
     let summary = std::fs::read_to_string(run.join("summary.json")).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
     let info = serde_json::json!({"run": rc, "step": step, "summary": summary, "cache_target": meta.target, "cache_source": meta.source});
     let dtype = if f32 { ExportDtype::F32 } else { ExportDtype::Bf16 };
-    write_hf(out, &dcfg, tcfg.layers, meta.width(), &params, dtype, Some(&info))?;
+    write_hf(out, &dcfg, tcfg.layers, meta.width(), &params, draft_vocab.as_ref(), dtype, Some(&info))?;
     let cfg = verify_with_engine(out, &tcfg)?;
     let size = std::fs::metadata(out.join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
     eprintln!(
-        "exported step {step} → {} ({:?}, {} layers, Markov rank {}, {:.1} MB); verified: the engine's Drafter::load accepts it",
+        "exported step {step} → {} ({:?}, {} layers, Markov rank {}, draft vocabulary {}, {:.1} MB); verified: the engine's Drafter::load accepts it",
         out.display(),
         cfg.kind,
         cfg.layers,
         cfg.markov_rank,
+        cfg.draft_vocab,
         size as f64 / 1e6
     );
     Ok(())

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::rng::Rng;
 use candle_core::{DType, Device, Tensor, Var, D};
 use sparkling::model::config::{DrafterConfig, DrafterKind};
+use sparkling::model::draft_vocab::DraftVocab;
 use std::collections::BTreeMap;
 
 /// Trainable parameters by HF tensor name.
@@ -32,7 +33,10 @@ pub struct Params {
 }
 
 /// Name and shape of every tensor a drafter of `cfg` has (`n_feat = n_taps * H_target`), in the
-/// layout `Drafter::load` expects (no embedding / lm_head: borrowed from the target).
+/// layout `Drafter::load` expects (no embedding / lm_head: borrowed from the target). A reduced
+/// draft vocabulary (`cfg.draft_vocab` = V_d < V) shrinks the Markov `W2` to `[V_d, r]`; `W1`
+/// stays `[V, r]` (indexed by the previous token's target id). The `draft_to_target` map is not
+/// a parameter (the exporter writes it).
 pub fn tensor_shapes(cfg: &DrafterConfig, n_feat: usize) -> Vec<(String, Vec<usize>)> {
     let (h, q, kv, hd, i) = (cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.head_dim, cfg.intermediate);
     let mut v: Vec<(String, Vec<usize>)> = vec![("fc.weight".into(), vec![h, n_feat]), ("hidden_norm.weight".into(), vec![h])];
@@ -53,7 +57,7 @@ pub fn tensor_shapes(cfg: &DrafterConfig, n_feat: usize) -> Vec<(String, Vec<usi
     v.push(("norm.weight".into(), vec![h]));
     if cfg.kind == DrafterKind::DSpark && cfg.markov_rank > 0 {
         v.push(("markov_head.markov_w1.weight".into(), vec![cfg.vocab, cfg.markov_rank]));
-        v.push(("markov_head.markov_w2.weight".into(), vec![cfg.vocab, cfg.markov_rank]));
+        v.push(("markov_head.markov_w2.weight".into(), vec![cfg.draft_vocab, cfg.markov_rank]));
     }
     if cfg.kind == DrafterKind::DSpark && cfg.confidence_head {
         v.push(("confidence_head.proj.weight".into(), vec![1, h + cfg.markov_rank]));
@@ -162,7 +166,8 @@ pub struct BlockInput {
     pub anchor_ids: Vec<u32>,
 }
 
-/// The candle drafter: config + parameters + the frozen target embedding / lm_head `[V, H]`.
+/// The candle drafter: config + parameters + the frozen target embedding `[V, H]` and output
+/// layer `[V_d, H]`.
 pub struct CandleDrafter {
     /// Geometry (the engine's config type).
     pub cfg: DrafterConfig,
@@ -170,8 +175,12 @@ pub struct CandleDrafter {
     pub params: Params,
     /// Frozen target embedding, also the lm_head (SmolLM2 ties them) `[V, H]`.
     pub embed: Tensor,
-    /// Frozen lm_head `[V, H]` (the same tensor as `embed` for tied targets).
+    /// Frozen output layer `[V_d, H]`: the target's lm_head (the same tensor as `embed` for
+    /// tied targets), or its rows `draft_vocab.draft_to_target()` for a reduced draft vocabulary.
     pub lm_head: Tensor,
+    /// The reduced draft vocabulary (draft id `i` = target id `draft_to_target()[i]`; the
+    /// columns of the logits and of the Markov bias are draft ids); `None` = the full vocabulary.
+    pub draft_vocab: Option<DraftVocab>,
     /// Training-time preconditioner of the context features, `[n_feat]`: the forward uses
     /// `fc(ctx ⊙ s)`. Target residual streams carry a few "massive" dimensions (SmolLM2's taps
     /// have one feature with RMS ≈ 1 200 against a median of ≈ 5), which through a randomly
@@ -287,7 +296,7 @@ impl CandleDrafter {
         }
     }
 
-    /// Base draft logits `[nA * depth, V]` (no Markov bias): the engine's `Drafter::draft`
+    /// Base draft logits `[nA * depth, V_d]` (no Markov bias; columns are draft ids): the engine's `Drafter::draft`
     /// output for each anchor, stacked. Inference/testing path (no loss).
     pub fn draft_logits(&self, inp: &BlockInput) -> Result<Tensor> {
         let out = self.backbone(inp)?;
@@ -297,8 +306,8 @@ impl CandleDrafter {
         Ok(sel.matmul(&self.lm_head.t()?)?)
     }
 
-    /// Markov bias `[rows, V]` = `W2 · W1[prev]` for the previous tokens `prev` (DSpark with
-    /// `markov_rank > 0`; `None` otherwise) and the gathered `W1` rows `[rows, r]`.
+    /// Markov bias `[rows, V_d]` = `W2 · W1[prev]` for the previous tokens `prev` (target ids;
+    /// DSpark with `markov_rank > 0`; `None` otherwise) and the gathered `W1` rows `[rows, r]`.
     pub fn markov_bias(&self, prev: &[u32]) -> Result<Option<(Tensor, Tensor)>> {
         if self.cfg.kind != DrafterKind::DSpark || self.cfg.markov_rank == 0 {
             return Ok(None);

@@ -17,16 +17,17 @@
 //! ([`crate::rng`]), parameters are initialised from the seed, and candle's CPU kernels are
 //! deterministic for a fixed thread count; `--resume` restores parameters and AdamW moments.
 
-use crate::cache::{load_all, CacheMeta, Sequence};
+use crate::cache::{list, load_files, CacheMeta, Sequence};
 use crate::error::{io, Error, Result};
 use crate::gen::load_lm_head;
-use crate::head::{vocab_head, HeadTargets, N_COLS};
+use crate::head::{vocab_head, HeadTargets, ABSENT, N_COLS};
 use crate::model::{feature_scale, BlockInput, CandleDrafter, Params};
 use crate::optim::{lr_at, AdamW, AdamWConfig};
 use crate::rng::Rng;
 use candle_core::{Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::model::config::{DrafterConfig, DrafterKind, TargetConfig};
+use sparkling::model::draft_vocab::DraftVocab;
 use sparkling::model::synth::{drafter_config, DrafterInit};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -84,6 +85,15 @@ pub struct RunConfig {
     /// [`warm_start`]); `None` = random initialisation.
     #[serde(default)]
     pub init_from_target: Option<usize>,
+    /// Reduced draft vocabulary V_d (`--draft-vocab`): the output layer and the Markov `W2`
+    /// cover the V_d most frequent target ids of the training answers ([`count_draft_vocab`]);
+    /// `None` = the full vocabulary.
+    #[serde(default)]
+    pub draft_vocab: Option<usize>,
+    /// Use only the first N cache files (by name) of the snapshot (`--max-seqs`); `None` = all
+    /// files present when the run starts.
+    #[serde(default)]
+    pub max_seqs: Option<usize>,
 }
 
 impl RunConfig {
@@ -110,8 +120,14 @@ impl RunConfig {
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(Error::arg("lr", "must be a positive number"));
         }
-        if !(self.gamma > 0.0) {
+        if self.gamma.is_nan() || self.gamma <= 0.0 {
             return Err(Error::arg("gamma", "must be positive"));
+        }
+        if self.draft_vocab == Some(0) {
+            return Err(Error::arg("draft-vocab", "must be ≥ 1"));
+        }
+        if self.max_seqs == Some(0) {
+            return Err(Error::arg("max-seqs", "must be ≥ 1"));
         }
         if self.w_ce < 0.0 || self.w_kl < 0.0 || self.w_l1 < 0.0 || self.w_conf < 0.0 || self.w_ce + self.w_kl + self.w_l1 <= 0.0 {
             return Err(Error::arg("ce/kl/l1", "loss weights must be ≥ 0 and not all zero"));
@@ -134,7 +150,57 @@ pub fn drafter_cfg(rc: &RunConfig, target: &TargetConfig, tap_layers: &[usize]) 
     };
     let mut c = drafter_config(target, &init);
     c.target_layer_ids = tap_layers.to_vec();
+    if let Some(vd) = rc.draft_vocab {
+        if vd > target.vocab {
+            return Err(Error::arg("draft-vocab", format!("{vd} exceeds the target vocabulary of {}", target.vocab)));
+        }
+        c.draft_vocab = vd;
+        c.reduced = true;
+    }
     Ok(c)
+}
+
+/// The run directory's frozen list of cache files (`data.json`).
+pub const DATA_FILE: &str = "data.json";
+/// The run directory's draft vocabulary (`draft_vocab.json`: `draft_to_target` + provenance).
+pub const DRAFT_VOCAB_FILE: &str = "draft_vocab.json";
+
+/// The draft vocabulary of a run: the `v_d` most frequent target ids among the **answer**
+/// tokens of `train` (the target's own greedy generations), ties broken by the ids' counts in
+/// the training prompts and then by lower id, the target's `eos` ids always included — the
+/// rule of `sparkling reduce-vocab` ([`sparkling::model::reduce::top_ids`]). Holdout sequences
+/// are not counted. Returns the map and the share of the counted answer tokens it covers.
+pub fn count_draft_vocab(train: &[Sequence], vocab: usize, v_d: usize, eos: &[u32]) -> Result<(DraftVocab, f64)> {
+    let mut counts = vec![0u64; vocab];
+    let mut prompt = vec![0u64; vocab];
+    for s in train {
+        for (i, &t) in s.tokens.iter().enumerate() {
+            let c = if i < s.prompt_len { &mut prompt } else { &mut counts };
+            if let Some(x) = c.get_mut(t as usize) {
+                *x += 1;
+            }
+        }
+    }
+    let ids = sparkling::model::reduce::top_ids(&counts, &prompt, v_d, eos);
+    let cov = sparkling::model::reduce::coverage(&counts, &ids);
+    Ok((DraftVocab::from_ids(&ids, vocab)?, cov))
+}
+
+/// Read a run's `draft_vocab.json` (`None` when the run has the full vocabulary); checks it
+/// against the run's V_d and the target vocabulary. Errors name the file.
+pub fn read_draft_vocab(out: &Path, rc: &RunConfig, vocab: usize) -> Result<Option<DraftVocab>> {
+    let Some(vd) = rc.draft_vocab else { return Ok(None) };
+    let p = out.join(DRAFT_VOCAB_FILE);
+    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
+    let ids: Vec<i64> = v
+        .get("draft_to_target")
+        .and_then(|x| x.as_array())
+        .ok_or_else(|| Error::file(&p, "no `draft_to_target` array"))?
+        .iter()
+        .map(|x| x.as_i64().ok_or_else(|| Error::file(&p, "`draft_to_target`: non-integer entry")))
+        .collect::<Result<_>>()?;
+    Ok(Some(DraftVocab::new(&p, &[ids.len()], &ids, vocab, vd)?))
 }
 
 /// Warm start from the target (`--init-from-target F`): draft layer `l` takes target layer
@@ -220,7 +286,8 @@ struct Rows {
     w: Vec<f32>,
 }
 
-/// Forward the backbone over `(sequence, anchors)` pairs and gather the loss rows.
+/// Forward the backbone over `(sequence, anchors)` pairs and gather the loss rows; with a
+/// reduced draft vocabulary the labels and top-k ids become draft ids ([`ABSENT`] outside it).
 fn gather_rows(m: &CandleDrafter, items: &[(&Sequence, Vec<usize>)], topk: usize, gamma: f64) -> Result<Rows> {
     let bk = m.cfg.block_size;
     let mut hs = Vec::new();
@@ -245,8 +312,16 @@ fn gather_rows(m: &CandleDrafter, items: &[(&Sequence, Vec<usize>)], topk: usize
                 sel.push((a * bk + j) as u32);
                 meta.push((anchor_base + a, depth));
                 prev.push(seq.tokens[q - 1]);
-                tg.labels.push(seq.tokens[q]);
-                tg.top_ids.extend_from_slice(&ids[..topk]);
+                match &m.draft_vocab {
+                    None => {
+                        tg.labels.push(seq.tokens[q]);
+                        tg.top_ids.extend_from_slice(&ids[..topk]);
+                    }
+                    Some(dv) => {
+                        tg.labels.push(dv.draft_id(seq.tokens[q]).unwrap_or(ABSENT));
+                        tg.top_ids.extend(ids[..topk].iter().map(|&t| dv.draft_id(t).unwrap_or(ABSENT)));
+                    }
+                }
                 tg.top_logp.extend_from_slice(&lp[..topk]);
                 w.push((-((depth - 1) as f64) / gamma).exp() as f32);
             }
@@ -556,6 +631,70 @@ pub fn run_context(rc: &RunConfig) -> Result<(CacheMeta, Tensor, TargetConfig, D
     Ok((meta, head, tcfg, dcfg))
 }
 
+/// The cache files of a run: read from `out/data.json` when the run has one (a resumed run
+/// trains on exactly the files it started with, in the same order, so the holdout and the
+/// sequence order do not move while `gen-data` appends to the cache), else listed now — the
+/// first `max_seqs` by name — and frozen into `data.json`. Errors name the file.
+pub fn frozen_file_list(rc: &RunConfig, out: &Path) -> Result<Vec<String>> {
+    let p = out.join(DATA_FILE);
+    if p.exists() {
+        let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
+        return v
+            .get("files")
+            .and_then(|x| x.as_array())
+            .ok_or_else(|| Error::file(&p, "no `files` array"))?
+            .iter()
+            .map(|x| x.as_str().map(str::to_string).ok_or_else(|| Error::file(&p, "`files`: non-string entry")))
+            .collect();
+    }
+    let mut names = list(Path::new(&rc.cache))?;
+    if let Some(m) = rc.max_seqs {
+        names.truncate(m);
+    }
+    let v = serde_json::json!({"cache": rc.cache, "files": names});
+    sparkling::fsio::write_bytes(&p, serde_json::to_string_pretty(&v).map_err(|e| Error::file(&p, e))?.as_bytes())?;
+    Ok(names)
+}
+
+/// The draft vocabulary of a run (`None`: full vocabulary): read from `out/draft_vocab.json`
+/// when present (resume), else counted on `train` ([`count_draft_vocab`]) and written there
+/// with its coverage of the train and holdout answers.
+fn frozen_draft_vocab(rc: &RunConfig, out: &Path, train: &[Sequence], hold: &[Sequence], tcfg: &TargetConfig) -> Result<Option<DraftVocab>> {
+    let Some(vd) = rc.draft_vocab else { return Ok(None) };
+    if out.join(DRAFT_VOCAB_FILE).exists() {
+        return read_draft_vocab(out, rc, tcfg.vocab);
+    }
+    let (dv, cov) = count_draft_vocab(train, tcfg.vocab, vd, &tcfg.eos)?;
+    let mut hc = vec![0u64; tcfg.vocab];
+    for s in hold {
+        s.tokens[s.prompt_len..].iter().for_each(|&t| hc[t as usize] += 1);
+    }
+    let hold_cov = sparkling::model::reduce::coverage(&hc, dv.draft_to_target());
+    let answers: usize = train.iter().map(|s| s.len() - s.prompt_len).sum();
+    eprintln!("draft vocabulary: V_d = {vd} covers {:.2} % of the train answers' tokens, {:.2} % of the holdout answers'", cov * 100.0, hold_cov * 100.0);
+    let v = serde_json::json!({
+        "draft_vocab_size": dv.len(),
+        "counted": format!("answer tokens of the {} training sequences ({answers} tokens); ties: their prompt tokens, then lower id; always: eos {:?}", train.len(), tcfg.eos),
+        "coverage_train_answers": cov,
+        "coverage_holdout_answers": hold_cov,
+        "draft_to_target": dv.draft_to_target(),
+    });
+    let p = out.join(DRAFT_VOCAB_FILE);
+    sparkling::fsio::write_bytes(&p, serde_json::to_string(&v).map_err(|e| Error::file(&p, e))?.as_bytes())?;
+    Ok(Some(dv))
+}
+
+/// Print a line above the progress bar, or to stderr when the bar is hidden (not a terminal:
+/// a background run's log file), where `println` on the bar would drop it.
+fn say(pb: &ProgressBar, line: String) {
+    if pb.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        pb.println(line);
+    }
+}
+
 /// Run (or resume) training. Returns the final holdout metrics.
 pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     rc.validate()?;
@@ -578,7 +717,7 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     let (meta, head, tcfg, dcfg) = run_context(rc)?;
     let n_feat = meta.width();
     let t_load = Instant::now();
-    let seqs = load_all(Path::new(&rc.cache), &meta)?;
+    let seqs = load_files(Path::new(&rc.cache), &meta, &frozen_file_list(rc, &ctl.out)?)?;
     let (train, hold) = split(seqs, rc.holdout);
     if train.is_empty() {
         return Err(Error::file(Path::new(&rc.cache), "no usable sequences (run gen-data first)"));
@@ -641,7 +780,12 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         eprintln!("warm start: draft layers ← target layers {first}..{}", first + dcfg.layers);
     }
     let scale_t = Tensor::from_vec(scale, n_feat, &Device::Cpu)?;
-    let model = CandleDrafter { cfg: dcfg, params, embed: head.clone(), lm_head: head, ctx_scale: Some(scale_t) };
+    let draft_vocab = frozen_draft_vocab(rc, &ctl.out, &train, &hold, &tcfg)?;
+    let lm_head = match &draft_vocab {
+        Some(dv) => head.index_select(&Tensor::from_vec(dv.draft_to_target().to_vec(), dv.len(), &Device::Cpu)?, 0)?,
+        None => head.clone(),
+    };
+    let model = CandleDrafter { cfg: dcfg, params, embed: head, lm_head, draft_vocab, ctx_scale: Some(scale_t) };
     let log_path = ctl.out.join("log.jsonl");
     let mut log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).map_err(|e| io(&log_path, e))?;
     let pb = ProgressBar::new(rc.steps as u64);
@@ -660,7 +804,7 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     while step < rc.steps {
         if let Some(mm) = ctl.max_minutes {
             if t0.elapsed().as_secs_f64() > mm * 60.0 {
-                pb.println(format!("time budget of {mm} min reached at step {step}"));
+                say(&pb, format!("time budget of {mm} min reached at step {step}"));
                 break;
             }
         }
@@ -704,13 +848,10 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         writeln!(log, "{rec}").map_err(|e| io(&log_path, e))?;
         if ctl.eval_every > 0 && step % ctl.eval_every == 0 && !hold.is_empty() {
             let ev = evaluate(&model, &hold, rc, topk, 32)?;
-            pb.println(format!(
-                "step {step}: holdout ce {:.3} kl {:.3} acc1 {:.3} τchain {:.3}",
-                ev.ce,
-                ev.kl,
-                ev.acc.first().copied().unwrap_or(0.0),
-                ev.tau_chain
-            ));
+            say(
+                &pb,
+                format!("step {step}: holdout ce {:.3} kl {:.3} acc1 {:.3} τchain {:.3}", ev.ce, ev.kl, ev.acc.first().copied().unwrap_or(0.0), ev.tau_chain),
+            );
             writeln!(log, "{}", serde_json::json!({"step": step, "eval": ev})).map_err(|e| io(&log_path, e))?;
         }
         if step % ctl.ckpt_every == 0 || step == rc.steps {
@@ -738,4 +879,91 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         ev.tau_chain
     );
     Ok(ev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    fn seq(id: u32, prompt: &[u32], answer: &[u32]) -> Sequence {
+        let tokens: Vec<u32> = prompt.iter().chain(answer).copied().collect();
+        let n = tokens.len();
+        Sequence {
+            id,
+            prompt_len: prompt.len(),
+            tokens,
+            width: 1,
+            taps: vec![f16::ZERO; n],
+            topk: 1,
+            top_ids: answer.to_vec(),
+            top_logp: vec![0.0; answer.len()],
+        }
+    }
+
+    /// Answer tokens rank the draft vocabulary; prompt tokens only break ties; eos is always in.
+    #[test]
+    fn draft_vocab_counts_answers_only() {
+        // Answers: 5 ×3, 2 ×2, 7 ×1. Prompts: 9 ×4 (never in an answer), 3 ×1.
+        let train = [seq(0, &[9, 9, 3], &[5, 5, 2, 7]), seq(1, &[9, 9], &[5, 2])];
+        let (dv, cov) = count_draft_vocab(&train, 12, 3, &[]).unwrap();
+        assert_eq!(dv.draft_to_target(), &[5, 2, 7]);
+        assert!((cov - 1.0).abs() < 1e-12);
+        // V_d 2: 7 drops out (5 of 6 answer tokens kept); eos 11 takes the first slot.
+        let (dv, cov) = count_draft_vocab(&train, 12, 2, &[]).unwrap();
+        assert_eq!((dv.draft_to_target(), (cov * 6.0).round()), (&[5u32, 2][..], 5.0));
+        let (dv, _) = count_draft_vocab(&train, 12, 3, &[11]).unwrap();
+        assert_eq!(dv.draft_to_target(), &[11, 5, 2]);
+        // The unseen tail: prompt counts first (9, then 3), then lower id.
+        let (dv, _) = count_draft_vocab(&train, 12, 6, &[]).unwrap();
+        assert_eq!(dv.draft_to_target(), &[5, 2, 7, 9, 3, 0]);
+        assert_eq!((dv.draft_id(9), dv.draft_id(4)), (Some(3), None));
+    }
+
+    /// The first start freezes the cache's file list (`--max-seqs` keeps the first N by name);
+    /// files `gen-data` appends later do not enter a resumed run.
+    #[test]
+    fn file_list_is_frozen_at_the_first_start() {
+        let cache = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        for id in [3u32, 1, 2] {
+            seq(id, &[1], &[2, 3]).write(cache.path()).unwrap();
+        }
+        let rc = RunConfig {
+            kind: "dspark".into(),
+            target: String::new(),
+            cache: cache.path().display().to_string(),
+            layers: 1,
+            block_size: 4,
+            markov_rank: 0,
+            confidence: false,
+            steps: 1,
+            lr: 1e-3,
+            warmup: 0,
+            min_lr_ratio: 0.1,
+            seqs_per_step: 1,
+            anchors: 1,
+            gamma: 7.0,
+            w_ce: 1.0,
+            w_kl: 0.0,
+            w_l1: 0.0,
+            w_conf: 0.0,
+            weight_decay: 0.0,
+            clip: 1.0,
+            seed: 0,
+            holdout: 1,
+            init_from_target: None,
+            draft_vocab: None,
+            max_seqs: Some(2),
+        };
+        let first = frozen_file_list(&rc, out.path()).unwrap();
+        assert_eq!(first, vec!["seq-00001.bin".to_string(), "seq-00002.bin".into()]);
+        seq(0, &[1], &[2, 3]).write(cache.path()).unwrap();
+        assert_eq!(frozen_file_list(&rc, out.path()).unwrap(), first);
+        let all = frozen_file_list(&RunConfig { max_seqs: None, ..rc.clone() }, tempfile::tempdir().unwrap().path()).unwrap();
+        assert_eq!(all.len(), 4);
+        std::fs::write(out.path().join(DATA_FILE), "{}").unwrap();
+        let e = frozen_file_list(&rc, out.path()).unwrap_err().to_string();
+        assert!(e.contains(DATA_FILE) && e.contains("no `files` array"), "{e}");
+    }
 }

@@ -19,6 +19,7 @@ use sparkling::core::{AttnMask, Backend};
 use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::loader::open_source;
 use sparkling::model::config::{read_json, Arch, DrafterConfig, DrafterKind, TargetConfig};
+use sparkling::model::draft_vocab::DraftVocab;
 use sparkling::model::drafter::Drafter;
 use sparkling::model::synth::{drafter_config, tiny_target_config, write_random_target, DrafterInit, StoreDtype};
 use sparkling::model::target::{LogitRows, Target};
@@ -55,7 +56,8 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
     let nf = d.cfg.target_layer_ids.len() * target.cfg.hidden;
     let taps = engine_taps(b, target, tokens, &d.cfg.target_layer_ids);
     let depth = d.cfg.draft_depth();
-    let v = target.cfg.vocab;
+    // Logit columns: draft ids (V_d = V for a full-vocabulary drafter).
+    let v = d.cfg.draft_vocab;
     // Candle: all anchors in one batched call.
     let lc = *anchors.iter().max().unwrap();
     let ctx = Tensor::from_vec(taps[..lc * nf].to_vec(), (lc, nf), &Device::Cpu).unwrap();
@@ -80,12 +82,18 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
             assert_close(&el2, &cl[a * depth * v..(a + 1) * depth * v], &format!("{tag} anchor {s} (two calls)"));
         }
     }
-    // Markov bias: engine host head vs the trainer's candle bias.
-    if let (Some(mh), Some((bias, _))) = (d.markov.as_ref(), cd.markov_bias(&[tokens[1], tokens[2]]).unwrap()) {
+    // Markov bias: engine host head vs the trainer's candle bias. The trainer conditions on
+    // target ids, the engine's host head (reduced: `W1[draft_to_target]`) on draft ids.
+    let prev: Vec<u32> = match &cd.draft_vocab {
+        Some(dv) => vec![dv.draft_to_target()[3], dv.draft_to_target()[0]],
+        None => vec![tokens[1], tokens[2]],
+    };
+    if let (Some(mh), Some((bias, _))) = (d.markov.as_ref(), cd.markov_bias(&prev).unwrap()) {
         let cb: Vec<f32> = bias.flatten_all().unwrap().to_vec1().unwrap();
-        for (i, &t) in [tokens[1], tokens[2]].iter().enumerate() {
+        assert_eq!(cb.len(), prev.len() * v);
+        for (i, &t) in prev.iter().enumerate() {
             let mut eb = vec![0f32; v];
-            mh.bias(t, &mut eb);
+            mh.bias(cd.draft_vocab.as_ref().map_or(t, |dv| dv.draft_id(t).unwrap()), &mut eb);
             assert_close(&eb, &cb[i * v..(i + 1) * v], &format!("{tag} Markov bias"));
         }
     }
@@ -109,7 +117,14 @@ fn randomise(p: &Params, seed: u64) {
 #[test]
 fn engine_and_trainer_agree_on_random_checkpoints() {
     let b = CpuBackend::new();
-    for (arch, kind, seed) in [(Arch::Llama, DrafterKind::DSpark, 1u64), (Arch::Qwen3, DrafterKind::DFlash, 2), (Arch::Llama, DrafterKind::DFlash, 3)] {
+    // (arch, kind, seed, reduced draft vocabulary V_d)
+    for (arch, kind, seed, reduced) in [
+        (Arch::Llama, DrafterKind::DSpark, 1u64, None),
+        (Arch::Qwen3, DrafterKind::DFlash, 2, None),
+        (Arch::Llama, DrafterKind::DFlash, 3, None),
+        (Arch::Llama, DrafterKind::DSpark, 4, Some(40)),
+        (Arch::Qwen3, DrafterKind::DFlash, 5, Some(33)),
+    ] {
         let tdir = tempfile::tempdir().unwrap();
         let tcfg = tiny_target_config(arch, 96);
         write_random_target(tdir.path(), &tcfg, seed, StoreDtype::F32).unwrap();
@@ -118,12 +133,22 @@ fn engine_and_trainer_agree_on_random_checkpoints() {
         let src = open_source(tdir.path()).unwrap();
         let target = Target::load(&b, src.as_ref(), tcfg.clone(), &|_, _| {}).unwrap();
         let init = DrafterInit { kind, layers: 2, block_size: 6, markov_rank: 8, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
-        let dcfg = drafter_config(&tcfg, &init);
+        let mut dcfg = drafter_config(&tcfg, &init);
+        // A reduced draft vocabulary: V_d distinct target ids in a scrambled order (draft id i is
+        // target id d2t[i]), so a row or column mix-up between draft and target ids shows.
+        let draft_vocab = reduced.map(|vd| {
+            let mut ids: Vec<u32> = (0..tcfg.vocab as u32).collect();
+            Rng::new(seed, 7).shuffle(&mut ids);
+            ids.truncate(vd);
+            dcfg.draft_vocab = vd;
+            dcfg.reduced = true;
+            DraftVocab::from_ids(&ids, tcfg.vocab).unwrap()
+        });
         let nf = dcfg.target_layer_ids.len() * tcfg.hidden;
         let params = Params::init(&dcfg, nf, seed, None).unwrap();
         randomise(&params, seed);
         let ddir = tempfile::tempdir().unwrap();
-        write_hf(ddir.path(), &dcfg, tcfg.layers, nf, &params, ExportDtype::F32, None).unwrap();
+        write_hf(ddir.path(), &dcfg, tcfg.layers, nf, &params, draft_vocab.as_ref(), ExportDtype::F32, None).unwrap();
         let loaded_cfg = verify_with_engine(ddir.path(), &tcfg).unwrap();
         assert_eq!(loaded_cfg, dcfg);
         let d = Drafter::load(&b, open_source(ddir.path()).unwrap().as_ref(), loaded_cfg, &tcfg).unwrap();
@@ -135,11 +160,36 @@ fn engine_and_trainer_agree_on_random_checkpoints() {
             let t = open_source(tdir.path()).unwrap().load("model.embed_tokens.weight").unwrap();
             Tensor::from_vec(t.data, (tcfg.vocab, tcfg.hidden), &Device::Cpu).unwrap()
         };
-        let cd = CandleDrafter { cfg: dcfg.clone(), params, embed, lm_head: e, ctx_scale: None };
+        let lm_head = match &draft_vocab {
+            Some(dv) => e.index_select(&Tensor::from_vec(dv.draft_to_target().to_vec(), dv.len(), &Device::Cpu).unwrap(), 0).unwrap(),
+            None => e,
+        };
+        let cd = CandleDrafter { cfg: dcfg.clone(), params, embed, lm_head, draft_vocab, ctx_scale: None };
         let mut r = Rng::new(seed, 99);
         let tokens: Vec<u32> = (0..20).map(|_| r.below(tcfg.vocab - 1) as u32).collect();
-        compare(&b, &target, &d, &cd, &tokens, &[1, 5, 11, 19], &format!("{arch:?}/{kind:?}"));
+        compare(&b, &target, &d, &cd, &tokens, &[1, 5, 11, 19], &format!("{arch:?}/{kind:?}/V_d {reduced:?}"));
     }
+}
+
+/// A reduced drafter without its map (or with a map of the wrong size) is refused by the
+/// exporter with an error naming the draft vocabulary.
+#[test]
+fn export_refuses_a_reduced_drafter_without_its_map() {
+    let tcfg = tiny_target_config(Arch::Llama, 64);
+    let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 4, markov_rank: 4, taps: 2, mask_token_id: None, confidence_head: false };
+    let mut dcfg = drafter_config(&tcfg, &init);
+    dcfg.draft_vocab = 10;
+    dcfg.reduced = true;
+    let nf = dcfg.target_layer_ids.len() * tcfg.hidden;
+    let params = Params::init(&dcfg, nf, 1, None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("d");
+    let e = write_hf(&out, &dcfg, tcfg.layers, nf, &params, None, ExportDtype::F32, None).unwrap_err().to_string();
+    assert!(e.contains("draft vocabulary") && e.contains("no draft_to_target map"), "{e}");
+    let nine = DraftVocab::from_ids(&(0..9).collect::<Vec<u32>>(), tcfg.vocab).unwrap();
+    let e = write_hf(&out, &dcfg, tcfg.layers, nf, &params, Some(&nine), ExportDtype::F32, None).unwrap_err().to_string();
+    assert!(e.contains("a map of 9 ids") && e.contains("draft_vocab_size 10"), "{e}");
+    assert!(!out.exists(), "nothing is written on error");
 }
 
 /// The training-time context preconditioner folds exactly into `fc.weight` at export: the
@@ -158,7 +208,7 @@ fn preconditioner_folds_into_fc() {
     let ctx: Vec<f32> = (0..7 * nf).map(|i| r.normal() * if i % 17 == 0 { 1000.0 } else { 1.0 }).collect();
     let inp = || BlockInput { ctx: Tensor::from_vec(ctx.clone(), (7, nf), &Device::Cpu).unwrap(), anchors: vec![3, 7], anchor_ids: vec![5, 9] };
     let st = Tensor::from_vec(scale, nf, &Device::Cpu).unwrap();
-    let with_scale = CandleDrafter { cfg: dcfg.clone(), params, embed: e.clone(), lm_head: e.clone(), ctx_scale: Some(st.clone()) };
+    let with_scale = CandleDrafter { cfg: dcfg.clone(), params, embed: e.clone(), lm_head: e.clone(), draft_vocab: None, ctx_scale: Some(st.clone()) };
     let a: Vec<f32> = with_scale.draft_logits(&inp()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
     sparkling_train::train::fold_ctx_scale(&with_scale.params, &st).unwrap();
     let folded = CandleDrafter { ctx_scale: None, ..with_scale };
@@ -199,7 +249,13 @@ fn engine_and_trainer_agree_on_committed_smollm2_drafters() {
         let nf = dcfg.target_layer_ids.len() * tcfg.hidden;
         let st = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
         let params = Params::from_tensors(&dcfg, nf, st.into_iter().collect(), &dir.display().to_string()).unwrap();
-        let cd = CandleDrafter { cfg: dcfg, params, embed: e.clone(), lm_head: e.clone(), ctx_scale: None };
+        // A reduced drafter: the trainer's output layer is the target lm_head's rows of its map.
+        let draft_vocab = d.vocab_map.clone();
+        let lm_head = match &draft_vocab {
+            Some(dv) => e.index_select(&Tensor::from_vec(dv.draft_to_target().to_vec(), dv.len(), &Device::Cpu).unwrap(), 0).unwrap(),
+            None => e.clone(),
+        };
+        let cd = CandleDrafter { cfg: dcfg, params, embed: e.clone(), lm_head, draft_vocab, ctx_scale: None };
         compare(&b, &target, &d, &cd, &tokens, &[n - 12, n - 2], &dir.file_name().unwrap().to_string_lossy());
     }
 }
