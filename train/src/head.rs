@@ -251,7 +251,7 @@ mod tests {
         let e = Tensor::from_vec((0..v * hdim).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.2).collect::<Vec<_>>(), (v, hdim), &dev).unwrap();
         let h0: Vec<f32> = (0..rows * hdim).map(|i| ((i * 13 % 7) as f32 - 3.0) * 0.3).collect();
         let b0: Vec<f32> = (0..rows * v).map(|i| ((i * 5 % 9) as f32 - 4.0) * 0.1).collect();
-        let coef = Tensor::from_vec(vec![0.3f32, 0.5, 0.7, 0.0].repeat(rows), (rows, N_COLS), &dev).unwrap();
+        let coef = Tensor::from_vec([0.3f32, 0.5, 0.7, 0.0].repeat(rows), (rows, N_COLS), &dev).unwrap();
         let loss = |h: &[f32], b: &[f32]| -> f64 {
             let ht = Tensor::from_slice(h, (rows, hdim), &dev).unwrap();
             let bt = Tensor::from_slice(b, (rows, v), &dev).unwrap();

@@ -110,7 +110,7 @@ impl RunConfig {
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(Error::arg("lr", "must be a positive number"));
         }
-        if !(self.gamma > 0.0) {
+        if self.gamma.is_nan() || self.gamma <= 0.0 {
             return Err(Error::arg("gamma", "must be positive"));
         }
         if self.w_ce < 0.0 || self.w_kl < 0.0 || self.w_l1 < 0.0 || self.w_conf < 0.0 || self.w_ce + self.w_kl + self.w_l1 <= 0.0 {
