@@ -15,7 +15,7 @@ pub fn holds_model(dir: &Path) -> bool {
     rd.filter_map(|e| e.ok()).any(|e| {
         let n = e.file_name();
         let n = n.to_string_lossy();
-        n == "config.json" || n.ends_with(".safetensors") || n.ends_with(".gguf")
+        is_checkpoint_file(&n)
     })
 }
 
@@ -192,11 +192,23 @@ fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
     Ok(tmp)
 }
 
-/// Build the directory `dir` atomically: `build` fills a temporary sibling directory; on
-/// success it is renamed to `dir` when `dir` does not exist (or is empty), else its files are
-/// renamed into `dir` one by one (each replacement atomic; callers check `--force` first with
-/// [`check_out_dir`]). On an error or a panic in `build`, `dir` is untouched.
+/// Build the directory `dir` atomically: `build` fills a temporary sibling directory, which
+/// then takes `dir`'s place in one step. When `dir` exists and is not empty (callers check
+/// `--force` first with [`check_out_dir`]), the files of the checkpoint it held (`config.json`,
+/// `*.safetensors`, `*.gguf`: [`is_checkpoint_file`]) are replaced as a whole — an old one the
+/// build did not write again is dropped, so no stale weight shard mixes with the new files —
+/// while every other file or folder (a README, notes) is carried into the new directory (hard
+/// links, else copies) before the swap. The swap is one `renameat2(RENAME_EXCHANGE)` on Linux;
+/// where that is not supported, `dir` is renamed aside and the new directory renamed into its
+/// place (a process killed between the two renames leaves the old directory, complete, at a
+/// hidden `.{name}.old-…` sibling). The old directory is removed after the swap. On an error or
+/// a panic before the swap, `dir` is untouched and the temporary is removed. A symbolic link
+/// `dir` is followed: the directory it names is replaced, the link stays.
 pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        let target = std::fs::canonicalize(dir).map_err(|e| Error::file(dir, format!("is a symbolic link whose target cannot be resolved: {e}")))?;
+        return publish_dir(&target, build);
+    }
     let mut tmp = create_temp_dir(dir, "tmp")?;
     build(&tmp.path)?;
     let empty = !dir.exists() || std::fs::read_dir(dir).is_ok_and(|mut r| r.next().is_none());
@@ -204,16 +216,109 @@ pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Resul
         tmp.keep = true;
         return Ok(());
     }
-    std::fs::create_dir_all(dir).map_err(|e| Error::file(dir, format!("cannot create directory: {e}")))?;
-    let rd = std::fs::read_dir(&tmp.path).map_err(|e| Error::file(&tmp.path, e.to_string()))?;
-    let mut names: Vec<_> = rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect();
-    // config.json last: a reader that sees it sees the weights it describes.
-    names.sort_by_key(|n| n == "config.json");
-    for n in names {
-        let to = dir.join(&n);
-        std::fs::rename(tmp.path.join(&n), &to).map_err(|e| Error::file(&to, format!("cannot write: {e}")))?;
+    if !dir.is_dir() {
+        return Err(Error::file(dir, "exists and is not a directory"));
+    }
+    carry_over(dir, &tmp.path, true)?;
+    if exchange(&tmp.path, dir).is_ok() {
+        // `tmp.path` now holds the old directory: removed on drop.
+        return Ok(());
+    }
+    let aside = sibling(dir, "old");
+    std::fs::rename(dir, &aside).map_err(|e| Error::file(dir, format!("cannot replace the directory (moving the old one aside failed): {e}")))?;
+    if let Err(e) = std::fs::rename(&tmp.path, dir) {
+        let _ = std::fs::rename(&aside, dir);
+        return Err(Error::file(dir, format!("cannot replace the directory: {e}")));
+    }
+    tmp.keep = true;
+    drop(Temp { path: aside, keep: false });
+    Ok(())
+}
+
+/// Whether `name` is a file of a checkpoint or model (what [`holds_model`] looks for, and
+/// what [`publish_dir`] replaces as a whole): `config.json`, `*.safetensors`, `*.gguf`.
+pub fn is_checkpoint_file(name: &str) -> bool {
+    name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".gguf")
+}
+
+/// Copy into `to` every entry of `from` that `to` lacks (skipping checkpoint files at the top
+/// level when `top`): files as hard links (else copies), folders recursively, symbolic links
+/// as links. Errors name the entry.
+fn carry_over(from: &Path, to: &Path, top: bool) -> Result<()> {
+    let rd = std::fs::read_dir(from).map_err(|e| Error::file(from, format!("cannot read the directory: {e}")))?;
+    for e in rd {
+        let e = e.map_err(|e| Error::file(from, format!("cannot read the directory: {e}")))?;
+        let name = e.file_name();
+        let (src, dst) = (e.path(), to.join(&name));
+        if (top && is_checkpoint_file(&name.to_string_lossy())) || std::fs::symlink_metadata(&dst).is_ok() {
+            continue;
+        }
+        let err = |x: std::io::Error| Error::file(&src, format!("cannot carry it into the new directory: {x}"));
+        let ty = e.file_type().map_err(err)?;
+        if ty.is_dir() {
+            std::fs::create_dir(&dst).map_err(err)?;
+            carry_over(&src, &dst, false)?;
+        } else if ty.is_symlink() {
+            #[cfg(unix)]
+            std::os::unix::fs::symlink(std::fs::read_link(&src).map_err(err)?, &dst).map_err(err)?;
+            #[cfg(not(unix))]
+            std::fs::copy(&src, &dst).map(|_| ()).map_err(err)?;
+        } else if std::fs::hard_link(&src, &dst).is_err() {
+            std::fs::copy(&src, &dst).map(|_| ()).map_err(err)?;
+        }
     }
     Ok(())
+}
+
+/// Swap the two existing paths `a` and `b` in one step (`renameat2` with `RENAME_EXCHANGE`,
+/// Linux ≥ 3.15 on most file systems). Errors: unsupported here, or the call failed.
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both paths are valid NUL-terminated strings that outlive the call; AT_FDCWD
+    // resolves relative paths against the working directory, as `std::fs::rename` does.
+    let r = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// No atomic exchange of two paths here: [`publish_dir`] falls back to rename aside + rename.
+#[cfg(not(target_os = "linux"))]
+fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
+}
+
+/// Write the safetensors file `path` from `tensors` (+ header `metadata`) atomically, streamed
+/// (no in-memory copy of the file), with the mode a plain file create gives (0644 under the
+/// usual umask 022), or the mode of the file it replaces. The `safetensors` crate writes a
+/// temporary file and renames it over `path`, which leaves mode 0600; here a missing `path` is
+/// first created the ordinary way to learn the mode, which is then given to the written file.
+/// `shown` names the file in errors (the final path when `path` is inside a temporary
+/// directory). Errors: [`Error::File`] naming `shown`, for a failed create, serialization or
+/// write.
+pub fn write_safetensors<S, V, I>(path: &Path, shown: &Path, tensors: I, metadata: Option<std::collections::HashMap<String, String>>) -> Result<()>
+where
+    S: AsRef<str> + Ord + std::fmt::Display,
+    V: safetensors::View,
+    I: IntoIterator<Item = (S, V)>,
+{
+    let mode = match std::fs::metadata(path) {
+        Ok(m) => m.permissions(),
+        Err(_) => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .and_then(|f| f.metadata())
+            .map_err(|e| Error::file(shown, format!("cannot create: {e}")))?
+            .permissions(),
+    };
+    safetensors::serialize_to_file(tensors, metadata, path).map_err(|e| Error::file(shown, format!("cannot write safetensors: {e}")))?;
+    std::fs::set_permissions(path, mode).map_err(|e| Error::file(shown, format!("cannot set the file mode: {e}")))
 }
 
 /// Make sure the shared cache entry `dir` is complete (`complete(dir)`), building it when it is
@@ -377,12 +482,90 @@ mod tests {
             std::fs::write(t.join("model.safetensors"), "1").map_err(|e| Error::Input(e.to_string()))
         })
         .unwrap();
-        // Into an existing directory: files replaced, others kept.
+        // Into an existing directory: the checkpoint is replaced as a whole (the stale shard the
+        // new build did not write goes), other files and folders are carried over.
         std::fs::write(out.join("README.md"), "keep").unwrap();
-        publish_dir(&out, |t| std::fs::write(t.join("config.json"), "2").map_err(|e| Error::Input(e.to_string()))).unwrap();
-        assert_eq!(listing(&out), vec!["README.md", "config.json", "model.safetensors"]);
+        std::fs::write(out.join("model-00002-of-00002.safetensors"), "stale").unwrap();
+        std::fs::create_dir(out.join("notes")).unwrap();
+        std::fs::write(out.join("notes").join("a.txt"), "n").unwrap();
+        #[cfg(unix)]
+        let inode = |p: &Path| std::fs::metadata(p).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+        #[cfg(unix)]
+        let readme = inode(&out.join("README.md"));
+        publish_dir(&out, |t| {
+            std::fs::write(t.join("config.json"), "2").map_err(|e| Error::Input(e.to_string()))?;
+            std::fs::write(t.join("model.safetensors"), "2").map_err(|e| Error::Input(e.to_string()))
+        })
+        .unwrap();
+        assert_eq!(listing(&out), vec!["README.md", "config.json", "model.safetensors", "notes"]);
         assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "2");
+        assert_eq!(std::fs::read_to_string(out.join("model.safetensors")).unwrap(), "2");
+        assert_eq!(std::fs::read_to_string(out.join("README.md")).unwrap(), "keep");
+        #[cfg(unix)]
+        assert_eq!(inode(&out.join("README.md")), readme, "carried as a hard link, not copied");
+        assert_eq!(std::fs::read_to_string(out.join("notes").join("a.txt")).unwrap(), "n");
+        // No temporary or set-aside directory remains.
         assert_eq!(listing(&d), vec!["ckpt"]);
+        // Through a symbolic link: the directory it names is replaced, the link stays a link.
+        #[cfg(unix)]
+        {
+            let link = d.join("link");
+            std::os::unix::fs::symlink(&out, &link).unwrap();
+            publish_dir(&link, |t| std::fs::write(t.join("config.json"), "3").map_err(|e| Error::Input(e.to_string()))).unwrap();
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+            assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "3");
+            assert_eq!(listing(&out), vec!["README.md", "config.json", "notes"]);
+            assert_eq!(listing(&d), vec!["ckpt", "link"]);
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// `exchange` swaps two directories in one step, or (unsupported here) leaves both as they
+    /// were, so `publish_dir` can fall back to renaming aside.
+    #[test]
+    fn exchange_swaps_two_directories() {
+        let d = tmpdir();
+        let (a, b) = (d.join("a"), d.join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        std::fs::write(a.join("x"), "a").unwrap();
+        std::fs::write(b.join("y"), "b").unwrap();
+        match exchange(&a, &b) {
+            Ok(()) => {
+                assert_eq!(listing(&a), vec!["y"]);
+                assert_eq!(listing(&b), vec!["x"]);
+            }
+            // Not supported here (e.g. a file system without it): left as they were.
+            Err(e) => {
+                eprintln!("RENAME_EXCHANGE unsupported: {e}");
+                assert!(!cfg!(target_os = "linux") || e.raw_os_error().is_some());
+                assert_eq!(listing(&a), vec!["x"]);
+            }
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A safetensors file gets the mode of a plain file create (the umask's), not the 0600 of
+    /// the `safetensors` crate's temporary file; a replaced file keeps its mode.
+    #[cfg(unix)]
+    #[test]
+    fn safetensors_files_get_the_mode_of_a_plain_create() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tmpdir();
+        let plain = d.join("plain");
+        std::fs::write(&plain, "").unwrap();
+        let want = std::fs::metadata(&plain).unwrap().permissions().mode() & 0o777;
+        let data = [0u8; 8];
+        let view = || vec![("w", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &data).unwrap())];
+        let st = d.join("m.safetensors");
+        write_safetensors(&st, &st, view(), None).unwrap();
+        assert_eq!(std::fs::metadata(&st).unwrap().permissions().mode() & 0o777, want);
+        let bytes = std::fs::read(&st).unwrap();
+        assert_eq!(safetensors::SafeTensors::deserialize(&bytes).unwrap().tensor("w").unwrap().data(), &data[..]);
+        std::fs::set_permissions(&st, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_safetensors(&st, &st, view(), None).unwrap();
+        assert_eq!(std::fs::metadata(&st).unwrap().permissions().mode() & 0o777, 0o640);
+        assert_eq!(listing(&d), vec!["m.safetensors", "plain"]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -82,10 +82,27 @@ fn init_drafter_into_a_checkpoint_needs_force() {
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out)]);
     assert!(!o.status.success() && stderr(&o).contains("--force"), "{}", stderr(&o));
+    // --force replaces the whole directory in one step: the new checkpoint (a stale weight
+    // shard goes), other files carried over, no temporary or set-aside directory left.
+    std::fs::write(out.join("model-00002-of-00002.safetensors"), "stale").unwrap();
+    std::fs::write(out.join("README.md"), "mine").unwrap();
+    let old_weights = std::fs::read(out.join("model.safetensors")).unwrap();
     let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out), "--force", "--seed", "5"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(listing(&out), vec!["config.json", "model.safetensors"]);
+    assert_eq!(listing(&out), vec!["README.md", "config.json", "model.safetensors"]);
+    assert_ne!(std::fs::read(out.join("model.safetensors")).unwrap(), old_weights, "seed 5 weights");
     assert_eq!(listing(d.path()), vec!["drafter", "target"]);
+    // The weights get the mode of a plain file create (the umask's; 0644 under 022), like
+    // config.json, not the 0600 of the safetensors crate's temporary file.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |f: &str| std::fs::metadata(out.join(f)).unwrap().permissions().mode() & 0o777;
+        std::fs::write(d.path().join("plain"), "").unwrap();
+        let plain = std::fs::metadata(d.path().join("plain")).unwrap().permissions().mode() & 0o777;
+        std::fs::remove_file(d.path().join("plain")).unwrap();
+        assert_eq!((mode("model.safetensors"), mode("config.json")), (plain, plain));
+    }
     // Arguments init-drafter does not use are refused, not ignored.
     let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&out), "--force", "--drafter", s(&out)]);
     assert!(!o.status.success() && stderr(&o).contains("does not use --drafter"), "{}", stderr(&o));
@@ -358,6 +375,12 @@ fn profile_into_a_closed_pipe_writes_its_json_first() {
     quiet_exit(&o);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
     assert_eq!(v["budget"], 4);
+    // The weights one decode step reads, as stored (this target's are f32: 4 B each).
+    let mut c = tiny_target_config(Arch::Qwen3, 64);
+    c.layers = 4;
+    let (h, q, kv) = (c.hidden, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let params = c.layers * (2 * h * q + 2 * h * kv + 3 * h * c.intermediate) + c.vocab * h;
+    assert_eq!(v["decode_weight_bytes"], 4 * params);
     // An unwritable --json fails before the timing, and creates nothing.
     let bad = d.path().join("no-such-dir").join("p.json");
     let mut a2 = args.to_vec();
@@ -423,19 +446,21 @@ fn absurd_sizes_are_clamped_or_refused_naming_the_argument() {
     let d = tmpdir("cli-sizes");
     let t = tiny_target(d.path(), "tiny", 4);
     let base = ["generate", "--target", s(&t), "--prompt-ids", "1,2,3"];
-    // Candidates, fan-out and k far beyond the vocabulary: clamped, with a note for the knobs
-    // the method uses (and none for the others).
-    for (method, used, unused) in [
-        ("sparkling", "--candidates 1000000000 exceeds the vocabulary size (64)", "--treespark-k"),
-        ("treespark", "--treespark-k 1000000000 exceeds the vocabulary size, --budget and 1024", "--candidates"),
+    // Candidates, fan-out and k far beyond the vocabulary: clamped, with a note naming the
+    // knob (the knobs a method does not read are refused: see `options_no_method_reads_...`).
+    for (method, knobs, note) in [
+        ("sparkling", &["--candidates", "--max-fanout"][..], "--candidates 1000000000 exceeds the vocabulary size (64)"),
+        ("treespark", &["--treespark-k"][..], "--treespark-k 1000000000 exceeds the vocabulary size, --budget and 1024"),
     ] {
         let mut a = base.to_vec();
-        a.extend(["--max-new-tokens", "4", "--method", method, "--candidates", "1000000000", "--max-fanout", "1000000000", "--treespark-k", "1000000000"]);
+        a.extend(["--max-new-tokens", "4", "--method", method]);
+        for k in knobs {
+            a.extend([*k, "1000000000"]);
+        }
         let o = run(d.path(), &a);
         no_panic(&o);
         assert!(o.status.success(), "{method}: {}", stderr(&o));
-        assert!(stderr(&o).contains(used), "{}", stderr(&o));
-        assert!(!stderr(&o).contains(unused), "{}", stderr(&o));
+        assert!(stderr(&o).contains(note), "{}", stderr(&o));
     }
     // Refused: a budget beyond the context, absurd thread counts, token counts.
     for (extra, arg) in [
@@ -452,6 +477,78 @@ fn absurd_sizes_are_clamped_or_refused_naming_the_argument() {
     let o = run(d.path(), &["profile", "--target", s(&t), "--budget", "18446744073709551615", "--prefill", "8"]);
     no_panic(&o);
     assert!(!o.status.success() && stderr(&o).contains("--budget"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_zero_tree_budget_is_refused_by_every_command() {
+    let d = tmpdir("cli-budget0");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let prompts = d.path().join("p.txt");
+    std::fs::write(&prompts, "hi\n").unwrap();
+    let gen = ["generate", "--target", s(&t), "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--method", "ddtree"];
+    let bench = ["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", "ddtree", "--max-new-tokens", "2"];
+    for (cmd, flag, bad) in [(&gen[..], "--budget", "0"), (&bench[..], "--budgets", "0"), (&bench[..], "--budgets", "8,0"), (&gen[..], "--budget", "-3")] {
+        let mut a = cmd.to_vec();
+        let arg = format!("{flag}={bad}");
+        a.push(&arg);
+        let o = run(d.path(), &a);
+        no_panic(&o);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{a:?}: {e}");
+        assert!(e.contains(flag) && e.contains("positive tree budget") && e.contains("`auto`"), "{a:?}: {e}");
+    }
+    let o = run(d.path(), &["profile", "--target", s(&t), "--prefill", "8", "--budget", "0"]);
+    no_panic(&o);
+    let e = stderr(&o);
+    assert!(!o.status.success() && e.contains("--budget") && e.contains("positive tree budget"), "{e}");
+    // The smallest accepted budget runs.
+    let mut a = gen.to_vec();
+    a.extend(["--budget", "1"]);
+    let o = run(d.path(), &a);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn options_no_method_reads_are_refused_naming_option_and_method() {
+    let d = tmpdir("cli-unused");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let prompts = d.path().join("p.txt");
+    std::fs::write(&prompts, "hi\n").unwrap();
+    let drafter = d.path().join("drafter");
+    let gen = |method: &'static str| vec!["generate", "--target", s(&t), "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--method", method];
+    let bench = |methods: &'static str| vec!["bench", "--target", s(&t), "--prompts", s(&prompts), "--max-new-tokens", "2", "--methods", methods];
+    let cases: Vec<(Vec<&str>, [&str; 2], &str, &str)> = vec![
+        (gen("ar"), ["--budget", "4"], "--method ar", "dflash, ddtree, dspark, sparkling, treespark"),
+        (gen("ar"), ["--tree-prep", "host"], "--method ar", "dflash"),
+        (gen("ar"), ["--drafter", s(&drafter)], "--method ar", "dflash"),
+        (gen("ddtree"), ["--candidates", "8"], "--method ddtree", "only sparkling read it"),
+        (gen("dflash"), ["--max-fanout", "8"], "--method dflash", "only sparkling read it"),
+        (gen("sparkling"), ["--treespark-k", "2"], "--method sparkling", "only treespark read it"),
+        (bench("ar"), ["--budgets", "4"], "--methods ar", "ddtree"),
+        (bench("ar,ddtree"), ["--treespark-k", "2"], "--methods ar,ddtree", "only treespark read it"),
+    ];
+    for (mut a, option, chosen, readers) in cases {
+        a.extend(option);
+        let o = run(d.path(), &a);
+        no_panic(&o);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{a:?}: {e}");
+        assert!(e.contains(&format!("{} is not used by {chosen}", option[0])) && e.contains(readers), "{a:?}: {e}");
+    }
+    // A method that reads the option accepts it; bench accepts it when any listed method reads
+    // it (and then stops later, for want of a tokenizer for its text prompts).
+    for (mut a, ok) in [(gen("treespark"), true), (bench("ar,treespark"), false)] {
+        a.extend(["--treespark-k", "2", "--tree-prep", "host"]);
+        let o = run(d.path(), &a);
+        let e = stderr(&o);
+        assert!(if ok { o.status.success() } else { e.contains("bench needs a tokenizer") }, "{a:?}: {e}");
+    }
+    // --system belongs to --chat.
+    let mut a = gen("ar");
+    a.extend(["--system", "be brief"]);
+    let o = run(d.path(), &a);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("--chat"), "{}", stderr(&o));
 }
 
 // ---- path arguments mean exactly the file they name ----------------------------------------

@@ -20,18 +20,6 @@ use sparkling::model::drafter::Drafter;
 use sparkling::tree::{DraftTree, MarkovHead};
 use std::path::Path;
 
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
 #[test]
 fn every_method_matches_ar_with_a_reduced_draft_vocabulary_on_cpu() {
     reduced_vocab_methods_match_ar(&CpuBackend::new(), &[1, 8, 32]);

@@ -12,19 +12,6 @@ use sparkling::decode::{Engine, Method};
 use sparkling::model::config::DrafterKind;
 use sparkling::tree::{self, MarkovHead};
 
-/// Deterministic pseudo-random values in [-scale, scale).
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
 #[test]
 fn backend_topk_matches_host_depth_topk() {
     let b = CpuBackend::new();

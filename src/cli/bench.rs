@@ -34,9 +34,9 @@ pub struct BenchArgs {
     /// Budgets, comma-separated: numbers and/or `auto` (the per-round choice of `generate
     /// --budget auto`); each tree/chain method runs at every budget, ar once. Every prompt
     /// runs all (method, budget) pairs before the next prompt (interleaved, so machine-load
-    /// drift hits every row alike).
-    #[arg(long, value_delimiter = ',', default_value = "64")]
-    pub budgets: Vec<String>,
+    /// drift hits every row alike). Default: 64.
+    #[arg(long, value_delimiter = ',')]
+    pub budgets: Option<Vec<String>>,
     /// Maximum new tokens per prompt.
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
@@ -46,18 +46,19 @@ pub struct BenchArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// SparklingTree candidates per depth.
-    #[arg(long, default_value_t = 128)]
-    pub candidates: usize,
-    /// SparklingTree maximum fan-out.
-    #[arg(long, default_value_t = 64)]
-    pub max_fanout: usize,
-    /// TreeSpark k.
-    #[arg(long, default_value_t = 4)]
-    pub treespark_k: usize,
-    /// Candidate selection: auto (host on cpu, device otherwise), host or device.
-    #[arg(long, default_value = "auto")]
-    pub tree_prep: String,
+    /// SparklingTree candidates per depth (sparkling only; default 128).
+    #[arg(long)]
+    pub candidates: Option<usize>,
+    /// SparklingTree maximum fan-out (sparkling only; default 64).
+    #[arg(long)]
+    pub max_fanout: Option<usize>,
+    /// TreeSpark k (treespark only; default 4).
+    #[arg(long)]
+    pub treespark_k: Option<usize>,
+    /// Candidate selection (methods with a drafter): auto (default: host on cpu, device
+    /// otherwise), host or device.
+    #[arg(long)]
+    pub tree_prep: Option<String>,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -70,6 +71,13 @@ pub struct BenchArgs {
 
 /// Read prompts (as chat messages) from a file in one of the supported formats.
 pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
+    read_prompts_with(path, limit, |_| None)
+}
+
+/// [`read_prompts`], with `fallback` giving the prompt of a JSON line in none of the bench
+/// formats (`None`: the line is an error naming the expected fields). Plain-text files (one
+/// prompt per line) and gzip (`.gz`) are read as by `bench`.
+pub fn read_prompts_with(path: &Path, limit: usize, fallback: impl Fn(&serde_json::Value) -> Option<String>) -> Result<Vec<String>> {
     let mut raw = Vec::new();
     std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut raw)).map_err(|e| Error::file(path, e.to_string()))?;
     let text = if path.extension().is_some_and(|e| e == "gz") {
@@ -89,31 +97,19 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
             continue;
         }
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| Error::file(path, format!("line {}: invalid JSON: {e}", i + 1)))?;
-        let p = if let Some(t) = v.get("turns").and_then(|t| t.get(0)).and_then(|t| t.as_str()) {
-            t.to_string()
-        } else if let (Some(p), Some(_)) = (v.get("prompt").and_then(|x| x.as_str()), v.get("task_id")) {
-            // HumanEval, formatted as in the DDTree benchmark (reference §6.2).
-            format!("Write a solution to the following problem and make sure that it passes the tests:\n```python\n{p}\n```")
-        } else if let Some(q) = v.get("question").and_then(|x| x.as_str()) {
-            format!("{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
-        } else if let Some(q) = v.get("problem").and_then(|x| x.as_str()) {
-            // MATH-500: the GSM8K instruction.
-            format!("{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
-        } else if let (Some(t), Some(tests)) = (v.get("text").and_then(|x| x.as_str()), v.get("test_list").and_then(|x| x.as_array())) {
-            // MBPP: only the test split (task ids 11–510); the prompt of the MBPP paper.
-            let id = v.get("task_id").and_then(|x| x.as_u64()).unwrap_or(0);
-            if !(11..=510).contains(&id) {
-                continue;
-            }
-            let tests: Vec<&str> = tests.iter().filter_map(|x| x.as_str()).collect();
-            format!("{t} Your code should pass these tests:\n\n{}", tests.join("\n"))
-        } else {
-            return Err(Error::file(
-                path,
-                format!("line {}: expected a `turns`, `prompt`+`task_id`, `question`, `problem` (MATH) or `text`+`test_list` (MBPP) field", i + 1),
-            ));
-        };
-        out.push(p);
+        match bench_prompt(&v) {
+            Some(Some(p)) => out.push(p),
+            Some(None) => continue,
+            None => match fallback(&v) {
+                Some(p) => out.push(p),
+                None => {
+                    return Err(Error::file(
+                        path,
+                        format!("line {}: expected a `turns`, `prompt`+`task_id`, `question`, `problem` (MATH) or `text`+`test_list` (MBPP) field", i + 1),
+                    ))
+                }
+            },
+        }
     }
     if out.is_empty() {
         return Err(Error::file(path, "no prompts found"));
@@ -121,13 +117,81 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// The prompt of one JSON line in a bench format: `Some(Some(prompt))`, `Some(None)` for a line
+/// the format leaves out (MBPP outside its test split), `None` for none of the formats.
+fn bench_prompt(v: &serde_json::Value) -> Option<Option<String>> {
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str());
+    Some(Some(if let Some(t) = v.get("turns").and_then(|t| t.get(0)).and_then(|t| t.as_str()) {
+        t.to_string()
+    } else if let (Some(p), Some(_)) = (s("prompt"), v.get("task_id")) {
+        // HumanEval, formatted as in the DDTree benchmark (reference §6.2).
+        format!("Write a solution to the following problem and make sure that it passes the tests:\n```python\n{p}\n```")
+    } else if let Some(q) = s("question") {
+        format!("{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
+    } else if let Some(q) = s("problem") {
+        // MATH-500: the GSM8K instruction.
+        format!("{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
+    } else if let (Some(t), Some(tests)) = (s("text"), v.get("test_list").and_then(|x| x.as_array())) {
+        // MBPP: only the test split (task ids 11–510); the prompt of the MBPP paper.
+        let id = v.get("task_id").and_then(|x| x.as_u64()).unwrap_or(0);
+        if !(11..=510).contains(&id) {
+            return Some(None);
+        }
+        let tests: Vec<&str> = tests.iter().filter_map(|x| x.as_str()).collect();
+        format!("{t} Your code should pass these tests:\n\n{}", tests.join("\n"))
+    } else {
+        return None;
+    }))
+}
+
+/// The `generate` arguments every bench run shares (method and budget are set per run).
+fn generate_args(a: &BenchArgs) -> GenerateArgs {
+    GenerateArgs {
+        show_tree: false,
+        model: a.model.clone(),
+        chat: None,
+        prompt: None,
+        prompt_ids: None,
+        system: None,
+        method: String::new(),
+        budget: None,
+        candidates: a.candidates,
+        max_fanout: a.max_fanout,
+        treespark_k: a.treespark_k,
+        tree_prep: a.tree_prep.clone(),
+        temperature: a.temperature,
+        top_k: 0,
+        top_p: 1.0,
+        seed: a.seed,
+        max_new_tokens: a.max_new_tokens,
+        ignore_eos: false,
+        ids: false,
+        stats_json: None,
+    }
+}
+
+/// The parsed `--budgets` (default: 64). Errors name `--budgets` ([`BudgetChoice::parse`]).
+fn budget_choices(a: &BenchArgs) -> Result<Vec<BudgetChoice>> {
+    match &a.budgets {
+        Some(b) => b.iter().map(|b| BudgetChoice::parse(b, "--budgets")).collect(),
+        None => Ok(vec![BudgetChoice::Fixed(64)]),
+    }
+}
+
 /// Run `bench` on the backend named by `--backend`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
-    for b in &a.budgets {
-        BudgetChoice::parse(b, "--budgets")?;
+    let options = generate_args(&a).tree_options("--budgets", a.budgets.is_some());
+    if a.batch.is_empty() {
+        super::refuse_unused_options(&options, &methods, &format!("--methods {}", a.methods.join(",")))?;
+    } else {
+        super::refuse_unused_options(&options, &[Method::Ar], "--batch (it decodes with ar only)")?;
     }
-    super::generate::tree_prep(&a.tree_prep)?; // refuse a bad value before loading anything
+    // Refuse bad values before loading anything.
+    budget_choices(&a)?;
+    if let Some(p) = &a.tree_prep {
+        super::generate::tree_prep(p)?;
+    }
     if let Some(j) = &a.json {
         sparkling::fsio::check_writable(j, "--json")?; // fail before the benchmark, not after
     }
@@ -154,7 +218,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         }
     }
     let stop = sparkling::decode::stop_tokens(&m.target.cfg.eos, &tok.stop);
-    let budgets = a.budgets.iter().map(|b| BudgetChoice::parse(b, "--budgets")).collect::<Result<Vec<_>>>()?;
+    let budgets = budget_choices(a)?;
     let mut runs: Vec<(Method, BudgetChoice)> = Vec::new();
     for &meth in methods {
         if meth == Method::Ar {
@@ -165,28 +229,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     }
     let pb = ProgressBar::new((runs.len() * prompts.len()) as u64);
     pb.set_style(ProgressStyle::with_template("{msg:28} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
-    let gen_args = GenerateArgs {
-        show_tree: false,
-        model: a.model.clone(),
-        chat: None,
-        prompt: None,
-        prompt_ids: None,
-        system: None,
-        method: String::new(),
-        budget: None,
-        candidates: a.candidates,
-        max_fanout: a.max_fanout,
-        treespark_k: a.treespark_k,
-        tree_prep: a.tree_prep.clone(),
-        temperature: a.temperature,
-        top_k: 0,
-        top_p: 1.0,
-        seed: a.seed,
-        max_new_tokens: a.max_new_tokens,
-        ignore_eos: false,
-        ids: false,
-        stats_json: None,
-    };
+    let gen_args = generate_args(a);
     if !a.batch.is_empty() {
         pb.finish_and_clear();
         let params = gen_params(Method::Ar, Some(BudgetChoice::Fixed(1)), &gen_args, stop, m.backend.host_memory())?;

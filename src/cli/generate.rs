@@ -38,22 +38,23 @@ pub struct GenerateArgs {
     /// nodes verified every round (chains: max chain length).
     #[arg(long)]
     pub budget: Option<String>,
-    /// SparklingTree candidates: top-C tokens per depth in the union table (C ≥ vocabulary
-    /// takes every token; the device table costs O(n²) in the union size n ≈ depth·C).
-    #[arg(long, default_value_t = 128)]
-    pub candidates: usize,
-    /// SparklingTree maximum children per parent.
-    #[arg(long, default_value_t = 64)]
-    pub max_fanout: usize,
-    /// TreeSpark children per parent (k).
-    #[arg(long, default_value_t = 4)]
-    pub treespark_k: usize,
-    /// Where draft candidates are selected: `host` (download the draft logits), `device`
-    /// (top-k, the Markov candidate table and — on wgpu and CUDA — the whole SparklingTree
-    /// tree built on the backend; only the selection comes back), or `auto` (host on the cpu
-    /// backend, device otherwise).
-    #[arg(long, default_value = "auto")]
-    pub tree_prep: String,
+    /// SparklingTree candidates (sparkling only; default 128): top-C
+    /// tokens per depth in the union table (C ≥ vocabulary takes every token; the device table
+    /// costs O(n²) in the union size n ≈ depth·C).
+    #[arg(long)]
+    pub candidates: Option<usize>,
+    /// SparklingTree maximum children per parent (sparkling only; default 64).
+    #[arg(long)]
+    pub max_fanout: Option<usize>,
+    /// TreeSpark children per parent, k (treespark only; default 4).
+    #[arg(long)]
+    pub treespark_k: Option<usize>,
+    /// Where draft candidates are selected (methods with a drafter): `host` (download the
+    /// draft logits), `device` (top-k, the Markov candidate table and — on wgpu and CUDA — the
+    /// whole SparklingTree tree built on the backend; only the selection comes back), or
+    /// `auto` (default: host on the cpu backend, device otherwise).
+    #[arg(long)]
+    pub tree_prep: Option<String>,
     /// Sampling temperature (0 = greedy; every method then emits the target's greedy tokens).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -82,6 +83,21 @@ pub struct GenerateArgs {
     /// path + bonus token), then the tree indented by depth, accepted nodes marked `✓`.
     #[arg(long)]
     pub show_tree: bool,
+}
+
+impl GenerateArgs {
+    /// The options [`super::refuse_unused_options`] checks, with whether each was given;
+    /// `budget` names the budget option (`--budget`, bench's `--budgets`).
+    pub fn tree_options<'a>(&self, budget: &'a str, budget_given: bool) -> [(&'a str, bool); 6] {
+        [
+            (budget, budget_given),
+            ("--candidates", self.candidates.is_some()),
+            ("--max-fanout", self.max_fanout.is_some()),
+            ("--treespark-k", self.treespark_k.is_some()),
+            ("--tree-prep", self.tree_prep.is_some()),
+            ("--drafter", !self.model.drafter.is_empty()),
+        ]
+    }
 }
 
 /// The `--show-tree` text of one round: a summary line, then one line per node, depth first
@@ -134,14 +150,22 @@ pub fn tree_prep(s: &str) -> Result<TreePrep> {
 }
 
 /// Build generation parameters from CLI values (shared with `bench`) over the library's
-/// defaults ([`GenParams::new`]). `host_memory`: the backend's [`Backend::host_memory`], which
-/// picks the default budget (`--tree-prep auto` is resolved by the engine).
+/// defaults ([`GenParams::new`]): an option not given keeps the library's value.
+/// `host_memory`: the backend's [`Backend::host_memory`], which picks the default budget
+/// (`--tree-prep auto` is resolved by the engine).
 /// Errors: an unknown `--tree-prep`, and [`GenParams::validate`]'s.
 pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs, stop: Vec<u32>, host_memory: bool) -> Result<GenParams> {
-    let prep = tree_prep(&a.tree_prep)?;
     let d = GenParams::new(method, host_memory).with_budget(budget.unwrap_or(BudgetChoice::Auto));
+    let t = &d.tree;
+    let prep = a.tree_prep.as_deref().map(tree_prep).transpose()?.unwrap_or(t.prep);
     let p = GenParams {
-        tree: TreeParams { budget: d.tree.budget, candidates: a.candidates, max_fanout: a.max_fanout, treespark_k: a.treespark_k, prep },
+        tree: TreeParams {
+            budget: t.budget,
+            candidates: a.candidates.unwrap_or(t.candidates),
+            max_fanout: a.max_fanout.unwrap_or(t.max_fanout),
+            treespark_k: a.treespark_k.unwrap_or(t.treespark_k),
+            prep,
+        },
         sampling: SampleParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p },
         seed: a.seed,
         max_new_tokens: a.max_new_tokens,
@@ -193,7 +217,15 @@ pub fn size_histogram(s: &Stats) -> Option<String> {
 /// Run `generate` on the backend named by `--backend`.
 pub fn run(a: GenerateArgs) -> Result<()> {
     let method = Method::parse(&a.method)?;
-    tree_prep(&a.tree_prep)?; // refuse a bad value before loading anything
+    super::refuse_unused_options(&a.tree_options("--budget", a.budget.is_some()), &[method], &format!("--method {}", method.name()))?;
+    if a.system.is_some() && a.chat.is_none() {
+        // Not clap's `requires`: clap drops it when a conflicting prompt option is given.
+        return Err(Error::Input("--system is a system message for --chat: give --chat TEXT, or leave --system out".into()));
+    }
+    // Refuse bad values before loading anything.
+    if let Some(p) = &a.tree_prep {
+        tree_prep(p)?;
+    }
     if let Some(b) = &a.budget {
         BudgetChoice::parse(b, "--budget")?;
     }

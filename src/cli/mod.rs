@@ -130,6 +130,34 @@ pub fn bound_tree(t: &mut sparkling::decode::propose::TreeParams, vocab: usize, 
     note(method == Method::TreeSpark, "--treespark-k", &mut t.treespark_k, k_max, "the vocabulary size, --budget and 1024");
 }
 
+/// The methods that read a tree or drafter option of `generate` / `bench` (none for a name
+/// not listed here).
+fn readers(option: &str) -> &'static [sparkling::decode::Method] {
+    use sparkling::decode::Method::*;
+    match option {
+        "--candidates" | "--max-fanout" => &[Sparkling],
+        "--treespark-k" => &[TreeSpark],
+        // Every method with a drafter.
+        "--budget" | "--budgets" | "--tree-prep" | "--drafter" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark],
+        _ => &[],
+    }
+}
+
+/// Refuse an option that none of the chosen `methods` reads (issue 15: arguments a run does
+/// not use are rejected, not silently ignored). `given`: each option's name and whether it was
+/// given; `chosen`: how the methods were chosen (`--method ar`, `--methods ar,dflash`).
+/// Errors: [`Error::Input`] naming the option, the chosen methods and the methods that read it.
+pub fn refuse_unused_options(given: &[(&str, bool)], methods: &[sparkling::decode::Method], chosen: &str) -> Result<()> {
+    for &(option, _) in given.iter().filter(|(_, g)| *g) {
+        let r = readers(option);
+        if !methods.iter().any(|m| r.contains(m)) {
+            let names: Vec<&str> = r.iter().map(|m| m.name()).collect();
+            return Err(Error::Input(format!("{option} is not used by {chosen}: only {} read it; remove it or choose such a method", names.join(", "))));
+        }
+    }
+    Ok(())
+}
+
 /// Largest TreeSpark k (its pool holds depth × k² candidates).
 const MAX_TREESPARK_K: usize = 1024;
 

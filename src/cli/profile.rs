@@ -57,8 +57,12 @@ pub struct ProfileArgs {
 
 /// Run `profile` on the backend named by `--backend`.
 pub fn run(a: ProfileArgs) -> Result<()> {
-    if a.reps == 0 || a.prefill == 0 || a.budget == 0 || a.candidates == 0 || a.max_fanout == 0 || a.ctx_rows == 0 {
-        return Err(Error::Input("--reps, --prefill, --budget, --candidates, --max-fanout and --ctx-rows must be ≥ 1".into()));
+    if a.budget == 0 {
+        // Worded as generate's and bench's (`BudgetChoice::parse`); profile times fixed trees.
+        return Err(Error::Input("--budget `0`: expected a positive tree budget (non-root nodes, ≥ 1); profile times fixed trees, not `auto`".into()));
+    }
+    if a.reps == 0 || a.prefill == 0 || a.candidates == 0 || a.max_fanout == 0 || a.ctx_rows == 0 {
+        return Err(Error::Input("--reps, --prefill, --candidates, --max-fanout and --ctx-rows must be ≥ 1".into()));
     }
     if a.ctx_rows > a.prefill {
         return Err(Error::Input(format!("--ctx-rows {} cannot exceed --prefill {}", a.ctx_rows, a.prefill)));
@@ -96,28 +100,6 @@ fn time_ms(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<f64>) -> Re
 
 fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
-}
-
-/// Parameters read from memory by one target decode step: every layer matrix plus the lm_head
-/// (the embedding contributes one row).
-fn decode_weight_params(c: &sparkling::model::config::TargetConfig) -> u64 {
-    let (h, q, kv, i) = (c.hidden as u64, (c.n_heads * c.head_dim) as u64, (c.n_kv_heads * c.head_dim) as u64, c.intermediate as u64);
-    let per_layer = h * q + 2 * h * kv + q * h + 3 * h * i;
-    c.layers as u64 * per_layer + c.vocab as u64 * h
-}
-
-/// Bytes per stored weight for `--weights` on `backend` (quantized formats rounded up to 1:
-/// the GB/s figure is then an upper bound for them).
-fn weight_bytes(backend: &str, weights: &str, gguf: bool) -> u64 {
-    match (backend, weights) {
-        (_, "f32") => 4,
-        (_, "f16") | (_, "bf16") => 2,
-        ("cuda", _) => 2,
-        ("cpu", "native") | ("cpu", "q8_0") => 1,
-        ("cpu", "auto") if gguf => 1,
-        (_, _) if gguf => 2,
-        _ => 4,
-    }
 }
 
 fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
@@ -386,10 +368,9 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         (get("candidate_table") + get("heap"), "candidate_table + heap")
     };
     let outside = get("accept") + prep + get("compaction");
-    let params = decode_weight_params(tc);
-    let is_gguf = m_target_is_gguf(&a.model);
-    let wb = weight_bytes(&a.model.backend, &a.model.weights, is_gguf);
-    let gb = (params * wb) as f64 / 1e9;
+    // The weights as stored (Q4_1 blocks stay Q4_1 on the cpu: ≈ 0.6 B per weight).
+    let weight_bytes = t.decode_weight_bytes(b);
+    let gb = weight_bytes as f64 / 1e9;
     let _ = writeln!(
         report,
         "backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}, draft vocabulary {}",
@@ -429,8 +410,9 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     }
     let _ = writeln!(
         report,
-        "verify / ar_step = {:.2}; decode weight bytes ≈ {gb:.2} GB ({params} params × {wb} B): AR step at {:.0} GB/s effective",
+        "verify / ar_step = {:.2}; decode weight bytes {gb:.3} GB (as stored: {}): AR step at {:.0} GB/s effective",
         get("verify") / get("ar_step"),
+        t.kernel_paths(b),
         gb / (get("ar_step") / 1e3)
     );
     if let Some(path) = &a.json {
@@ -446,7 +428,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             "parts": parts,
             "outside_forwards_ms": outside,
             "verify_over_ar_step": get("verify") / get("ar_step"),
-            "decode_weight_bytes": params * wb,
+            "decode_weight_bytes": weight_bytes,
             "ar_step_effective_gb_per_s": gb / (get("ar_step") / 1e3),
             "check": check,
             "budget_auto_cost_curve": curve,
@@ -460,8 +442,4 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         return Err(Error::Input("profile --check-tokens: sparkling's greedy tokens differ from ar's (the engine invariant is broken on this backend)".into()));
     }
     Ok(())
-}
-
-fn m_target_is_gguf(m: &ModelArgs) -> bool {
-    m.target.as_ref().is_some_and(|t| t.extension().is_some_and(|e| e == "gguf"))
 }

@@ -168,33 +168,13 @@ fn read_cache(dir: &Path, c: &mut Counts) -> Result<usize> {
     Ok(n)
 }
 
-/// Prompts of a file: JSON lines (`prompt`, `question`, `instruction`, `text`, `problem` or
-/// `turns[0]`) or plain text lines.
+/// Prompts of a file: the bench formats first (MT-Bench turns, HumanEval, GSM8K questions,
+/// gzip: coverage is measured on exactly the prompts `bench` runs), else a JSON line's
+/// `prompt`, `question`, `instruction`, `text`, `problem` or `turns[0]`; plain text lines.
 fn read_prompt_texts(path: &Path, limit: usize) -> Result<Vec<String>> {
-    // The bench formats first (MT-Bench turns, HumanEval, GSM8K questions, gzip), so coverage is
-    // measured on exactly the prompts `bench` runs.
-    if let Ok(p) = super::bench::read_prompts(path, limit) {
-        return Ok(p);
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, format!("cannot read: {e}")))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
-        if out.len() >= limit {
-            break;
-        }
-        if !line.trim_start().starts_with('{') {
-            out.push(line.to_string());
-            continue;
-        }
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| Error::file(path, format!("line {}: invalid JSON: {e}", i + 1)))?;
-        let p = ["prompt", "question", "instruction", "text", "problem"]
-            .iter()
-            .find_map(|k| v.get(*k).and_then(|x| x.as_str()))
-            .or_else(|| v.get("turns").and_then(|t| t.get(0)).and_then(|t| t.as_str()))
-            .ok_or_else(|| Error::file(path, format!("line {}: no prompt/question/instruction/text/problem/turns field", i + 1)))?;
-        out.push(p.to_string());
-    }
-    Ok(out)
+    super::bench::read_prompts_with(path, limit, |v| {
+        ["prompt", "question", "instruction", "text", "problem"].iter().find_map(|k| v.get(*k).and_then(|x| x.as_str())).map(str::to_string)
+    })
 }
 
 /// Refuse prompt files that look like evaluation sets (the trainer's rule).

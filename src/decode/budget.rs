@@ -47,13 +47,19 @@ pub enum BudgetChoice {
 }
 
 impl BudgetChoice {
-    /// Parse `auto` or a non-negative integer. Errors name the argument `arg`.
+    /// Parse `auto` or a positive number of tree nodes. Errors ([`Error::Input`]) name the
+    /// argument `arg` and the accepted values; 0 is refused (a tree of no nodes runs the
+    /// drafter for nothing: plain decoding is `--method ar`, and `auto` skips the drafter
+    /// when it does not pay).
     pub fn parse(s: &str, arg: &str) -> Result<BudgetChoice> {
         let s = s.trim();
         if s.eq_ignore_ascii_case("auto") {
             return Ok(BudgetChoice::Auto);
         }
-        s.parse::<usize>().map(BudgetChoice::Fixed).map_err(|_| Error::Input(format!("{arg} `{s}`: expected `auto` or a number of tree nodes")))
+        match s.parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(BudgetChoice::Fixed(n)),
+            _ => Err(Error::Input(format!("{arg} `{s}`: expected a positive tree budget (non-root nodes, ≥ 1) or `auto`"))),
+        }
     }
 
     /// `auto` or the number.
@@ -792,10 +798,26 @@ mod tests {
     }
 
     #[test]
+    fn a_zero_tree_budget_is_refused_by_the_library() {
+        use crate::decode::GenParams;
+        for m in [Method::DFlash, Method::DDTree, Method::DSpark, Method::Sparkling, Method::TreeSpark] {
+            let e = GenParams::new(m, true).with_budget(BudgetChoice::Fixed(0)).validate().unwrap_err().to_string();
+            assert!(e.contains("tree budget 0") && e.contains(m.name()), "{e}");
+            assert!(GenParams::new(m, true).with_budget(BudgetChoice::Fixed(1)).validate().is_ok());
+            assert!(GenParams::new(m, false).validate().is_ok(), "auto");
+        }
+        // `ar` reads no budget.
+        assert!(GenParams::new(Method::Ar, true).with_budget(BudgetChoice::Fixed(0)).validate().is_ok());
+    }
+
+    #[test]
     fn budget_choice_parses() {
         assert_eq!(BudgetChoice::parse("auto", "--budget").unwrap(), BudgetChoice::Auto);
         assert_eq!(BudgetChoice::parse(" 8", "--budget").unwrap(), BudgetChoice::Fixed(8));
-        assert!(BudgetChoice::parse("x", "--budget").is_err());
+        for bad in ["x", "0", "-1", ""] {
+            let e = BudgetChoice::parse(bad, "--budget").unwrap_err().to_string();
+            assert!(e.contains("--budget") && e.contains("positive tree budget") && e.contains("`auto`"), "{bad}: {e}");
+        }
         assert_eq!(BudgetChoice::Fixed(3).name(), "3");
     }
 }

@@ -152,7 +152,8 @@ impl GenParams {
     }
 
     /// Check the values no caller may pass: a temperature that is negative or not finite,
-    /// top-p outside (0, 1], zero candidates, fan-out or TreeSpark k.
+    /// top-p outside (0, 1], zero candidates, fan-out or TreeSpark k, a tree budget of 0 for a
+    /// method with a drafter (`ar` reads no budget).
     /// Errors: [`Error::Input`] naming the parameter.
     pub fn validate(&self) -> Result<()> {
         let s = &self.sampling;
@@ -165,6 +166,12 @@ impl GenParams {
         let t = &self.tree;
         if t.candidates == 0 || t.max_fanout == 0 || t.treespark_k == 0 {
             return Err(Error::Input("candidates, max-fanout and treespark-k must be ≥ 1".into()));
+        }
+        if t.budget == 0 && self.method.drafter_kind().is_some() {
+            return Err(Error::Input(format!(
+                "tree budget 0 for method `{}`: expected a positive tree budget (≥ 1 non-root node) or `auto`",
+                self.method.name()
+            )));
         }
         Ok(())
     }

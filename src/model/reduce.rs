@@ -101,8 +101,7 @@ pub fn write_reduced_drafter(src: &Path, out: &Path, d2t: &[u32], dtype: StoreDt
     let text = serde_json::to_string_pretty(&v).map_err(|e| Error::file(&cp, e.to_string()))?;
     let shown = out.join("model.safetensors");
     crate::fsio::publish_dir(out, |tmp| {
-        safetensors::serialize_to_file(views, None, &tmp.join("model.safetensors"))
-            .map_err(|e| Error::file(&shown, format!("cannot write safetensors: {e}")))?;
+        crate::fsio::write_safetensors(&tmp.join("model.safetensors"), &shown, views, None)?;
         std::fs::write(tmp.join("config.json"), &text).map_err(|e| Error::file(&out.join("config.json"), format!("cannot write: {e}")))?;
         for (name, bytes) in extra {
             std::fs::write(tmp.join(name), bytes).map_err(|e| Error::file(&out.join(name), format!("cannot write: {e}")))?;

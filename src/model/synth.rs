@@ -100,9 +100,7 @@ impl Pending {
     /// Stream the tensors to the safetensors file `to` (no second in-memory copy: presets are
     /// GBs); errors name `shown`.
     fn write(self, to: &Path, shown: &Path, dtype: StoreDtype) -> Result<()> {
-        self.encode(shown, dtype, |views| {
-            safetensors::serialize_to_file(views, None, to).map_err(|e| Error::file(shown, format!("cannot write safetensors: {e}")))
-        })
+        self.encode(shown, dtype, |views| crate::fsio::write_safetensors(to, shown, views, None))
     }
 }
 

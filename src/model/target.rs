@@ -137,6 +137,14 @@ impl<B: Backend> Target<B> {
         counts.iter().map(|(k, n)| format!("{k} ×{n}")).collect::<Vec<_>>().join("; ")
     }
 
+    /// Bytes of the weights one decode step reads, as stored on `b` ([`Backend::weight_bytes`]:
+    /// quantized blocks, f16 or f32 values): every layer matrix and the lm_head (the
+    /// embedding's one row is left out).
+    pub fn decode_weight_bytes(&self, b: &B) -> u64 {
+        let layers: usize = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]).map(|w| b.weight_bytes(w)).sum();
+        (layers + b.weight_bytes(self.lm_head())) as u64
+    }
+
     /// The lm_head weight (the embedding when tied).
     pub fn lm_head(&self) -> &B::Weight {
         self.lm_head.as_ref().unwrap_or(&self.embed)

@@ -15,6 +15,19 @@ use sparkling::model::synth::{tiny_target_config, write_random_drafter, write_ra
 use sparkling::model::target::Target;
 use std::path::{Path, PathBuf};
 
+/// Deterministic pseudo-random values in [-scale, scale) (xorshift64 from `seed`).
+pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
 /// A fresh temporary directory (removed when dropped).
 pub fn tmpdir(tag: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("sparkling-{tag}-")).tempdir().expect("temp dir")

@@ -105,12 +105,7 @@ fn write_hf_files(
         .collect::<Result<Vec<_>>>()?;
     let mut md = std::collections::HashMap::new();
     md.insert("format".to_string(), "pt".to_string());
-    safetensors::serialize_to_file(views, Some(md), &st).map_err(|e| Error::file(&st, format!("cannot write safetensors: {e}")))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&st, std::fs::Permissions::from_mode(0o644));
-    }
+    sparkling::fsio::write_safetensors(&st, &st, views, Some(md))?;
     if let Some(m) = meta {
         let mp = dir.join("training.json");
         std::fs::write(&mp, serde_json::to_string_pretty(m).map_err(|e| Error::file(&mp, e))?).map_err(|e| io(&mp, e))?;

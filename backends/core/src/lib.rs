@@ -211,6 +211,13 @@ pub trait Backend: Send + Sync {
     fn upload_weight_ggml(&self, w: GgmlWeight) -> Result<Self::Weight> {
         Err(Error::Unavailable(format!("this backend keeps no ggml type {} weights ([{}, {}]): upload f32", w.ggml_type, w.n, w.k)))
     }
+    /// Bytes the weight `w` occupies as stored on this backend (quantized blocks with their
+    /// scales, f16 / bf16 or f32 values, layout padding included): what one pass over it
+    /// reads from memory. Default: 4 per value (f32 `[N, K]`).
+    fn weight_bytes(&self, w: &Self::Weight) -> usize {
+        let (n, k) = self.weight_shape(w);
+        n * k * 4
+    }
     /// A short description of the matmul kernel path a weight runs on (e.g. `avx2 int8, q4_1`),
     /// for `sparkling profile` and the stats. Default: the backend's name.
     fn weight_kernel(&self, w: &Self::Weight) -> String {

@@ -99,126 +99,100 @@ pub fn attend_heads(
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
+    let a = Attend { q, group, hd, k, v, stride, off, rows, n, scale };
     #[cfg(target_arch = "x86_64")]
     {
         if crate::isa::active() >= crate::isa::Isa::Avx2 {
             // SAFETY: `isa::active` only reports Avx2 when avx2 and fma were detected.
-            unsafe { attend_heads_avx2(q, group, hd, k, v, stride, off, rows, n, scale, out, scores) };
+            unsafe { attend_heads_avx2(&a, out, scores) };
             return;
         }
     }
-    attend_heads_portable(q, group, hd, k, v, stride, off, rows, n, scale, out, scores)
-}
-
-/// Scores of every (head, key) and each head's max: the shared first half of
-/// [`attend_heads`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn head_scores(
-    q: &[f32],
-    group: usize,
-    hd: usize,
-    k: &[f32],
-    stride: usize,
-    off: usize,
-    rows: Option<&[usize]>,
-    n: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    dot: impl Fn(&[f32], &[f32]) -> f32,
-) {
-    scores.clear();
-    scores.resize(group * n, 0.0);
-    for t in 0..n {
-        let r = rows.map_or(t, |l| l[t]);
-        let kr = &k[r * stride + off..r * stride + off + hd];
-        for g in 0..group {
-            scores[g * n + t] = dot(&q[g * hd..(g + 1) * hd], kr) * scale;
+    a.run(out, scores, dot_portable, |o, p, vr| {
+        for (x, y) in o.iter_mut().zip(vr) {
+            *x += p * y;
         }
-    }
+    })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attend_heads_portable(
-    q: &[f32],
+/// The inputs of [`attend_heads`] (see there).
+struct Attend<'a> {
+    q: &'a [f32],
     group: usize,
     hd: usize,
-    k: &[f32],
-    v: &[f32],
+    k: &'a [f32],
+    v: &'a [f32],
     stride: usize,
     off: usize,
-    rows: Option<&[usize]>,
+    rows: Option<&'a [usize]>,
     n: usize,
     scale: f32,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
-    head_scores(q, group, hd, k, stride, off, rows, n, scale, scores, dot_portable);
-    for g in 0..group {
-        let sc = &scores[g * n..(g + 1) * n];
-        let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let o = &mut out[g * hd..(g + 1) * hd];
-        o.iter_mut().for_each(|a| *a = 0.0);
-        let mut sum = 0.0f32;
-        for (t, &s) in sc.iter().enumerate() {
-            let r = rows.map_or(t, |l| l[t]);
-            let p = (s - max).exp();
-            sum += p;
-            for (a, b) in o.iter_mut().zip(&v[r * stride + off..r * stride + off + hd]) {
-                *a += p * b;
+}
+
+impl Attend<'_> {
+    /// The values (`v`) or keys (`k`) of visible row `t`: cache row `rows[t]` (or `t`).
+    #[inline(always)]
+    fn row<'b>(&self, m: &'b [f32], t: usize) -> &'b [f32] {
+        let r = self.rows.map_or(t, |l| l[t]);
+        &m[r * self.stride + self.off..r * self.stride + self.off + self.hd]
+    }
+
+    /// [`attend_heads`] with the ISA's `dot` (scores) and `add_scaled` (`o += p·v_t`, a
+    /// multiply then an add per value, never fused): the one body both ISAs share, inlined
+    /// into each so the AVX2 helpers inline too.
+    #[inline(always)]
+    fn run(&self, out: &mut [f32], scores: &mut Vec<f32>, dot: impl Fn(&[f32], &[f32]) -> f32, add_scaled: impl Fn(&mut [f32], f32, &[f32])) {
+        let (group, hd, n) = (self.group, self.hd, self.n);
+        // Scores of every (head, key).
+        scores.clear();
+        scores.resize(group * n, 0.0);
+        for t in 0..n {
+            let kr = self.row(self.k, t);
+            for g in 0..group {
+                scores[g * n + t] = dot(&self.q[g * hd..(g + 1) * hd], kr) * self.scale;
             }
         }
-        let inv = 1.0 / sum;
-        o.iter_mut().for_each(|a| *a *= inv);
+        for g in 0..group {
+            let sc = &scores[g * n..(g + 1) * n];
+            let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let o = &mut out[g * hd..(g + 1) * hd];
+            o.iter_mut().for_each(|a| *a = 0.0);
+            let mut sum = 0.0f32;
+            for (t, &s) in sc.iter().enumerate() {
+                let p = (s - max).exp();
+                sum += p;
+                add_scaled(o, p, self.row(self.v, t));
+            }
+            let inv = 1.0 / sum;
+            o.iter_mut().for_each(|a| *a *= inv);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_heads_avx2(
-    q: &[f32],
-    group: usize,
-    hd: usize,
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
-    off: usize,
-    rows: Option<&[usize]>,
-    n: usize,
-    scale: f32,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-) {
+unsafe fn attend_heads_avx2(a: &Attend<'_>, out: &mut [f32], scores: &mut Vec<f32>) {
+    a.run(out, scores, |x, y| unsafe { dot_avx2(x, y) }, |o, p, vr| unsafe { add_scaled_avx2(o, p, vr) })
+}
+
+/// `o += p·v` (equal lengths), 8 lanes at a time as a multiply then an add (never fused), like
+/// the portable loop; the tail element by element.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn add_scaled_avx2(o: &mut [f32], p: f32, v: &[f32]) {
     use std::arch::x86_64::*;
-    head_scores(q, group, hd, k, stride, off, rows, n, scale, scores, |a, b| unsafe { dot_avx2(a, b) });
-    let wide = hd / 8 * 8;
-    for g in 0..group {
-        let sc = &scores[g * n..(g + 1) * n];
-        let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let o = &mut out[g * hd..(g + 1) * hd];
-        o.iter_mut().for_each(|a| *a = 0.0);
-        let op = o.as_mut_ptr();
-        let mut sum = 0.0f32;
-        for (t, &s) in sc.iter().enumerate() {
-            let r = rows.map_or(t, |l| l[t]);
-            let p = (s - max).exp();
-            sum += p;
-            let vr = &v[r * stride + off..r * stride + off + hd];
-            let pv = _mm256_set1_ps(p);
-            let mut d = 0;
-            while d < wide {
-                // o += p·v as a multiply then an add (never fused), like the portable loop.
-                let acc = _mm256_loadu_ps(op.add(d));
-                _mm256_storeu_ps(op.add(d), _mm256_add_ps(acc, _mm256_mul_ps(pv, _mm256_loadu_ps(vr.as_ptr().add(d)))));
-                d += 8;
-            }
-            for (a, b) in o[wide..].iter_mut().zip(&vr[wide..]) {
-                *a += p * b;
-            }
-        }
-        let inv = 1.0 / sum;
-        o.iter_mut().for_each(|a| *a *= inv);
+    let wide = o.len().min(v.len()) / 8 * 8;
+    let (op, vp) = (o.as_mut_ptr(), v.as_ptr());
+    let pv = _mm256_set1_ps(p);
+    let mut d = 0;
+    while d < wide {
+        let acc = _mm256_loadu_ps(op.add(d));
+        _mm256_storeu_ps(op.add(d), _mm256_add_ps(acc, _mm256_mul_ps(pv, _mm256_loadu_ps(vp.add(d)))));
+        d += 8;
+    }
+    for (x, y) in o[wide..].iter_mut().zip(&v[wide..]) {
+        *x += p * y;
     }
 }
 

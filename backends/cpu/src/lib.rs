@@ -248,6 +248,10 @@ impl Backend for CpuBackend {
         (w.n, w.k)
     }
 
+    fn weight_bytes(&self, w: &CpuWeight) -> usize {
+        w.bytes()
+    }
+
     /// The rows as stored: quantized blocks copied code for code, f32 / f16 panels repacked
     /// in their own precision (no rounding, whatever `--weights` says).
     fn gather_weight_rows(&self, w: &CpuWeight, rows: &[u32]) -> Result<CpuWeight> {
@@ -550,6 +554,25 @@ mod tests {
         assert_eq!(b.download_rows(&t, 1, 1).unwrap(), vec![3.0, 4.0]);
         assert!(b.download_rows(&t, 1, 2).is_err());
         assert!(b.download_rows(&t, usize::MAX, 2).is_err(), "overflowing start must be an error, not a panic");
+    }
+
+    /// `weight_bytes` is the stored size: GGUF blocks kept as they are (Q4_1: 20 bytes per 32
+    /// weights, 0.625 B/weight), f16 2 B and f32 4 B per weight (NR-row panels, here whole).
+    #[test]
+    fn weight_bytes_are_the_stored_bytes() {
+        let (n, k) = (16, 64);
+        let native = CpuBackend::with_weight_dtype(WeightDtype::Native);
+        // Q4_1 blocks: f16 d = 1, f16 m = 0, nibbles 0..16.
+        let block: Vec<u8> = [half::f16::from_f32(1.0).to_le_bytes(), half::f16::from_f32(0.0).to_le_bytes()].concat().into_iter().chain(0..16u8).collect();
+        let bytes: Vec<u8> = block.iter().copied().cycle().take(n * k / 32 * 20).collect();
+        let w = native.upload_weight_ggml(GgmlWeight { ggml_type: ggml::Q4_1, n, k, bytes: bytes.clone() }).unwrap();
+        assert_eq!(native.weight_bytes(&w), bytes.len());
+        assert_eq!(native.weight_bytes(&w) * 8, n * k * 5, "Q4_1 is 5 bits per weight");
+        for (dtype, per) in [(WeightDtype::F32, 4), (WeightDtype::F16, 2)] {
+            let b = CpuBackend::with_weight_dtype(dtype);
+            let w = b.upload_weight(pseudo(n * k, 1), n, k).unwrap();
+            assert_eq!(b.weight_bytes(&w), n * k * per, "{dtype:?}");
+        }
     }
 
     #[test]

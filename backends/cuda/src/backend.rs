@@ -1,7 +1,7 @@
 //! The [`Backend`] implementation: argument checks live in the op modules; this file maps the
 //! trait onto them.
 
-use crate::tensor::{CudaTensor, CudaWeight};
+use crate::tensor::{CudaTensor, CudaWeight, WeightData};
 use crate::CudaBackend;
 use sparkling_core::{AttnMask, AttnShape, Backend, CandidateTable, DraftTree, Result, SampleParams, TopK};
 
@@ -48,6 +48,13 @@ impl Backend for CudaBackend {
 
     fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
         (w.n, w.k)
+    }
+
+    fn weight_bytes(&self, w: &CudaWeight) -> usize {
+        match &w.data {
+            WeightData::F32(s) => 4 * s.len(),
+            WeightData::Bf16(s) => 2 * s.len(),
+        }
     }
 
     fn embedding(&self, table: &CudaWeight, ids: &[u32]) -> Result<CudaTensor> {

@@ -68,6 +68,10 @@ impl Backend for WgpuBackend {
         (w.n, w.k)
     }
 
+    fn weight_bytes(&self, w: &WgpuWeight) -> usize {
+        w.chunks.iter().map(|c| c.bytes as usize).sum()
+    }
+
     fn embedding(&self, table: &WgpuWeight, ids: &[u32]) -> Result<WgpuTensor> {
         self.op_embedding(table, ids)
     }
