@@ -160,6 +160,29 @@ fn embedding_matches_cpu_exactly_for_every_dtype() {
     }
 }
 
+/// A reduced draft vocabulary's output layer: `gather_weight_rows` and its awaiting twin (the
+/// browser's path, which may not block) give the same weight, whose rows are the chosen rows.
+#[test]
+fn gathered_weight_rows_are_the_rows_sync_or_async() {
+    for dt in [WeightDtype::F32, WeightDtype::F16] {
+        let Some(g) = common::open(&WgpuOptions { weight_dtype: dt, ..Default::default() }, "gather_weight_rows") else { return };
+        let mut r = Rng(9);
+        let (v, k) = (41, 64);
+        let w = g.upload_weight(r.vec(v * k), v, k).unwrap();
+        let rows = [40u32, 0, 7, 7, 3];
+        let want = g.download(&g.embedding(&w, &rows).unwrap()).unwrap();
+        let all: Vec<u32> = (0..rows.len() as u32).collect();
+        let sync = g.gather_weight_rows(&w, &rows).unwrap();
+        let asy = pollster::block_on(g.gather_weight_rows_async(&w, &rows)).unwrap();
+        for (name, gw) in [("sync", &sync), ("async", &asy)] {
+            assert_eq!(g.weight_shape(gw), (rows.len(), k), "{dt:?} {name}");
+            assert_bits(&format!("gathered rows {dt:?} {name}"), &g.download(&g.embedding(gw, &all).unwrap()).unwrap(), &want);
+        }
+        assert!(matches!(pollster::block_on(g.gather_weight_rows_async(&w, &[41])), Err(Error::Invalid(_))));
+        assert!(matches!(pollster::block_on(g.gather_weight_rows_async(&w, &[])), Err(Error::Invalid(_))));
+    }
+}
+
 #[test]
 fn rms_norm_matches_cpu_for_rows_and_heads() {
     let g = gpu_or_skip!();

@@ -303,6 +303,11 @@ impl<'a, B: Backend> Engine<'a, B> {
             Some(d) if p.method == Method::Sparkling && tree_params.prep == TreePrep::Device => d.markov_device(b)?,
             _ => None,
         };
+        // A reduced draft vocabulary's output layer (the target's lm_head rows) is gathered once,
+        // here with an await, so no later call blocks on a read-back (a browser cannot block).
+        if let Some(d) = drafter {
+            d.prepare_output_head_async(b, self.target).await?;
+        }
         let tap_layers: Vec<usize> = drafter.map(|d| d.cfg.target_layer_ids.clone()).unwrap_or_default();
         let mut cache = self.target.new_cache(b, capacity)?;
         let mut dcache = match drafter {

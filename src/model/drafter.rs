@@ -198,6 +198,20 @@ impl<B: Backend> Drafter<B> {
         self.head_dev.get().ok_or_else(|| Error::Input("drafter output layer: gather failed".into()))
     }
 
+    /// Gather a reduced drafter's borrowed output layer now, awaiting the read-back
+    /// ([`Backend::gather_weight_rows_async`]), so that later [`Drafter::output_head`] calls never
+    /// block on the device (a browser cannot). No-op when the drafter has its own `lm_head`,
+    /// the full vocabulary, or the rows were gathered already. Errors: the gather's failure.
+    pub async fn prepare_output_head_async(&self, b: &B, target: &Target<B>) -> Result<()> {
+        if self.lm_head.is_some() || self.head_dev.get().is_some() {
+            return Ok(());
+        }
+        let Some(m) = &self.vocab_map else { return Ok(()) };
+        let w = b.gather_weight_rows_async(target.lm_head(), m.draft_to_target()).await?;
+        let _ = self.head_dev.set(w);
+        Ok(())
+    }
+
     /// The draft vocabulary size V_d (the columns of the draft logits).
     pub fn draft_vocab(&self) -> usize {
         self.cfg.draft_vocab

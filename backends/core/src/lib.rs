@@ -407,6 +407,27 @@ pub trait Backend: Send + Sync {
     // the twin (host backends, and device backends that may block). The wgpu backend records
     // the same commands and awaits the buffer mapping, so its futures yield while the GPU works.
 
+    /// [`Backend::gather_weight_rows`] for hosts that cannot block on the device (WebGPU in a
+    /// browser): host-memory backends run the sync op (their override, e.g. the CPU's stored
+    /// rows); others gather with [`Backend::embedding`], await [`Backend::download_async`] and
+    /// upload with [`Backend::upload_weight`] — the sync default's steps, so the same weight.
+    /// Errors: as [`Backend::gather_weight_rows`].
+    async fn gather_weight_rows_async(&self, w: &Self::Weight, rows: &[u32]) -> Result<Self::Weight> {
+        if self.host_memory() {
+            return self.gather_weight_rows(w, rows);
+        }
+        if rows.is_empty() {
+            return Err(Error::Invalid("gather_weight_rows: no rows".into()));
+        }
+        let (n, k) = self.weight_shape(w);
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
+            return Err(Error::Invalid(format!("gather_weight_rows: row {bad} is outside a weight of {n} rows")));
+        }
+        let t = self.embedding(w, rows)?;
+        let data = self.download_async(&t).await?;
+        self.upload_weight(data, rows.len(), k)
+    }
+
     /// [`Backend::download`], awaiting the read-back.
     async fn download_async(&self, t: &Self::Tensor) -> Result<Vec<f32>> {
         self.download(t)
