@@ -198,7 +198,7 @@ pub fn topk_row(row: &[f32], k: usize, out: &mut TopK) {
     out.lse.push(log_sum_exp(row) as f32);
 }
 
-/// [`crate::Backend::topk`] on host logits `[rows, cols]`: raw values and the f64 log-sum-exp
+/// [`crate::Backend::topk`] on host logits `[rows, cols]`: raw values and the [`log_sum_exp`] (f64)
 /// rounded to f32. Errors: `k == 0` ([`Error::Invalid`]); `logits` shorter than `rows·cols`
 /// ([`Error::Shape`]).
 pub fn topk(logits: &[f32], rows: usize, cols: usize, k: usize) -> Result<TopK> {
