@@ -232,13 +232,8 @@ pub trait Backend: Send + Sync {
     /// keeps weights in a format of its own may override it to copy the stored rows as they are.
     /// Errors: an id `≥ N` ([`Error::Invalid`]), empty `rows`.
     fn gather_weight_rows(&self, w: &Self::Weight, rows: &[u32]) -> Result<Self::Weight> {
-        if rows.is_empty() {
-            return Err(Error::Invalid("gather_weight_rows: no rows".into()));
-        }
         let (n, k) = self.weight_shape(w);
-        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
-            return Err(Error::Invalid(format!("gather_weight_rows: row {bad} is outside a weight of {n} rows")));
-        }
+        check_gather_rows(n, rows)?;
         let t = self.embedding(w, rows)?;
         let data = self.download(&t)?;
         self.upload_weight(data, rows.len(), k)
@@ -416,13 +411,8 @@ pub trait Backend: Send + Sync {
         if self.host_memory() {
             return self.gather_weight_rows(w, rows);
         }
-        if rows.is_empty() {
-            return Err(Error::Invalid("gather_weight_rows: no rows".into()));
-        }
         let (n, k) = self.weight_shape(w);
-        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
-            return Err(Error::Invalid(format!("gather_weight_rows: row {bad} is outside a weight of {n} rows")));
-        }
+        check_gather_rows(n, rows)?;
         let t = self.embedding(w, rows)?;
         let data = self.download_async(&t).await?;
         self.upload_weight(data, rows.len(), k)
@@ -473,4 +463,16 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<DraftTree>> {
         self.sparkling_tree(base, markov, candidates, anchor, k, budget)
     }
+}
+
+/// The argument check of [`Backend::gather_weight_rows`] and its async twin: `rows` non-empty,
+/// every id `< n` (the weight's rows). Errors: [`Error::Invalid`] naming the bad id.
+fn check_gather_rows(n: usize, rows: &[u32]) -> Result<()> {
+    if rows.is_empty() {
+        return Err(Error::Invalid("gather_weight_rows: no rows".into()));
+    }
+    if let Some(&bad) = rows.iter().find(|&&r| r as usize >= n) {
+        return Err(Error::Invalid(format!("gather_weight_rows: row {bad} is outside a weight of {n} rows")));
+    }
+    Ok(())
 }
