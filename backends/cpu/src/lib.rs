@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 // Lint allowed here, not in gemm.rs, while the quantized-weights branch rewrites that file.
+mod attention;
 #[allow(clippy::needless_range_loop)]
 pub mod gemm;
 pub mod isa;
@@ -484,9 +485,10 @@ fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) ->
     if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols != n_heads * head_dim {
         return Err(shape_err("attention", format!("q [{total}, {}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv", q.cols)));
     }
-    // Per packed query row: its sequence and the cache rows it sees (`None`: rows `0..n`).
+    // Per packed query row: its sequence, and the cache rows it sees: rows `0..prefix`, then
+    // `extra` (a tree row's ancestors; empty for causal and full masks).
     let mut row_seq: Vec<usize> = Vec::with_capacity(total);
-    let mut visible: Vec<(usize, Option<Vec<usize>>)> = Vec::with_capacity(total);
+    let mut visible: Vec<(usize, Vec<usize>)> = Vec::with_capacity(total);
     for (si, s) in seqs.iter().enumerate() {
         let (t, kv_len, k_cache, v_cache) = (s.q_rows, s.kv_len, s.k_cache, s.v_cache);
         if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
@@ -494,8 +496,8 @@ fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) ->
         }
         let prefix = kv_len - t;
         match s.mask {
-            AttnMask::Causal => visible.extend((0..t).map(|i| (prefix + i + 1, None))),
-            AttnMask::Full => visible.extend((0..t).map(|_| (kv_len, None))),
+            AttnMask::Causal => visible.extend((0..t).map(|i| (prefix + i + 1, Vec::new()))),
+            AttnMask::Full => visible.extend((0..t).map(|_| (kv_len, Vec::new()))),
             AttnMask::Tree { parents } => {
                 if parents.len() != t {
                     return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
@@ -503,9 +505,7 @@ fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) ->
                 let table = ancestor_table(parents)?;
                 let (offs, entries) = table.split_at(t + 1);
                 for i in 0..t {
-                    let mut vis: Vec<usize> = (0..prefix).collect();
-                    vis.extend(entries[offs[i] as usize..offs[i + 1] as usize].iter().map(|&a| prefix + a as usize));
-                    visible.push((vis.len(), Some(vis)));
+                    visible.push((prefix, entries[offs[i] as usize..offs[i + 1] as usize].iter().map(|&a| prefix + a as usize).collect()));
                 }
             }
         }
@@ -517,21 +517,22 @@ fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) ->
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let mut out = vec![0.0f32; total * q.cols];
-    let work: usize = visible.iter().map(|v| v.0).sum::<usize>() * n_heads * head_dim;
+    let work: usize = visible.iter().map(|v| v.0 + v.1.len()).sum::<usize>() * n_heads * head_dim;
     // One task per (row, KV head): its `group` query heads share each K/V row read.
-    let task = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
+    let task = |scratch: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
         let (i, kh) = (idx / n_kv_heads, idx % n_kv_heads);
         let s = &seqs[row_seq[i]];
-        let (n, rows) = (visible[i].0, visible[i].1.as_deref());
+        let vis = attention::Visible { prefix: visible[i].0, extra: &visible[i].1 };
+        let kv = attention::KvHead { k: &s.k_cache.data, v: &s.v_cache.data, stride: s.k_cache.cols, off: kh * head_dim, hd: head_dim };
         let qv = &q.data[i * q.cols + kh * group * head_dim..i * q.cols + (kh + 1) * group * head_dim];
-        kernels::attend_heads(qv, group, head_dim, &s.k_cache.data, &s.v_cache.data, s.k_cache.cols, kh * head_dim, rows, n, scale, o, scores);
+        attention::attend_heads(qv, group, kv, vis, scale, o, scratch);
     };
     let chunk = (group * head_dim).max(1);
     if work >= PAR_MIN_ELEMS {
         out.par_chunks_mut(chunk).enumerate().for_each_with(Vec::new(), task);
     } else {
-        let mut scores = Vec::new();
-        out.chunks_mut(chunk).enumerate().for_each(|x| task(&mut scores, x));
+        let mut scratch = Vec::new();
+        out.chunks_mut(chunk).enumerate().for_each(|x| task(&mut scratch, x));
     }
     Ok(CpuTensor { rows: total, cols: q.cols, data: out })
 }

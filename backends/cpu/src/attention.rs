@@ -1,0 +1,456 @@
+//! Softmax attention of one query row's heads over the cache rows it sees: the inner kernel of
+//! the CPU backend's `attention` / `attention_ragged` (causal decode, prefill and the tree
+//! verify's ancestor-only mask all reduce to "these cache rows, in ascending order").
+//!
+//! Every path computes each output head row from that row's query and its visible keys and
+//! values alone, in an order fixed by the path (below), so a row's result is bit-identical
+//! whether it is decoded alone, verified inside a tree block or packed with other sequences —
+//! the property the exactness tests rest on. The path is chosen once per process
+//! ([`crate::isa::active`]), so `ar` and every speculative method run the same one.
+//!
+//! # The AVX2 path (head dim a multiple of 8)
+//! For each query head, with `t` running over the visible keys in ascending order:
+//! 1. `s_t = r8(lanes)·scale`: lane `l` is the fused multiply-add chain of `q[d]·k_t[d]` over
+//!    `d ≡ l (mod 8)` ascending, and `r8(l) = ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`;
+//! 2. `m = max_t s_t`; `p_t = exp8(s_t − m)` ([`exp8`]: a Cephes-style polynomial, ≤ 2 ulp);
+//! 3. `sum = r8(lanes)`, lane `l` the sum of `p_t` over `t ≡ l (mod 8)` ascending;
+//! 4. `o[d]` = the fused chain of `p_t·v_t[d]` over `t` ascending, then `o[d]·(1/sum)`.
+//!
+//! Scores are formed 8 keys at a time with the query in registers, and the value pass keeps
+//! 64 output values in registers, so a key costs about 20 vector instructions per head
+//! (scalar `exp` and a load/store per value before).
+//!
+//! # The portable path
+//! `s_t = dot(q, k_t)·scale` ([`crate::kernels::dot`]'s blocked order), `m = max s_t`, then for
+//! `t` ascending `p = exp(s_t − m)`, `sum += p`, `o += p·v_t` (multiply, then add), finally
+//! `o *= 1/sum`. The AVX2 build runs it for head dims that are not a multiple of 8.
+
+/// The cache rows one query row attends to, in ascending order: rows `0..prefix`, then the
+/// rows in `extra` (a tree row's ancestors in its block, itself included).
+#[derive(Debug, Clone, Copy)]
+pub struct Visible<'a> {
+    /// Leading cache rows seen in full.
+    pub prefix: usize,
+    /// Further cache rows, ascending, each `≥ prefix`.
+    pub extra: &'a [usize],
+}
+
+impl Visible<'_> {
+    /// Number of visible rows.
+    pub fn len(&self) -> usize {
+        self.prefix + self.extra.len()
+    }
+
+    /// Cache row of visible key `t`.
+    #[inline(always)]
+    fn row(&self, t: usize) -> usize {
+        if t < self.prefix {
+            t
+        } else {
+            self.extra[t - self.prefix]
+        }
+    }
+}
+
+/// One KV head's cache: key and value rows `stride` values apart, the head's `hd` values at
+/// `off..off + hd` of each row.
+#[derive(Debug, Clone, Copy)]
+pub struct KvHead<'a> {
+    /// Key cache, row-major.
+    pub k: &'a [f32],
+    /// Value cache, same shape as `k`.
+    pub v: &'a [f32],
+    /// Values per cache row (all KV heads).
+    pub stride: usize,
+    /// This head's first value in a row.
+    pub off: usize,
+    /// Head dimension.
+    pub hd: usize,
+}
+
+impl KvHead<'_> {
+    #[inline(always)]
+    fn key(&self, r: usize) -> &[f32] {
+        &self.k[r * self.stride + self.off..r * self.stride + self.off + self.hd]
+    }
+
+    #[inline(always)]
+    fn value(&self, r: usize) -> &[f32] {
+        &self.v[r * self.stride + self.off..r * self.stride + self.off + self.hd]
+    }
+}
+
+/// Attention of the `group` query heads `q` (`group·hd` values, head after head) that share
+/// the KV head `kv`, over the rows `vis` (at least one), scaled by `scale`; writes `out`
+/// (`group·hd`). `scratch` is reused between calls. The result depends on nothing but these
+/// arguments and the path in use (module docs). Panics on slices shorter than the shapes say
+/// (the caller checks shapes).
+pub fn attend_heads(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if kv.hd.is_multiple_of(8) && crate::isa::active() >= crate::isa::Isa::Avx2 {
+            // SAFETY: `isa::active` only reports Avx2 when avx2 and fma were detected.
+            unsafe { avx2::attend_heads(q, group, kv, vis, scale, out, scratch) };
+            return;
+        }
+    }
+    portable(q, group, kv, vis, scale, out, scratch)
+}
+
+/// The portable path (module docs).
+fn portable(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f32, out: &mut [f32], scores: &mut Vec<f32>) {
+    let (hd, n) = (kv.hd, vis.len());
+    scores.clear();
+    scores.resize(group * n, 0.0);
+    for t in 0..n {
+        let kr = kv.key(vis.row(t));
+        for g in 0..group {
+            scores[g * n + t] = crate::kernels::dot(&q[g * hd..(g + 1) * hd], kr) * scale;
+        }
+    }
+    for g in 0..group {
+        let sc = &scores[g * n..(g + 1) * n];
+        let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let o = &mut out[g * hd..(g + 1) * hd];
+        o.iter_mut().for_each(|a| *a = 0.0);
+        let mut sum = 0.0f32;
+        for (t, &s) in sc.iter().enumerate() {
+            let p = (s - max).exp();
+            sum += p;
+            for (x, y) in o.iter_mut().zip(kv.value(vis.row(t))) {
+                *x += p * y;
+            }
+        }
+        let inv = 1.0 / sum;
+        o.iter_mut().for_each(|a| *a *= inv);
+    }
+}
+
+/// `exp(x)` as the AVX2 attention computes it, one lane (the scalar twin of the vector code, for
+/// tests): `n = round(x·log2 e)`, `r = x − n·c1 − n·c2` (fused), a degree-7 polynomial in
+/// Horner form (fused), times `2ⁿ`; `x < −87.3` gives 0, NaN stays NaN, `x > 88.37` is
+/// clamped (attention only passes `x ≤ 0`). Cephes `expf` coefficients.
+#[cfg(test)]
+fn exp8_scalar(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let xc = x.clamp(EXP_LO, EXP_HI);
+    let n = (xc * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (-n).mul_add(EXP_C2, (-n).mul_add(EXP_C1, xc));
+    let mut y = EXP_P[0];
+    for &c in &EXP_P[1..] {
+        y = y.mul_add(r, c);
+    }
+    let y = y.mul_add(r * r, r) + 1.0;
+    let scaled = y * f32::from_bits((((n as i32) + 127) as u32) << 23);
+    if x < EXP_UNDERFLOW {
+        0.0
+    } else {
+        scaled
+    }
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP_HI: f32 = 88.376_26;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP_LO: f32 = -88.376_26;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP_UNDERFLOW: f32 = -87.3;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP_C1: f32 = 0.693_359_4;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP_C2: f32 = -2.121_944_4e-4;
+/// Cephes `expf` polynomial, highest power first (`P0..P5`; then `·r² + r + 1`).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{KvHead, Visible, EXP_C1, EXP_C2, EXP_HI, EXP_LO, EXP_P, EXP_UNDERFLOW};
+    use std::arch::x86_64::*;
+
+    /// `r8` of each of 8 vectors (module docs), as one vector: lane `j` = `r8(a[j])`.
+    #[inline(always)]
+    unsafe fn reduce8x8(a: &[__m256; 8]) -> __m256 {
+        let t0 = _mm256_hadd_ps(a[0], a[1]);
+        let t1 = _mm256_hadd_ps(a[2], a[3]);
+        let t2 = _mm256_hadd_ps(a[4], a[5]);
+        let t3 = _mm256_hadd_ps(a[6], a[7]);
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))
+    }
+
+    /// `r8` of one vector.
+    #[inline(always)]
+    unsafe fn reduce8(v: __m256) -> f32 {
+        let t = _mm256_hadd_ps(v, v);
+        let u = _mm256_hadd_ps(t, t);
+        _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)))
+    }
+
+    /// [`super::exp8_scalar`] on 8 lanes.
+    #[inline(always)]
+    pub(super) unsafe fn exp8(x: __m256) -> __m256 {
+        let xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
+        let n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(std::f32::consts::LOG2_E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        let nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
+        let r = _mm256_fmadd_ps(nn, _mm256_set1_ps(EXP_C2), _mm256_fmadd_ps(nn, _mm256_set1_ps(EXP_C1), xc));
+        let mut y = _mm256_set1_ps(EXP_P[0]);
+        for &c in &EXP_P[1..] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        let y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+        let scaled = _mm256_mul_ps(y, pow2);
+        let under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_UNDERFLOW), _CMP_LT_OQ);
+        let nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+        _mm256_blendv_ps(_mm256_andnot_ps(under, scaled), x, nan)
+    }
+
+    /// `o[0..8C] += Σ_t p_t·v_t[base..base + 8C]` over all visible `t` (fused, ascending), then
+    /// `·inv`, stored to `out`.
+    #[inline(always)]
+    unsafe fn values<const C: usize>(kv: &KvHead<'_>, vis: &Visible<'_>, p: &[f32], base: usize, inv: f32, out: *mut f32) {
+        let mut o = [_mm256_setzero_ps(); C];
+        let vp = kv.v.as_ptr().add(kv.off + base);
+        for (t, &pt) in p.iter().enumerate().take(vis.len()) {
+            let pb = _mm256_set1_ps(pt);
+            let row = vp.add(vis.row(t) * kv.stride);
+            for (c, oc) in o.iter_mut().enumerate() {
+                *oc = _mm256_fmadd_ps(pb, _mm256_loadu_ps(row.add(8 * c)), *oc);
+            }
+        }
+        let iv = _mm256_set1_ps(inv);
+        for (c, oc) in o.iter().enumerate() {
+            _mm256_storeu_ps(out.add(base + 8 * c), _mm256_mul_ps(*oc, iv));
+        }
+    }
+
+    /// The AVX2 path of [`super::attend_heads`]. Caller guarantees avx2 + fma and `hd % 8 == 0`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn attend_heads(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
+        let (hd, n) = (kv.hd, vis.len());
+        // The raw loads below stay inside the slices: the last visible row is the largest.
+        let last = vis.extra.last().copied().unwrap_or(vis.prefix.saturating_sub(1));
+        assert!(n > 0 && q.len() >= group * hd && out.len() >= group * hd && kv.off + hd <= kv.stride);
+        assert!(kv.k.len() == kv.v.len() && last * kv.stride + kv.off + hd <= kv.k.len());
+        let n8 = n.div_ceil(8) * 8;
+        scratch.clear();
+        scratch.resize(n8, 0.0);
+        let sp = scratch.as_mut_ptr();
+        let kp = kv.k.as_ptr().add(kv.off);
+        let scale_v = _mm256_set1_ps(scale);
+        for g in 0..group {
+            let qp = q.as_ptr().add(g * hd);
+            // 1. Scores, 8 keys at a time (keys past `n` repeat the last one; their lanes are
+            //    overwritten below).
+            let mut t = 0;
+            while t < n {
+                let mut rows = [std::ptr::null::<f32>(); 8];
+                for (j, r) in rows.iter_mut().enumerate() {
+                    *r = kp.add(vis.row((t + j).min(n - 1)) * kv.stride);
+                }
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut d = 0;
+                while d < hd {
+                    let qv = _mm256_loadu_ps(qp.add(d));
+                    for j in 0..8 {
+                        acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j].add(d)), acc[j]);
+                    }
+                    d += 8;
+                }
+                _mm256_storeu_ps(sp.add(t), _mm256_mul_ps(reduce8x8(&acc), scale_v));
+                t += 8;
+            }
+            // 2. Max, then probabilities; padding lanes become 0 so they add nothing.
+            let mut mx = f32::NEG_INFINITY;
+            for &s in &scratch[..n] {
+                mx = mx.max(s);
+            }
+            let mv = _mm256_set1_ps(mx);
+            let mut lanes = _mm256_setzero_ps();
+            let mut t = 0;
+            while t < n8 {
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(t)), mv));
+                _mm256_storeu_ps(sp.add(t), e);
+                t += 8;
+            }
+            for s in &mut scratch[n..n8] {
+                *s = 0.0;
+            }
+            let mut t = 0;
+            while t < n8 {
+                lanes = _mm256_add_ps(lanes, _mm256_loadu_ps(sp.add(t)));
+                t += 8;
+            }
+            let inv = 1.0 / reduce8(lanes);
+            // 3. Values: 64 outputs per pass over the keys.
+            let o = out.as_mut_ptr().add(g * hd);
+            let mut base = 0;
+            while base + 64 <= hd {
+                values::<8>(&kv, &vis, &scratch[..n], base, inv, o);
+                base += 64;
+            }
+            while base < hd {
+                values::<1>(&kv, &vis, &scratch[..n], base, inv, o);
+                base += 8;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rnd(seed: &mut u64, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// `r8` of 8 lanes (module docs).
+    fn r8(l: [f32; 8]) -> f32 {
+        ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+    }
+
+    /// One head exactly as the module docs define the AVX2 path, in scalar code.
+    fn avx2_reference(q: &[f32], kv: KvHead<'_>, vis: &[usize], scale: f32, o: &mut [f32]) {
+        let hd = q.len();
+        let scores: Vec<f32> = vis
+            .iter()
+            .map(|&r| {
+                let k = kv.key(r);
+                let mut l = [0.0f32; 8];
+                for d in 0..hd {
+                    l[d % 8] = q[d].mul_add(k[d], l[d % 8]);
+                }
+                r8(l) * scale
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let p: Vec<f32> = scores.iter().map(|s| exp8_scalar(s - max)).collect();
+        let mut l = [0.0f32; 8];
+        for (t, &pt) in p.iter().enumerate() {
+            l[t % 8] += pt;
+        }
+        let inv = 1.0 / r8(l);
+        for (d, od) in o.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for (&r, &pt) in vis.iter().zip(&p) {
+                acc = pt.mul_add(kv.value(r)[d], acc);
+            }
+            *od = acc * inv;
+        }
+    }
+
+    /// One head as the portable path defines it.
+    fn portable_reference(q: &[f32], kv: KvHead<'_>, vis: &[usize], scale: f32, o: &mut [f32]) {
+        let scores: Vec<f32> = vis.iter().map(|&r| crate::kernels::dot(q, kv.key(r)) * scale).collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        o.iter_mut().for_each(|a| *a = 0.0);
+        for (&r, &s) in vis.iter().zip(&scores) {
+            let p = (s - max).exp();
+            sum += p;
+            for (a, b) in o.iter_mut().zip(kv.value(r)) {
+                *a += p * b;
+            }
+        }
+        let inv = 1.0 / sum;
+        o.iter_mut().for_each(|a| *a *= inv);
+    }
+
+    #[test]
+    fn attention_equals_the_reference_of_the_path_in_use_bit_for_bit() {
+        let mut seed = 5u64;
+        let avx2 = cfg!(target_arch = "x86_64") && crate::isa::active() >= crate::isa::Isa::Avx2;
+        eprintln!("attention path under test: {}", if avx2 { "avx2 (head dims % 8 == 0), portable otherwise" } else { "portable" });
+        // Head dims 64 / 128 / 8 / 24 (avx2 path) and 20 (portable); key counts around the
+        // 8-key tiles; contiguous, tree-like and sparse visibility.
+        for &(hd, group, kvh, n) in &[(64usize, 3usize, 3usize, 37usize), (128, 2, 1, 9), (8, 1, 1, 1), (24, 2, 2, 16), (20, 2, 2, 5), (64, 4, 2, 130)] {
+            let stride = hd * kvh;
+            let (k, v) = (rnd(&mut seed, n * stride), rnd(&mut seed, n * stride));
+            let q = rnd(&mut seed, group * hd);
+            let scale = 1.0 / (hd as f32).sqrt();
+            let sparse: Vec<usize> = (0..n).filter(|j| j % 3 != 1).collect();
+            let prefix = n / 2;
+            let tree: Vec<usize> = (prefix..n).filter(|j| j % 2 == 0).collect();
+            for (vis, name) in
+                [(Visible { prefix: n, extra: &[] }, "causal"), (Visible { prefix, extra: &tree }, "tree"), (Visible { prefix: 0, extra: &sparse }, "sparse")]
+            {
+                let rows: Vec<usize> = (0..vis.len()).map(|t| vis.row(t)).collect();
+                for kh in 0..kvh {
+                    let kvh_ = KvHead { k: &k, v: &v, stride, off: kh * hd, hd };
+                    let mut want = vec![0.0f32; group * hd];
+                    for g in 0..group {
+                        let (qg, og) = (&q[g * hd..(g + 1) * hd], &mut want[g * hd..(g + 1) * hd]);
+                        if avx2 && hd % 8 == 0 {
+                            avx2_reference(qg, kvh_, &rows, scale, og);
+                        } else {
+                            portable_reference(qg, kvh_, &rows, scale, og);
+                        }
+                    }
+                    let mut got = vec![1.0f32; group * hd];
+                    attend_heads(&q, group, kvh_, vis, scale, &mut got, &mut vec![7.0; 3]);
+                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} group {group} kh {kh} {name}");
+                    // Close to the f64 softmax.
+                    for g in 0..group {
+                        let qg = &q[g * hd..(g + 1) * hd];
+                        let s: Vec<f64> =
+                            rows.iter().map(|&r| qg.iter().zip(kvh_.key(r)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64).collect();
+                        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                        let z: f64 = e.iter().sum();
+                        for d in 0..hd {
+                            let exact: f64 = rows.iter().zip(&e).map(|(&r, p)| p / z * kvh_.value(r)[d] as f64).sum();
+                            assert!((got[g * hd + d] as f64 - exact).abs() < 1e-4, "hd {hd} {name} head {g} dim {d}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exp8_is_within_two_ulp_of_exp_and_handles_the_edges() {
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let (got, want) = (exp8_scalar(x), (x as f64).exp());
+            assert!(((got as f64 - want) / want).abs() < 2.5e-7, "exp8({x}) = {got}, exp = {want}");
+            x += 0.0137;
+        }
+        assert_eq!(exp8_scalar(0.0), 1.0);
+        assert_eq!(exp8_scalar(-100.0), 0.0);
+        assert_eq!(exp8_scalar(f32::NEG_INFINITY), 0.0);
+        assert!(exp8_scalar(f32::NAN).is_nan());
+        #[cfg(target_arch = "x86_64")]
+        if crate::isa::detected() >= crate::isa::Isa::Avx2 {
+            // The vector code equals its scalar twin lane for lane.
+            let xs: Vec<f32> = (0..4000).map(|i| -90.0 + i as f32 * 0.0231).chain([f32::NAN, f32::NEG_INFINITY, -0.0, 1e-30]).collect();
+            for chunk in xs.chunks(8).filter(|c| c.len() == 8) {
+                let mut out = [0.0f32; 8];
+                unsafe {
+                    use std::arch::x86_64::*;
+                    #[target_feature(enable = "avx2,fma")]
+                    unsafe fn run(x: &[f32], out: &mut [f32; 8]) {
+                        _mm256_storeu_ps(out.as_mut_ptr(), avx2_exp(_mm256_loadu_ps(x.as_ptr())));
+                    }
+                    run(chunk, &mut out);
+                }
+                for (a, b) in chunk.iter().zip(out) {
+                    let want = exp8_scalar(*a);
+                    assert!(want.to_bits() == b.to_bits() || (want.is_nan() && b.is_nan()), "exp8({a}): vector {b}, scalar {want}");
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    use avx2::exp8 as avx2_exp;
+}
