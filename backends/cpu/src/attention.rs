@@ -163,7 +163,7 @@ const EXP_C1: f32 = 0.693_359_4;
 const EXP_C2: f32 = -2.121_944_4e-4;
 /// Cephes `expf` polynomial, highest power first (`P0..P5`; then `·r² + r + 1`).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
+const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
