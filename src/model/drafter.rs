@@ -5,7 +5,7 @@
 
 use super::config::{DrafterConfig, DrafterKind, TargetConfig};
 use super::draft_vocab::{DraftVocab, MAP_TENSOR};
-use super::layer::{load_matrix, load_vector, DecoderLayer, KvCache, LayerDims};
+use super::layer::{load_matrix, load_vector, DecoderLayer, KvCache, LayerDims, Owner};
 use super::target::Target;
 use crate::error::{Error, Result};
 use crate::loader::TensorSource;
@@ -125,16 +125,16 @@ impl<B: Backend> Drafter<B> {
             return Err(Error::tensor(p, &extra, format!("unexpected tensor for a {:?} drafter", cfg.kind)));
         }
         let n_feat = cfg.target_layer_ids.len() * target.hidden;
-        let fc = load_matrix(b, src, "fc.weight", h, n_feat)?;
+        let fc = load_matrix(b, src, "fc.weight", h, n_feat, Owner::Drafter)?;
         let hidden_norm = load_vector(b, src, "hidden_norm.weight", h)?;
-        let layers = (0..cfg.layers).map(|l| DecoderLayer::load(b, src, &format!("layers.{l}."), d)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..cfg.layers).map(|l| DecoderLayer::load(b, src, &format!("layers.{l}."), d, Owner::Drafter)).collect::<Result<Vec<_>>>()?;
         let norm = load_vector(b, src, "norm.weight", h)?;
         // The input embedding covers the target vocabulary (anchors are target ids), the
         // output layer the draft vocabulary. A reduced drafter may own its output layer of
         // either kind.
         let opt = |name: &str, rows: usize| -> Result<Option<B::Weight>> {
             if (cfg.kind == DrafterKind::DSpark || (cfg.is_reduced() && name == "lm_head.weight")) && src.contains(name) {
-                Ok(Some(load_matrix(b, src, name, rows, h)?))
+                Ok(Some(load_matrix(b, src, name, rows, h, Owner::Drafter)?))
             } else {
                 Ok(None)
             }

@@ -57,17 +57,31 @@ pub struct LayerDims {
     pub qk_norm: bool,
 }
 
+/// Whose matrices a load reads: the target's (their precision decides the tokens) or a
+/// drafter's (only its speed and acceptance: [`Backend::upload_draft_weight`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The target model.
+    Target,
+    /// A drafter.
+    Drafter,
+}
+
 /// Load a `[n, k]` matrix by name and upload it: in its stored ggml format when the source
 /// holds ggml blocks and the backend keeps that type ([`Backend::accepts_ggml`]), else
-/// dequantized to f32.
-pub fn load_matrix<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usize, k: usize) -> Result<B::Weight> {
+/// dequantized to f32 and uploaded with [`Backend::upload_weight`] (a drafter's with
+/// [`Backend::upload_draft_weight`]).
+pub fn load_matrix<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usize, k: usize, owner: Owner) -> Result<B::Weight> {
     if src.ggml_type(name).is_some_and(|t| b.accepts_ggml(t)) {
         if let Some(g) = src.load_ggml(name, [n, k])? {
             return b.upload_weight_ggml(g).map_err(|e| Error::tensor(src.path(), name, e.to_string()));
         }
     }
     let t = src.load_shaped(name, &[n, k])?;
-    Ok(b.upload_weight(t.data, n, k)?)
+    Ok(match owner {
+        Owner::Target => b.upload_weight(t.data, n, k)?,
+        Owner::Drafter => b.upload_draft_weight(t.data, n, k)?,
+    })
 }
 
 /// Load a vector by name as a `[1, n]` tensor.
@@ -78,8 +92,9 @@ pub fn load_vector<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usi
 
 impl<B: Backend> DecoderLayer<B> {
     /// Load layer tensors named `{prefix}input_layernorm.weight`, `{prefix}self_attn.q_proj.weight`, …
-    /// Errors name the missing tensor or the expected and found shape.
-    pub fn load(b: &B, src: &dyn TensorSource, prefix: &str, d: LayerDims) -> Result<Self> {
+    /// `owner` chooses the upload of the matrices ([`load_matrix`]). Errors name the missing
+    /// tensor or the expected and found shape.
+    pub fn load(b: &B, src: &dyn TensorSource, prefix: &str, d: LayerDims, owner: Owner) -> Result<Self> {
         let (h, q, kv) = (d.hidden, d.n_heads * d.head_dim, d.n_kv_heads * d.head_dim);
         let n = |s: &str| format!("{prefix}{s}");
         let bias = |s: &str, len: usize| -> Result<Option<B::Tensor>> {
@@ -98,19 +113,19 @@ impl<B: Backend> DecoderLayer<B> {
         };
         Ok(DecoderLayer {
             attn_norm: load_vector(b, src, &n("input_layernorm.weight"), h)?,
-            wq: load_matrix(b, src, &n("self_attn.q_proj.weight"), q, h)?,
-            wk: load_matrix(b, src, &n("self_attn.k_proj.weight"), kv, h)?,
-            wv: load_matrix(b, src, &n("self_attn.v_proj.weight"), kv, h)?,
-            wo: load_matrix(b, src, &n("self_attn.o_proj.weight"), h, q)?,
+            wq: load_matrix(b, src, &n("self_attn.q_proj.weight"), q, h, owner)?,
+            wk: load_matrix(b, src, &n("self_attn.k_proj.weight"), kv, h, owner)?,
+            wv: load_matrix(b, src, &n("self_attn.v_proj.weight"), kv, h, owner)?,
+            wo: load_matrix(b, src, &n("self_attn.o_proj.weight"), h, q, owner)?,
             bq: bias("self_attn.q_proj.bias", q)?,
             bk: bias("self_attn.k_proj.bias", kv)?,
             bv: bias("self_attn.v_proj.bias", kv)?,
             q_norm: norm("self_attn.q_norm.weight")?,
             k_norm: norm("self_attn.k_norm.weight")?,
             mlp_norm: load_vector(b, src, &n("post_attention_layernorm.weight"), h)?,
-            w_gate: load_matrix(b, src, &n("mlp.gate_proj.weight"), d.intermediate, h)?,
-            w_up: load_matrix(b, src, &n("mlp.up_proj.weight"), d.intermediate, h)?,
-            w_down: load_matrix(b, src, &n("mlp.down_proj.weight"), h, d.intermediate)?,
+            w_gate: load_matrix(b, src, &n("mlp.gate_proj.weight"), d.intermediate, h, owner)?,
+            w_up: load_matrix(b, src, &n("mlp.up_proj.weight"), d.intermediate, h, owner)?,
+            w_down: load_matrix(b, src, &n("mlp.down_proj.weight"), h, d.intermediate, owner)?,
         })
     }
 

@@ -3,7 +3,7 @@
 //! state).
 
 use super::config::TargetConfig;
-use super::layer::{load_matrix, load_vector, DecoderLayer, KvCache, LayerDims};
+use super::layer::{load_matrix, load_vector, DecoderLayer, KvCache, LayerDims, Owner};
 use crate::error::{Error, Result};
 use crate::loader::TensorSource;
 use sparkling_core::{AttnMask, AttnShape, Backend, RaggedSeq};
@@ -99,9 +99,9 @@ impl<B: Backend> Target<B> {
         }
         let total = cfg.layers + 2;
         progress(0, total);
-        let embed = load_matrix(b, src, "model.embed_tokens.weight", cfg.vocab, cfg.hidden)?;
+        let embed = load_matrix(b, src, "model.embed_tokens.weight", cfg.vocab, cfg.hidden, Owner::Target)?;
         let lm_head = if src.contains("lm_head.weight") {
-            Some(load_matrix(b, src, "lm_head.weight", cfg.vocab, cfg.hidden)?)
+            Some(load_matrix(b, src, "lm_head.weight", cfg.vocab, cfg.hidden, Owner::Target)?)
         } else if cfg.tie_embeddings {
             None
         } else {
@@ -110,7 +110,7 @@ impl<B: Backend> Target<B> {
         progress(1, total);
         let mut layers = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
-            layers.push(DecoderLayer::load(b, src, &format!("model.layers.{i}."), d)?);
+            layers.push(DecoderLayer::load(b, src, &format!("model.layers.{i}."), d, Owner::Target)?);
             progress(2 + i, total);
         }
         let norm = load_vector(b, src, "model.norm.weight", cfg.hidden)?;

@@ -195,6 +195,14 @@ pub trait Backend: Send + Sync {
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
     /// Upload a weight matrix `data[N*K]` of shape `[n, k]`.
     fn upload_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<Self::Weight>;
+    /// Upload a drafter's own matrix `data[N*K]` of shape `[n, k]`. The target verifies every
+    /// token, so a drafter's precision moves only its speed and acceptance, never the output:
+    /// a backend may store it in a cheaper format than [`Backend::upload_weight`] would (the
+    /// CPU backend's `native` storage: Q8_0 blocks on the int8 kernels instead of f16).
+    /// Default: [`Backend::upload_weight`]. Errors: as `upload_weight`.
+    fn upload_draft_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<Self::Weight> {
+        self.upload_weight(data, n, k)
+    }
     /// `(N, K)` of a weight.
     fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
     /// Whether [`Backend::upload_weight_ggml`] keeps weights of ggml type `ggml_type` in a

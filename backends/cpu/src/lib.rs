@@ -199,6 +199,17 @@ impl Backend for CpuBackend {
         Ok(CpuWeight { n, k, data: WeightData::Panels(packed) })
     }
 
+    /// `native` storage keeps a drafter's float matrices as Q8_0 blocks (when K is a multiple
+    /// of 32): the int8 kernels run its 20-row forward about 1.3× faster than f16 panels
+    /// (BENCHMARKS.md §16), and only the drafter's speed depends on it. Other storages as
+    /// [`Backend::upload_weight`].
+    fn upload_draft_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<CpuWeight> {
+        if self.weight_dtype == WeightDtype::Native {
+            return CpuBackend::with_weight_dtype(WeightDtype::Q8_0).upload_weight(data, n, k);
+        }
+        self.upload_weight(data, n, k)
+    }
+
     fn accepts_ggml(&self, ggml_type: u32) -> bool {
         let native = matches!(self.weight_dtype, WeightDtype::Native | WeightDtype::Q8_0);
         native && (quant::QFormat::from_ggml(ggml_type).is_some() || ggml_type == ggml::F16 || ggml_type == ggml::F32)
