@@ -1,5 +1,5 @@
 //! The `--budget auto` cost model cache: one JSON file per target × backend × threads ×
-//! weight format under `$SPARKLING_ASSETS/costs/`, written atomically (`fsio::write_bytes`).
+//! weight format × engine build under `$SPARKLING_ASSETS/costs/`, written atomically (`fsio::write_bytes`).
 //! A missing, unreadable or too-small entry is re-measured by the engine on first use.
 
 use super::load::ModelArgs;
@@ -8,12 +8,13 @@ use sparkling::decode::GenParams;
 use std::path::{Path, PathBuf};
 
 /// The cache file of this target (path and size), backend (`Backend::name`, which names the
-/// kernel path), rayon thread count and `--weights`.
+/// kernel path), rayon thread count, `--weights` and engine build (so a rebuilt engine, whose
+/// kernels may cost something else, measures its own curve).
 pub fn cache_path(model: &ModelArgs, target: &Path, backend_name: &str) -> PathBuf {
     let canon = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
     let size = std::fs::metadata(&canon).map(|m| m.len()).unwrap_or(0);
     let threads = rayon::current_num_threads();
-    let key = format!("{}|{size}|{backend_name}|{threads}|{}", canon.display(), model.weights);
+    let key = format!("{}|{size}|{backend_name}|{threads}|{}|{}", canon.display(), model.weights, engine_build());
     // FNV-1a: a stable name, no dependency.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in key.bytes() {
@@ -25,6 +26,15 @@ pub fn cache_path(model: &ModelArgs, target: &Path, backend_name: &str) -> PathB
         .unwrap_or_else(|| "target".into());
     let backend: String = backend_name.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
     sparkling::assets::dir().join("costs").join(format!("{stem}-{backend}-t{threads}-{}-{h:016x}.json", model.weights))
+}
+
+/// This engine's build: version, and the executable's size and modification time (empty parts
+/// where the platform does not say).
+fn engine_build() -> String {
+    let exe = std::env::current_exe().ok().and_then(|p| std::fs::metadata(p).ok());
+    let size = exe.as_ref().map(|m| m.len()).unwrap_or(0);
+    let mtime = exe.and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{}:{size}:{mtime}", env!("CARGO_PKG_VERSION"))
 }
 
 /// The cached model at `path` when it exists, parses and covers trees of `n_max` nodes.
