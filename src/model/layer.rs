@@ -164,15 +164,37 @@ impl<B: Backend> DecoderLayer<B> {
         Ok(q)
     }
 
-    /// Project keys (normed, rotated at `positions`) and values for the normed rows `x`.
+    /// Project keys (normed, rotated at `positions`) and values for the normed rows `x` (one
+    /// [`Backend::matmul_many`]).
     pub fn project_kv(&self, b: &B, x: &B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<(B::Tensor, B::Tensor)> {
-        let mut k = b.matmul(x, &self.wk, self.bk.as_ref())?;
+        let mut kv = b.matmul_many(x, &[(&self.wk, self.bk.as_ref()), (&self.wv, self.bv.as_ref())])?.into_iter();
+        let (Some(k), Some(v)) = (kv.next(), kv.next()) else { return Err(Error::Input("matmul_many returned fewer outputs than weights".into())) };
+        Ok((self.finish_k(b, k, positions, hd, eps, theta)?, v))
+    }
+
+    /// [`DecoderLayer::project_q`] and [`DecoderLayer::project_kv`] of the same rows `x` in one
+    /// [`Backend::matmul_many`] (the target's case; the drafter's keys see more rows than its
+    /// queries). Returns `(q, k, v)`, equal to the two calls' results.
+    pub fn project_qkv(&self, b: &B, x: &B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+        let ws = [(&self.wq, self.bq.as_ref()), (&self.wk, self.bk.as_ref()), (&self.wv, self.bv.as_ref())];
+        let mut qkv = b.matmul_many(x, &ws)?.into_iter();
+        let (Some(mut q), Some(k), Some(v)) = (qkv.next(), qkv.next(), qkv.next()) else {
+            return Err(Error::Input("matmul_many returned fewer outputs than weights".into()));
+        };
+        if let Some(w) = &self.q_norm {
+            q = b.rms_norm(&q, w, hd, eps)?;
+        }
+        b.rope(&mut q, positions, hd, theta)?;
+        Ok((q, self.finish_k(b, k, positions, hd, eps, theta)?, v))
+    }
+
+    /// Keys after their projection: per-head norm (when the layer has one), then RoPE.
+    fn finish_k(&self, b: &B, mut k: B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<B::Tensor> {
         if let Some(w) = &self.k_norm {
             k = b.rms_norm(&k, w, hd, eps)?;
         }
         b.rope(&mut k, positions, hd, theta)?;
-        let v = b.matmul(x, &self.wv, self.bv.as_ref())?;
-        Ok((k, v))
+        Ok(k)
     }
 
     /// `h += o_proj(attn)`; then `h += down(silu(gate(y)) * up(y))` with `y = RMSNorm_post(h)`.
@@ -181,8 +203,8 @@ impl<B: Backend> DecoderLayer<B> {
         b.add_assign(h, &o)?;
         let hidden = b.shape(h).1;
         let y = b.rms_norm(h, &self.mlp_norm, hidden, eps)?;
-        let g = b.matmul(&y, &self.w_gate, None)?;
-        let u = b.matmul(&y, &self.w_up, None)?;
+        let mut gu = b.matmul_many(&y, &[(&self.w_gate, None), (&self.w_up, None)])?.into_iter();
+        let (Some(g), Some(u)) = (gu.next(), gu.next()) else { return Err(Error::Input("matmul_many returned fewer outputs than weights".into())) };
         let m = b.silu_mul(&g, &u)?;
         let d = b.matmul(&m, &self.w_down, None)?;
         b.add_assign(h, &d)?;

@@ -180,8 +180,7 @@ impl<B: Backend> Target<B> {
         let mut tapped: Vec<Option<B::Tensor>> = (0..taps.len()).map(|_| None).collect();
         for (li, layer) in self.layers.iter().enumerate() {
             let x = b.rms_norm(&h, &layer.attn_norm, c.hidden, c.rms_eps)?;
-            let q = layer.project_q(b, &x, positions, c.head_dim, c.rms_eps, c.rope_theta)?;
-            let (k, v) = layer.project_kv(b, &x, positions, c.head_dim, c.rms_eps, c.rope_theta)?;
+            let (q, k, v) = layer.project_qkv(b, &x, positions, c.head_dim, c.rms_eps, c.rope_theta)?;
             b.write_rows(&mut cache.k[li], start, &k)?;
             b.write_rows(&mut cache.v[li], start, &v)?;
             let a = b.attention(&q, &cache.k[li], &cache.v[li], start + t, shape, mask)?;
@@ -243,8 +242,7 @@ impl<B: Backend> Target<B> {
         let mut tapped: Vec<Option<B::Tensor>> = (0..taps.len()).map(|_| None).collect();
         for (li, layer) in self.layers.iter().enumerate() {
             let x = b.rms_norm(&h, &layer.attn_norm, c.hidden, c.rms_eps)?;
-            let q = layer.project_q(b, &x, &positions, c.head_dim, c.rms_eps, c.rope_theta)?;
-            let (k, v) = layer.project_kv(b, &x, &positions, c.head_dim, c.rms_eps, c.rope_theta)?;
+            let (q, k, v) = layer.project_qkv(b, &x, &positions, c.head_dim, c.rms_eps, c.rope_theta)?;
             for ((cache, rows), &start) in caches.iter_mut().zip(&input_rows).zip(&starts) {
                 if single {
                     b.write_rows(&mut cache.k[li], start, &k)?;

@@ -251,6 +251,14 @@ pub trait Backend: Send + Sync {
     fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;
     /// `x[M,K] · W[N,K]ᵀ (+ bias[1,N] broadcast over rows)` → `[M, N]`.
     fn matmul(&self, x: &Self::Tensor, w: &Self::Weight, bias: Option<&Self::Tensor>) -> Result<Self::Tensor>;
+    /// The matmuls of one input, `x·Wᵢᵀ (+ bᵢ)` for each `(Wᵢ, bᵢ)` of `ws` (all with `K` = the
+    /// columns of `x`) → one `[M, Nᵢ]` per weight, in order: a layer's q/k/v projections or its
+    /// MLP gate and up, so a backend can prepare the input once and run every weight's columns
+    /// in one parallel pass. Each output equals [`Backend::matmul`]`(x, Wᵢ, bᵢ)` bit for bit.
+    /// Default: one `matmul` per weight. Errors: as `matmul`, for the first weight that fails.
+    fn matmul_many(&self, x: &Self::Tensor, ws: &[(&Self::Weight, Option<&Self::Tensor>)]) -> Result<Vec<Self::Tensor>> {
+        ws.iter().map(|&(w, bias)| self.matmul(x, w, bias)).collect()
+    }
     /// RMSNorm over groups of `group` columns (`group = cols` for a row norm, `head_dim` for the
     /// Qwen3 per-head q/k norm): `x * rsqrt(mean(x²) + eps) * w` with `w: [1, group]`
     /// (reference §1.3: no bias, no `1+w` offset).

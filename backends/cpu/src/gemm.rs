@@ -64,46 +64,35 @@ impl Packed {
     }
 }
 
-/// Below this many multiply-adds a matmul runs on the calling thread.
-const PAR_MIN_MACS: usize = 1 << 18;
-
 /// Panels per parallel task (64 output columns).
-const TASK_PANELS: usize = 4;
+pub(crate) const TASK_PANELS: usize = 4;
 
 /// `y[M,N] = x[M,K]·Wᵀ + bias`, row-major output. Preconditions (checked by the caller):
 /// `x.len() == m*w.k`, `bias.len() == w.n` when given.
 pub fn matmul(x: &[f32], m: usize, w: &Packed, bias: Option<&[f32]>) -> Vec<f32> {
-    let (n, k) = (w.n, w.k);
-    let np = n.div_ceil(NR);
-    let groups = np.div_ceil(TASK_PANELS);
-    // Each task computes [m, TASK_PANELS*NR] for its panel group, then rows are assembled.
-    let work = |g: usize| {
-        let p0 = g * TASK_PANELS;
-        let pn = TASK_PANELS.min(np - p0);
-        let width = pn * NR;
-        let mut buf = vec![0.0f32; m * width];
-        compute_group(x, m, k, w, p0, pn, &mut buf, width);
-        buf
-    };
+    let work = |g: usize| task(x, m, w, g);
+    let groups = tasks(w);
     // Small products are not worth a parallel dispatch.
-    let parts: Vec<Vec<f32>> = if m * n * k >= PAR_MIN_MACS { (0..groups).into_par_iter().map(work).collect() } else { (0..groups).map(work).collect() };
-    let mut y = vec![0.0f32; m * n];
-    for (g, buf) in parts.iter().enumerate() {
-        let c0 = g * TASK_PANELS * NR;
-        let width = buf.len() / m.max(1);
-        let cols = width.min(n - c0);
-        for i in 0..m {
-            y[i * n + c0..i * n + c0 + cols].copy_from_slice(&buf[i * width..i * width + cols]);
-        }
-    }
-    if let Some(b) = bias {
-        for row in y.chunks_mut(n) {
-            for (v, bb) in row.iter_mut().zip(b) {
-                *v += bb;
-            }
-        }
-    }
-    y
+    let parts: Vec<Vec<f32>> =
+        if m * w.n * w.k >= crate::PAR_MIN_MACS { (0..groups).into_par_iter().map(work).collect() } else { (0..groups).map(work).collect() };
+    crate::assemble_columns(&parts, m, w.n, TASK_PANELS * NR, bias)
+}
+
+/// Column tasks of a matmul over `w`: groups of [`TASK_PANELS`] panels.
+pub(crate) fn tasks(w: &Packed) -> usize {
+    w.n.div_ceil(NR).div_ceil(TASK_PANELS)
+}
+
+/// Task `g` of [`tasks`]: panels `g·TASK_PANELS ..` of every row, as `[m, width]` (padding
+/// columns included).
+pub(crate) fn task(x: &[f32], m: usize, w: &Packed, g: usize) -> Vec<f32> {
+    let np = w.n.div_ceil(NR);
+    let p0 = g * TASK_PANELS;
+    let pn = TASK_PANELS.min(np - p0);
+    let width = pn * NR;
+    let mut buf = vec![0.0f32; m * width];
+    compute_group(x, m, w.k, w, p0, pn, &mut buf, width);
+    buf
 }
 
 /// Compute panels `p0..p0+pn` for all rows into `buf[m, width]`.

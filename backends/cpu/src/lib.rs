@@ -137,6 +137,45 @@ fn shape_err(op: &'static str, detail: String) -> Error {
     Error::Shape { op, detail }
 }
 
+/// Below this many multiply-adds a matmul (or a [`Backend::matmul_many`] set) runs on the
+/// calling thread.
+const PAR_MIN_MACS: usize = 1 << 18;
+
+/// The `[m, n]` row-major output of column tasks: task `t` holds columns `t·cols ..` of every
+/// row as `[m, width]` (its last columns may be padding past `n`), then `+ bias` per row.
+fn assemble_columns(parts: &[Vec<f32>], m: usize, n: usize, cols: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    let mut y = vec![0.0f32; m * n];
+    for (t, buf) in parts.iter().enumerate() {
+        let c0 = t * cols;
+        let width = buf.len() / m.max(1);
+        let take = width.min(n - c0);
+        for i in 0..m {
+            y[i * n + c0..i * n + c0 + take].copy_from_slice(&buf[i * width..i * width + take]);
+        }
+    }
+    if let Some(b) = bias {
+        for row in y.chunks_mut(n) {
+            for (v, bb) in row.iter_mut().zip(b) {
+                *v += bb;
+            }
+        }
+    }
+    y
+}
+
+/// The shape check of `matmul` (`op` names the caller in the error).
+fn check_matmul(op: &'static str, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuTensor>) -> Result<()> {
+    if x.cols != w.k {
+        return Err(shape_err(op, format!("x [{}, {}] vs W [{}, {}]", x.rows, x.cols, w.n, w.k)));
+    }
+    if let Some(b) = bias {
+        if b.data.len() != w.n {
+            return Err(shape_err(op, format!("bias of {} for N = {}", b.data.len(), w.n)));
+        }
+    }
+    Ok(())
+}
+
 /// Below this many elements an elementwise op runs on the calling thread (a rayon dispatch
 /// costs more than the work).
 const PAR_MIN_ELEMS: usize = 1 << 15;
@@ -302,15 +341,8 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuTensor>) -> Result<CpuTensor> {
+        check_matmul("matmul", x, w, bias)?;
         let bias = bias.map(|b| b.data.as_slice());
-        if x.cols != w.k {
-            return Err(shape_err("matmul", format!("x [{}, {}] vs W [{}, {}]", x.rows, x.cols, w.n, w.k)));
-        }
-        if let Some(b) = bias {
-            if b.len() != w.n {
-                return Err(shape_err("matmul", format!("bias of {} for N = {}", b.len(), w.n)));
-            }
-        }
         let (m, n) = (x.rows, w.n);
         if m == 0 {
             return Ok(CpuTensor { rows: 0, cols: n, data: Vec::new() });
@@ -320,6 +352,49 @@ impl Backend for CpuBackend {
             WeightData::Quant(q) => quant::matmul(isa::active(), &x.data, m, q, bias),
         };
         Ok(CpuTensor { rows: m, cols: n, data })
+    }
+
+    /// One pass: the input is quantized once for every quantized weight, and the column tasks
+    /// of all weights share one parallel dispatch (each task runs the kernel `matmul` runs, so
+    /// the outputs are the same bits).
+    fn matmul_many(&self, x: &CpuTensor, ws: &[(&CpuWeight, Option<&CpuTensor>)]) -> Result<Vec<CpuTensor>> {
+        for &(w, bias) in ws {
+            check_matmul("matmul_many", x, w, bias)?;
+        }
+        let m = x.rows;
+        if m == 0 {
+            return Ok(ws.iter().map(|(w, _)| CpuTensor { rows: 0, cols: w.n, data: Vec::new() }).collect());
+        }
+        let isa = isa::active();
+        let threads = rayon::current_num_threads();
+        let acts = ws.iter().any(|(w, _)| matches!(w.data, WeightData::Quant(_))).then(|| quant::quantize_acts(&x.data, m, x.cols));
+        // Per weight: (tasks, columns per task, groups per task for quantized weights).
+        let plans: Vec<(usize, usize, usize)> = ws
+            .iter()
+            .map(|(w, _)| match &w.data {
+                WeightData::Quant(q) => {
+                    let (gpt, tasks) = quant::tasks(q, threads);
+                    (tasks, gpt * 8, gpt)
+                }
+                WeightData::Panels(p) => (gemm::tasks(p), gemm::TASK_PANELS * gemm::NR, 0),
+            })
+            .collect();
+        let jobs: Vec<(usize, usize)> = plans.iter().enumerate().flat_map(|(wi, &(tasks, _, _))| (0..tasks).map(move |t| (wi, t))).collect();
+        let run = |&(wi, t): &(usize, usize)| match (&ws[wi].0.data, acts.as_ref()) {
+            (WeightData::Quant(q), Some(a)) => quant::task(isa, q, a, t, plans[wi].2),
+            (WeightData::Panels(p), _) => gemm::task(&x.data, m, p, t),
+            (WeightData::Quant(_), None) => unreachable!("activations are quantized when a weight is"),
+        };
+        let macs: usize = ws.iter().map(|(w, _)| m * w.n * w.k).sum();
+        let parts: Vec<Vec<f32>> = if macs >= PAR_MIN_MACS { jobs.par_iter().map(run).collect() } else { jobs.iter().map(run).collect() };
+        let mut out = Vec::with_capacity(ws.len());
+        let mut at = 0;
+        for (&(w, bias), &(tasks, cols, _)) in ws.iter().zip(&plans) {
+            let data = assemble_columns(&parts[at..at + tasks], m, w.n, cols, bias.map(|b| b.data.as_slice()));
+            out.push(CpuTensor { rows: m, cols: w.n, data });
+            at += tasks;
+        }
+        Ok(out)
     }
 
     #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
@@ -638,6 +713,40 @@ mod tests {
         assert!(matches!(native.upload_weight_ggml(g(ggml::F16, f16_bytes[1..].to_vec())), Err(Error::Shape { .. })));
         assert!(native.upload_weight_ggml(g(ggml::Q4_1, vec![0; 7])).is_err());
         assert!(matches!(native.upload_weight_ggml(g(14, vec![])), Err(Error::Unavailable(_))));
+    }
+
+    #[test]
+    fn matmul_many_equals_one_matmul_per_weight_bit_for_bit() {
+        // Mixed storages in one set (Q4_1 blocks, Q8_0 from f32, f16 panels), a bias on one,
+        // widths that are not multiples of the tiles; decode (1 row), verify (9) and large (65).
+        let native = CpuBackend::with_weight_dtype(WeightDtype::Native);
+        let k = 96;
+        let q41: Vec<u8> = (0..37 * k / 32)
+            .flat_map(|i| {
+                let mut blk = half::f16::from_f32(0.02).to_le_bytes().to_vec();
+                blk.extend(half::f16::from_f32(-0.1).to_le_bytes());
+                blk.extend((0..16u32).map(|t| ((i as u32 * 7 + t * 13) % 256) as u8));
+                blk
+            })
+            .collect();
+        let wa = native.upload_weight_ggml(GgmlWeight { ggml_type: ggml::Q4_1, n: 37, k, bytes: q41 }).unwrap();
+        let wb = native.upload_draft_weight(pseudo(21 * k, 8), 21, k).unwrap();
+        let wc = native.upload_weight(pseudo(50 * k, 9), 50, k).unwrap();
+        assert_eq!((wa.format_name(), wb.format_name(), wc.format_name()), ("q4_1", "q8_0", "f16"));
+        let bias = native.upload(&pseudo(21, 10), 1, 21).unwrap();
+        for m in [1usize, 9, 65] {
+            let x = native.upload(&pseudo(m * k, 11 + m as u32), m, k).unwrap();
+            let set = [(&wa, None), (&wb, Some(&bias)), (&wc, None)];
+            let many = native.matmul_many(&x, &set).unwrap();
+            assert_eq!(many.len(), 3);
+            for ((w, bias), got) in set.iter().zip(&many) {
+                let want = native.matmul(&x, w, *bias).unwrap();
+                assert_eq!((got.rows, got.cols), (m, w.n));
+                assert!(got.data.iter().zip(&want.data).all(|(a, b)| a.to_bits() == b.to_bits()), "m = {m}, weight [{}, {k}]", w.n);
+            }
+        }
+        let x = native.upload(&pseudo(2 * 64, 3), 2, 64).unwrap();
+        assert!(matches!(native.matmul_many(&x, &[(&wa, None)]), Err(Error::Shape { .. })), "K mismatch is a shape error");
     }
 
     #[test]

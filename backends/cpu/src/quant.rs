@@ -347,45 +347,35 @@ pub fn dot_scalar(w: &QWeight, j: usize, a: &QActs, i: usize) -> f32 {
     acc
 }
 
-/// Below this many multiply-adds a matmul runs on the calling thread.
-const PAR_MIN_MACS: usize = 1 << 18;
-
 /// `y[M,N] = x[M,K]·Wᵀ + bias` on path `isa` (an unavailable path falls back to scalar).
 /// Preconditions (checked by the caller): `x.len() == m·w.k`, `bias.len() == w.n` when given.
 pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) -> Vec<f32> {
-    let n = w.n;
     let a = quantize_acts(x, m, w.k);
-    let threads = rayon::current_num_threads().max(1);
-    let ng = n.div_ceil(GC);
-    // Enough tasks to balance the threads; each task's weights (its groups × K) stay in cache
-    // while every row of the call passes over them.
-    let gpt = ng.div_ceil(4 * threads).clamp(1, 16);
-    let tasks = ng.div_ceil(gpt);
-    let work = |t: usize| {
-        let g0 = t * gpt;
-        let gn = gpt.min(ng - g0);
-        let mut buf = vec![0.0f32; m * gn * GC];
-        compute_groups(isa, w, &a, g0, gn, &mut buf);
-        buf
-    };
-    let parts: Vec<Vec<f32>> = if m * n * w.k >= PAR_MIN_MACS { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
-    let mut y = vec![0.0f32; m * n];
-    for (t, buf) in parts.iter().enumerate() {
-        let c0 = t * gpt * GC;
-        let width = buf.len() / m.max(1);
-        let cols = width.min(n - c0);
-        for i in 0..m {
-            y[i * n + c0..i * n + c0 + cols].copy_from_slice(&buf[i * width..i * width + cols]);
-        }
-    }
-    if let Some(b) = bias {
-        for row in y.chunks_mut(n) {
-            for (v, bb) in row.iter_mut().zip(b) {
-                *v += bb;
-            }
-        }
-    }
-    y
+    let (gpt, tasks) = tasks(w, rayon::current_num_threads());
+    let work = |t: usize| task(isa, w, &a, t, gpt);
+    let parts: Vec<Vec<f32>> =
+        if m * w.n * w.k >= crate::PAR_MIN_MACS { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
+    crate::assemble_columns(&parts, m, w.n, gpt * GC, bias)
+}
+
+/// How a matmul over `w` splits into column tasks on `threads` threads: `(groups per task,
+/// tasks)`. Enough tasks to balance the threads; each task's weights (its groups × K) stay in
+/// cache while every row of the call passes over them.
+pub(crate) fn tasks(w: &QWeight, threads: usize) -> (usize, usize) {
+    let ng = w.n.div_ceil(GC);
+    let gpt = ng.div_ceil(4 * threads.max(1)).clamp(1, 16);
+    (gpt, ng.div_ceil(gpt))
+}
+
+/// Task `t` of [`tasks`] (`gpt` groups per task): columns `t·gpt·8 ..` of every row of the
+/// quantized activations `a`, as `[m, gn·8]` (padding columns included).
+pub(crate) fn task(isa: Isa, w: &QWeight, a: &QActs, t: usize, gpt: usize) -> Vec<f32> {
+    let ng = w.n.div_ceil(GC);
+    let g0 = t * gpt;
+    let gn = gpt.min(ng - g0);
+    let mut buf = vec![0.0f32; a.m * gn * GC];
+    compute_groups(isa, w, a, g0, gn, &mut buf);
+    buf
 }
 
 /// Column groups `g0..g0+gn` of every row into `buf[m, gn·8]` (padding columns included).
