@@ -127,14 +127,14 @@ fn drafter_catch_up_equals_round_by_round_feeding() {
         let mut c1 = dr.new_cache(&b, 40).unwrap();
         let mut last = None;
         for (s, e) in [(0, 5), (5, 6), (6, 7), (7, 8), (8, 12)] {
-            last = Some(dr.draft(&b, &t, &mut c1, &rows(s..e), ids[e.min(11)], e).unwrap());
+            last = Some(dr.draft(&b, &t, &mut c1, &rows(s..e), ids[e.min(11)], e, dr.cfg.draft_depth()).unwrap());
         }
         // Catch-up: 5 rows, then the 7 rows of the skipped rounds at once.
         let mut c2 = dr.new_cache(&b, 40).unwrap();
-        dr.draft(&b, &t, &mut c2, &rows(0..5), ids[5], 5).unwrap();
+        dr.draft(&b, &t, &mut c2, &rows(0..5), ids[5], 5, dr.cfg.draft_depth()).unwrap();
         let parts = [rows(5..6), rows(6..7), rows(7..8), rows(8..12)];
         let ctx = b.concat_rows(&parts.iter().collect::<Vec<_>>()).unwrap();
-        let caught_up = dr.draft(&b, &t, &mut c2, &ctx, ids[11], 12).unwrap();
+        let caught_up = dr.draft(&b, &t, &mut c2, &ctx, ids[11], 12, dr.cfg.draft_depth()).unwrap();
         let (x, y) = (b.download(&last.unwrap()).unwrap(), b.download(&caught_up).unwrap());
         let worst = x.iter().zip(&y).map(|(a, c)| (a - c).abs()).fold(0.0f32, f32::max);
         assert!(worst < 1e-4, "{kind:?}: catch-up logits differ by {worst}");

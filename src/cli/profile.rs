@@ -113,7 +113,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let a = &bounded;
     let p = a.prefill;
     let bk = d.cfg.block_size;
-    let depth = d.cfg.draft_depth();
+    let depth = d.cfg.draft_depth().min(a.budget.max(1));
     if p.saturating_add(a.budget).saturating_add(bk + 4) > tc.max_positions {
         return Err(Error::Input(format!("--prefill {p} + --budget {} exceeds the target context of {}", a.budget, tc.max_positions)));
     }
@@ -170,7 +170,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     // First call consumes the whole prompt's context (the steady state sees only a few rows).
     let first_ctx = b.gather_rows(&ctx_all, &(0..p - lc).collect::<Vec<_>>())?;
     if p > lc {
-        d.draft(b, t, &mut dcache, &first_ctx, root, p - lc)?;
+        d.draft(b, t, &mut dcache, &first_ctx, root, p - lc, a.budget)?;
     }
     let mut logits = None;
     rows.push((
@@ -179,7 +179,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         time_ms(w, r, || {
             dcache.crop(p - lc);
             let t0 = Instant::now();
-            let l = d.draft(b, t, &mut dcache, &ctx, root, p)?;
+            let l = d.draft(b, t, &mut dcache, &ctx, root, p, a.budget)?;
             sync()?;
             let ms = ms_since(t0);
             logits = Some(l);

@@ -224,7 +224,7 @@ impl CostModel {
             let lc = b.shape(ctx).0;
             let mut dc = d.new_cache(b, lc + d.cfg.block_size + 1)?;
             let t = Instant::now();
-            let logits = d.draft(b, target, &mut dc, ctx, anchor, lc)?;
+            let logits = d.draft(b, target, &mut dc, ctx, anchor, lc, n_max)?;
             b.download_async(&logits).await?;
             draft_ms = t.elapsed().as_secs_f64() * 1e3;
         }

@@ -380,11 +380,13 @@ impl<'a, B: Backend> Engine<'a, B> {
                         pending.clear();
                         c
                     };
-                    let logits = d.draft(b, self.target, dc, &ctx, anchor, root_pos)?;
+                    // A tree of `budget` nodes is at most `budget` deep.
+                    let depth = d.cfg.draft_depth().min(tree_params.budget.max(1));
+                    let logits = d.draft(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
                     let forward_ms = ms(t);
                     let draft = DraftLogits {
                         logits: &logits,
-                        depth: d.cfg.draft_depth(),
+                        depth,
                         vocab: d.draft_vocab(),
                         markov: d.markov.as_ref(),
                         markov_dev,

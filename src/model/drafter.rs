@@ -238,10 +238,14 @@ impl<B: Backend> Drafter<B> {
     /// One drafter forward (§2.4 / §3.5). `taps` holds the target's tapped-layer features
     /// `[Lc, n_taps*H]` of the committed tokens at positions `cache.len .. root_pos` (so `Lc = root_pos - cache.len`);
     /// the block is `[anchor, mask × (Bk-1)]` at positions `root_pos ..`. Returns the draft
-    /// logits `[depth, V_d]` (columns are draft ids, = target ids without a reduced vocabulary): DFlash rows for positions `root_pos+1 ..= root_pos+Bk-1` (in-place
-    /// slots 1..Bk), DSpark rows for `root_pos+1 ..= root_pos+Bk` (shifted). The cache ends at
-    /// `root_pos` (block K/V are discarded).
-    pub fn draft(&self, b: &B, target: &Target<B>, cache: &mut KvCache<B>, taps: &B::Tensor, anchor: u32, root_pos: usize) -> Result<B::Tensor> {
+    /// logits `[depth, V_d]` (columns are draft ids, = target ids without a reduced vocabulary)
+    /// of the first `depth` depths, `depth` clamped to `1 ..= draft_depth()`: DFlash rows for
+    /// positions `root_pos+1 ..` (in-place slots 1..Bk), DSpark rows for `root_pos+1 ..`
+    /// (shifted). A tree of `B` nodes is at most `B` deep, so the decode loop asks for
+    /// `min(draft_depth, B)` rows and the output layer (a third of the drafter's cost at V_d
+    /// = 8 192) runs only for those. The cache ends at `root_pos` (block K/V are discarded).
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft(&self, b: &B, target: &Target<B>, cache: &mut KvCache<B>, taps: &B::Tensor, anchor: u32, root_pos: usize, depth: usize) -> Result<B::Tensor> {
         let c = &self.cfg;
         let lc = b.shape(taps).0;
         if cache.len + lc != root_pos {
@@ -279,9 +283,10 @@ impl<B: Backend> Drafter<B> {
         }
         // Keep the context rows, crop the block (§2.5).
         cache.len = root_pos;
+        let depth = depth.clamp(1, c.draft_depth());
         let rows: Vec<usize> = match c.kind {
-            DrafterKind::DFlash => (1..bk).collect(),
-            DrafterKind::DSpark => (0..bk).collect(),
+            DrafterKind::DFlash => (1..=depth).collect(),
+            DrafterKind::DSpark => (0..depth).collect(),
         };
         let out = b.gather_rows(&x, &rows)?;
         let out = b.rms_norm(&out, &self.norm, c.hidden, c.rms_eps)?;
