@@ -68,7 +68,7 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
         // Engine: fresh draft cache, whole context in one call.
         let mut dc = d.new_cache(b, s + d.cfg.block_size).unwrap();
         let ctx = b.upload(&taps[..s * nf], s, nf).unwrap();
-        let el = b.download(&d.draft(b, target, &mut dc, &ctx, tokens[s], s).unwrap()).unwrap();
+        let el = b.download(&d.draft(b, target, &mut dc, &ctx, tokens[s], s, d.cfg.draft_depth()).unwrap()).unwrap();
         assert_close(&el, &cl[a * depth * v..(a + 1) * depth * v], &format!("{tag} anchor {s}"));
         // Engine: the context arrives over two calls (as in decoding); the second call's logits
         // must match the candle forward over the whole context.
@@ -76,9 +76,9 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
             let s1 = s / 2;
             let mut dc = d.new_cache(b, s + d.cfg.block_size).unwrap();
             let c1 = b.upload(&taps[..s1 * nf], s1, nf).unwrap();
-            d.draft(b, target, &mut dc, &c1, tokens[s1], s1).unwrap();
+            d.draft(b, target, &mut dc, &c1, tokens[s1], s1, d.cfg.draft_depth()).unwrap();
             let c2 = b.upload(&taps[s1 * nf..s * nf], s - s1, nf).unwrap();
-            let el2 = b.download(&d.draft(b, target, &mut dc, &c2, tokens[s], s).unwrap()).unwrap();
+            let el2 = b.download(&d.draft(b, target, &mut dc, &c2, tokens[s], s, d.cfg.draft_depth()).unwrap()).unwrap();
             assert_close(&el2, &cl[a * depth * v..(a + 1) * depth * v], &format!("{tag} anchor {s} (two calls)"));
         }
     }
