@@ -80,22 +80,41 @@ impl KvHead<'_> {
     }
 }
 
-/// Attention of the `group` query heads `q` (`group·hd` values, head after head) that share
-/// the KV head `kv`, over the rows `vis` (at least one), scaled by `scale`; writes `out`
-/// (`group·hd`). `scratch` is reused between calls. The result depends on nothing but these
-/// arguments and the path in use (module docs). Panics on slices shorter than the shapes say
-/// (the caller checks shapes).
-pub fn attend_heads(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
+/// One query row of an [`attend_rows`] call: its `group` query heads (`group·hd` values, head
+/// after head) and the cache rows it sees.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryRow<'a> {
+    /// The row's query heads of this KV head.
+    pub q: &'a [f32],
+    /// Its visible cache rows (at least one).
+    pub vis: Visible<'a>,
+}
+
+/// Attention of several query rows that share the KV head `kv`, each over its own visible
+/// rows, scaled by `scale`; writes row `r`'s `group` heads to `out[r·group·hd ..]`. The AVX2
+/// path walks the keys in chunks of [`CHUNK`] and runs every row over a chunk while it is in
+/// cache, so a tree block's rows (or a prefill's) read their shared prefix from memory once
+/// instead of once per row; each row's result is the same bits as when it is alone. `scratch`
+/// is reused between calls. Panics on slices shorter than the shapes say (the caller checks
+/// shapes).
+pub fn attend_rows(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
         if kv.hd.is_multiple_of(8) && crate::isa::active() >= crate::isa::Isa::Avx2 {
             // SAFETY: `isa::active` only reports Avx2 when avx2 and fma were detected.
-            unsafe { avx2::attend_heads(q, group, kv, vis, scale, out, scratch) };
+            unsafe { avx2::attend_rows(rows, group, kv, scale, out, scratch) };
             return;
         }
     }
-    portable(q, group, kv, vis, scale, out, scratch)
+    let w = group * kv.hd;
+    for (r, row) in rows.iter().enumerate() {
+        portable(row.q, group, kv, row.vis, scale, &mut out[r * w..(r + 1) * w], scratch);
+    }
 }
+
+/// Keys per pass of the AVX2 path over the cache (64 rows of one head: 16 KB of keys at
+/// head dim 64, which stay in L1/L2 while every row of the call uses them).
+pub const CHUNK: usize = 64;
 
 /// The portable path (module docs).
 fn portable(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f32, out: &mut [f32], scores: &mut Vec<f32>) {
@@ -167,7 +186,7 @@ const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{KvHead, Visible, EXP_C1, EXP_C2, EXP_HI, EXP_LO, EXP_P, EXP_UNDERFLOW};
+    use super::{KvHead, QueryRow, Visible, EXP_C1, EXP_C2, EXP_HI, EXP_LO, EXP_P, EXP_UNDERFLOW};
     use std::arch::x86_64::*;
 
     /// `r8` of each of 8 vectors (module docs), as one vector: lane `j` = `r8(a[j])`.
@@ -209,93 +228,148 @@ mod avx2 {
         _mm256_blendv_ps(_mm256_andnot_ps(under, scaled), x, nan)
     }
 
-    /// `o[0..8C] += Σ_t p_t·v_t[base..base + 8C]` over all visible `t` (fused, ascending), then
-    /// `·inv`, stored to `out`.
+    /// `o[base..base + 8C] += Σ p_t·v_t[base..base + 8C]` over visible keys `t` in `t0..t1`
+    /// (fused, ascending), `o` read from and written back to `out`, so chunk after chunk
+    /// continues one chain per output value.
     #[inline(always)]
-    unsafe fn values<const C: usize>(kv: &KvHead<'_>, vis: &Visible<'_>, p: &[f32], base: usize, inv: f32, out: *mut f32) {
+    unsafe fn values<const C: usize>(kv: &KvHead<'_>, vis: &Visible<'_>, p: *const f32, t0: usize, t1: usize, base: usize, out: *mut f32) {
         let mut o = [_mm256_setzero_ps(); C];
+        for (c, oc) in o.iter_mut().enumerate() {
+            *oc = _mm256_loadu_ps(out.add(base + 8 * c));
+        }
         let vp = kv.v.as_ptr().add(kv.off + base);
-        for (t, &pt) in p.iter().enumerate().take(vis.len()) {
-            let pb = _mm256_set1_ps(pt);
+        for t in t0..t1 {
+            let pb = _mm256_set1_ps(*p.add(t));
             let row = vp.add(vis.row(t) * kv.stride);
             for (c, oc) in o.iter_mut().enumerate() {
                 *oc = _mm256_fmadd_ps(pb, _mm256_loadu_ps(row.add(8 * c)), *oc);
             }
         }
-        let iv = _mm256_set1_ps(inv);
         for (c, oc) in o.iter().enumerate() {
-            _mm256_storeu_ps(out.add(base + 8 * c), _mm256_mul_ps(*oc, iv));
+            _mm256_storeu_ps(out.add(base + 8 * c), *oc);
         }
     }
 
-    /// The AVX2 path of [`super::attend_heads`]. Caller guarantees avx2 + fma and `hd % 8 == 0`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn attend_heads(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
+    /// Scores of visible keys `t0..` (8 at a time, up to the tile holding `t1 − 1`) of one
+    /// query head `qp` into `sp[t]`; keys past `n` repeat the last one (their lanes are
+    /// overwritten by the softmax). `t0` is a multiple of 8.
+    #[inline(always)]
+    unsafe fn scores(kv: &KvHead<'_>, vis: &Visible<'_>, qp: *const f32, t0: usize, t1: usize, scale: __m256, sp: *mut f32) {
         let (hd, n) = (kv.hd, vis.len());
-        // The raw loads below stay inside the slices: the last visible row is the largest.
-        let last = vis.extra.last().copied().unwrap_or(vis.prefix.saturating_sub(1));
-        assert!(n > 0 && q.len() >= group * hd && out.len() >= group * hd && kv.off + hd <= kv.stride);
-        assert!(kv.k.len() == kv.v.len() && last * kv.stride + kv.off + hd <= kv.k.len());
-        let n8 = n.div_ceil(8) * 8;
-        scratch.clear();
-        scratch.resize(n8, 0.0);
-        let sp = scratch.as_mut_ptr();
         let kp = kv.k.as_ptr().add(kv.off);
+        let mut t = t0;
+        while t < t1 {
+            let mut rows = [std::ptr::null::<f32>(); 8];
+            for (j, r) in rows.iter_mut().enumerate() {
+                *r = kp.add(vis.row((t + j).min(n - 1)) * kv.stride);
+            }
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut d = 0;
+            while d < hd {
+                let qv = _mm256_loadu_ps(qp.add(d));
+                for j in 0..8 {
+                    acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j].add(d)), acc[j]);
+                }
+                d += 8;
+            }
+            _mm256_storeu_ps(sp.add(t), _mm256_mul_ps(reduce8x8(&acc), scale));
+            t += 8;
+        }
+    }
+
+    /// The AVX2 path of [`super::attend_rows`]. Caller guarantees avx2 + fma and `hd % 8 == 0`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn attend_rows(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
+        let hd = kv.hd;
+        let w = group * hd;
+        assert!(out.len() >= rows.len() * w && kv.off + hd <= kv.stride && kv.k.len() == kv.v.len());
+        let mut nmax = 0;
+        for row in rows {
+            // The raw loads below stay inside the slices: the last visible row is the largest.
+            let n = row.vis.len();
+            let last = row.vis.extra.last().copied().unwrap_or(row.vis.prefix.saturating_sub(1));
+            assert!(n > 0 && row.q.len() >= w && last * kv.stride + kv.off + hd <= kv.k.len());
+            nmax = nmax.max(n);
+        }
+        // Scores (then probabilities) of row r, head g at `(r·group + g)·stride`, and the
+        // heads' 1/sum after them.
+        let stride = nmax.div_ceil(8) * 8;
+        let heads = rows.len() * group;
+        scratch.clear();
+        scratch.resize(heads * stride + heads, 0.0);
+        let sp = scratch.as_mut_ptr();
+        let inv = sp.add(heads * stride);
         let scale_v = _mm256_set1_ps(scale);
-        for g in 0..group {
-            let qp = q.as_ptr().add(g * hd);
-            // 1. Scores, 8 keys at a time (keys past `n` repeat the last one; their lanes are
-            //    overwritten below).
-            let mut t = 0;
-            while t < n {
-                let mut rows = [std::ptr::null::<f32>(); 8];
-                for (j, r) in rows.iter_mut().enumerate() {
-                    *r = kp.add(vis.row((t + j).min(n - 1)) * kv.stride);
+        // 1. Scores, chunk by chunk of keys, every row over a chunk while it is in cache.
+        let mut c0 = 0;
+        while c0 < nmax {
+            let c1 = (c0 + super::CHUNK).min(nmax);
+            for (r, row) in rows.iter().enumerate() {
+                let end = c1.min(row.vis.len());
+                for g in 0..group {
+                    scores(&kv, &row.vis, row.q.as_ptr().add(g * hd), c0, end, scale_v, sp.add((r * group + g) * stride));
                 }
-                let mut acc = [_mm256_setzero_ps(); 8];
-                let mut d = 0;
-                while d < hd {
-                    let qv = _mm256_loadu_ps(qp.add(d));
-                    for j in 0..8 {
-                        acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j].add(d)), acc[j]);
+            }
+            c0 = c1;
+        }
+        // 2. Per head: max, probabilities (padding lanes 0), 1/sum.
+        for (r, row) in rows.iter().enumerate() {
+            let (n, n8) = (row.vis.len(), row.vis.len().div_ceil(8) * 8);
+            for g in 0..group {
+                let s = std::slice::from_raw_parts_mut(sp.add((r * group + g) * stride), n8);
+                let mut mx = f32::NEG_INFINITY;
+                for &v in &s[..n] {
+                    mx = mx.max(v);
+                }
+                let mv = _mm256_set1_ps(mx);
+                let mut t = 0;
+                while t < n8 {
+                    _mm256_storeu_ps(s.as_mut_ptr().add(t), exp8(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(t)), mv)));
+                    t += 8;
+                }
+                s[n..].iter_mut().for_each(|v| *v = 0.0);
+                let mut lanes = _mm256_setzero_ps();
+                let mut t = 0;
+                while t < n8 {
+                    lanes = _mm256_add_ps(lanes, _mm256_loadu_ps(s.as_ptr().add(t)));
+                    t += 8;
+                }
+                *inv.add(r * group + g) = 1.0 / reduce8(lanes);
+            }
+        }
+        // 3. Values, chunk by chunk, 64 outputs of a head per pass; then `·1/sum`.
+        out[..rows.len() * w].iter_mut().for_each(|v| *v = 0.0);
+        let op = out.as_mut_ptr();
+        let mut c0 = 0;
+        while c0 < nmax {
+            let c1 = (c0 + super::CHUNK).min(nmax);
+            for (r, row) in rows.iter().enumerate() {
+                let end = c1.min(row.vis.len());
+                if c0 >= end {
+                    continue;
+                }
+                for g in 0..group {
+                    let (p, o) = (sp.add((r * group + g) * stride) as *const f32, op.add((r * group + g) * hd));
+                    let mut base = 0;
+                    while base + 64 <= hd {
+                        values::<8>(&kv, &row.vis, p, c0, end, base, o);
+                        base += 64;
                     }
-                    d += 8;
+                    while base < hd {
+                        values::<1>(&kv, &row.vis, p, c0, end, base, o);
+                        base += 8;
+                    }
                 }
-                _mm256_storeu_ps(sp.add(t), _mm256_mul_ps(reduce8x8(&acc), scale_v));
-                t += 8;
             }
-            // 2. Max, then probabilities; padding lanes become 0 so they add nothing.
-            let mut mx = f32::NEG_INFINITY;
-            for &s in &scratch[..n] {
-                mx = mx.max(s);
-            }
-            let mv = _mm256_set1_ps(mx);
-            let mut lanes = _mm256_setzero_ps();
-            let mut t = 0;
-            while t < n8 {
-                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(t)), mv));
-                _mm256_storeu_ps(sp.add(t), e);
-                t += 8;
-            }
-            for s in &mut scratch[n..n8] {
-                *s = 0.0;
-            }
-            let mut t = 0;
-            while t < n8 {
-                lanes = _mm256_add_ps(lanes, _mm256_loadu_ps(sp.add(t)));
-                t += 8;
-            }
-            let inv = 1.0 / reduce8(lanes);
-            // 3. Values: 64 outputs per pass over the keys.
-            let o = out.as_mut_ptr().add(g * hd);
-            let mut base = 0;
-            while base + 64 <= hd {
-                values::<8>(&kv, &vis, &scratch[..n], base, inv, o);
-                base += 64;
-            }
-            while base < hd {
-                values::<1>(&kv, &vis, &scratch[..n], base, inv, o);
-                base += 8;
+            c0 = c1;
+        }
+        for h in 0..heads {
+            let iv = _mm256_set1_ps(*inv.add(h));
+            let o = op.add(h * hd);
+            let mut d = 0;
+            while d < hd {
+                _mm256_storeu_ps(o.add(d), _mm256_mul_ps(_mm256_loadu_ps(o.add(d)), iv));
+                d += 8;
             }
         }
     }
@@ -372,43 +446,60 @@ mod tests {
         let avx2 = cfg!(target_arch = "x86_64") && crate::isa::active() >= crate::isa::Isa::Avx2;
         eprintln!("attention path under test: {}", if avx2 { "avx2 (head dims % 8 == 0), portable otherwise" } else { "portable" });
         // Head dims 64 / 128 / 8 / 24 (avx2 path) and 20 (portable); key counts around the
-        // 8-key tiles; contiguous, tree-like and sparse visibility.
-        for &(hd, group, kvh, n) in &[(64usize, 3usize, 3usize, 37usize), (128, 2, 1, 9), (8, 1, 1, 1), (24, 2, 2, 16), (20, 2, 2, 5), (64, 4, 2, 130)] {
+        // 8-key tiles and across several CHUNKs; contiguous, shorter causal, tree-like and
+        // sparse visibility, all rows in one call and each row alone.
+        for &(hd, group, kvh, n) in
+            &[(64usize, 3usize, 3usize, 37usize), (128, 2, 1, 9), (8, 1, 1, 1), (24, 2, 2, 16), (20, 2, 2, 5), (64, 4, 2, 130), (64, 3, 1, 203)]
+        {
             let stride = hd * kvh;
             let (k, v) = (rnd(&mut seed, n * stride), rnd(&mut seed, n * stride));
-            let q = rnd(&mut seed, group * hd);
             let scale = 1.0 / (hd as f32).sqrt();
             let sparse: Vec<usize> = (0..n).filter(|j| j % 3 != 1).collect();
             let prefix = n / 2;
             let tree: Vec<usize> = (prefix..n).filter(|j| j % 2 == 0).collect();
-            for (vis, name) in
-                [(Visible { prefix: n, extra: &[] }, "causal"), (Visible { prefix, extra: &tree }, "tree"), (Visible { prefix: 0, extra: &sparse }, "sparse")]
-            {
-                let rows: Vec<usize> = (0..vis.len()).map(|t| vis.row(t)).collect();
-                for kh in 0..kvh {
-                    let kvh_ = KvHead { k: &k, v: &v, stride, off: kh * hd, hd };
-                    let mut want = vec![0.0f32; group * hd];
+            let cases = [
+                (Visible { prefix: n, extra: &[] }, "causal"),
+                (Visible { prefix: n.div_ceil(3), extra: &[] }, "shorter causal"),
+                (Visible { prefix, extra: &tree }, "tree"),
+                (Visible { prefix: 0, extra: &sparse }, "sparse"),
+            ];
+            let qs: Vec<Vec<f32>> = cases.iter().map(|_| rnd(&mut seed, group * hd)).collect();
+            let w = group * hd;
+            for kh in 0..kvh {
+                let kvh_ = KvHead { k: &k, v: &v, stride, off: kh * hd, hd };
+                let rows: Vec<QueryRow<'_>> = cases.iter().zip(&qs).map(|(&(vis, _), q)| QueryRow { q, vis }).collect();
+                let mut together = vec![1.0f32; rows.len() * w];
+                attend_rows(&rows, group, kvh_, scale, &mut together, &mut vec![7.0; 3]);
+                for (r, (&(vis, name), q)) in cases.iter().zip(&qs).enumerate() {
+                    let keys: Vec<usize> = (0..vis.len()).map(|t| vis.row(t)).collect();
+                    let mut want = vec![0.0f32; w];
                     for g in 0..group {
                         let (qg, og) = (&q[g * hd..(g + 1) * hd], &mut want[g * hd..(g + 1) * hd]);
                         if avx2 && hd % 8 == 0 {
-                            avx2_reference(qg, kvh_, &rows, scale, og);
+                            avx2_reference(qg, kvh_, &keys, scale, og);
                         } else {
-                            portable_reference(qg, kvh_, &rows, scale, og);
+                            portable_reference(qg, kvh_, &keys, scale, og);
                         }
                     }
-                    let mut got = vec![1.0f32; group * hd];
-                    attend_heads(&q, group, kvh_, vis, scale, &mut got, &mut vec![7.0; 3]);
-                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} group {group} kh {kh} {name}");
+                    let got = &together[r * w..(r + 1) * w];
+                    assert!(
+                        got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "hd {hd} group {group} kh {kh} {name}, in a call of {} rows",
+                        rows.len()
+                    );
+                    let mut alone = vec![1.0f32; w];
+                    attend_rows(&[QueryRow { q, vis }], group, kvh_, scale, &mut alone, &mut Vec::new());
+                    assert!(alone.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} group {group} kh {kh} {name}, alone");
                     // Close to the f64 softmax.
                     for g in 0..group {
                         let qg = &q[g * hd..(g + 1) * hd];
                         let s: Vec<f64> =
-                            rows.iter().map(|&r| qg.iter().zip(kvh_.key(r)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64).collect();
+                            keys.iter().map(|&r| qg.iter().zip(kvh_.key(r)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64).collect();
                         let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                         let z: f64 = e.iter().sum();
                         for d in 0..hd {
-                            let exact: f64 = rows.iter().zip(&e).map(|(&r, p)| p / z * kvh_.value(r)[d] as f64).sum();
+                            let exact: f64 = keys.iter().zip(&e).map(|(&r, p)| p / z * kvh_.value(r)[d] as f64).sum();
                             assert!((got[g * hd + d] as f64 - exact).abs() < 1e-4, "hd {hd} {name} head {g} dim {d}");
                         }
                     }

@@ -602,23 +602,50 @@ fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) ->
     }
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let mut out = vec![0.0f32; total * q.cols];
+    let w = group * head_dim;
+    // Tasks: (KV head, a block of one sequence's rows). The rows of a block read each chunk of
+    // their shared cache once (attention::attend_rows); blocks are cut so that there are at
+    // least two tasks per thread, and at most 32 rows each (a prefill has many).
+    let per_seq_blocks = (2 * rayon::current_num_threads()).div_ceil(n_kv_heads).max(1);
+    let mut blocks: Vec<(usize, usize)> = Vec::new();
+    let mut r0 = 0;
+    for s in seqs {
+        let rb = s.q_rows.div_ceil(per_seq_blocks).clamp(1, 32);
+        let mut i = 0;
+        while i < s.q_rows {
+            let len = rb.min(s.q_rows - i);
+            blocks.push((r0 + i, len));
+            i += len;
+        }
+        r0 += s.q_rows;
+    }
+    let tasks: Vec<(usize, (usize, usize))> = (0..n_kv_heads).flat_map(|kh| blocks.iter().map(move |&b| (kh, b))).collect();
     let work: usize = visible.iter().map(|v| v.0 + v.1.len()).sum::<usize>() * n_heads * head_dim;
-    // One task per (row, KV head): its `group` query heads share each K/V row read.
-    let task = |scratch: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
-        let (i, kh) = (idx / n_kv_heads, idx % n_kv_heads);
-        let s = &seqs[row_seq[i]];
-        let vis = attention::Visible { prefix: visible[i].0, extra: &visible[i].1 };
+    let task = |scratch: &mut Vec<f32>, &(kh, (i0, len)): &(usize, (usize, usize))| -> Vec<f32> {
+        let s = &seqs[row_seq[i0]];
         let kv = attention::KvHead { k: &s.k_cache.data, v: &s.v_cache.data, stride: s.k_cache.cols, off: kh * head_dim, hd: head_dim };
-        let qv = &q.data[i * q.cols + kh * group * head_dim..i * q.cols + (kh + 1) * group * head_dim];
-        attention::attend_heads(qv, group, kv, vis, scale, o, scratch);
+        let rows: Vec<attention::QueryRow<'_>> = (i0..i0 + len)
+            .map(|i| attention::QueryRow {
+                q: &q.data[i * q.cols + kh * w..i * q.cols + (kh + 1) * w],
+                vis: attention::Visible { prefix: visible[i].0, extra: &visible[i].1 },
+            })
+            .collect();
+        let mut o = vec![0.0f32; len * w];
+        attention::attend_rows(&rows, group, kv, scale, &mut o, scratch);
+        o
     };
-    let chunk = (group * head_dim).max(1);
-    if work >= PAR_MIN_ELEMS {
-        out.par_chunks_mut(chunk).enumerate().for_each_with(Vec::new(), task);
+    let parts: Vec<Vec<f32>> = if work >= PAR_MIN_ELEMS {
+        tasks.par_iter().map_with(Vec::new(), task).collect()
     } else {
         let mut scratch = Vec::new();
-        out.chunks_mut(chunk).enumerate().for_each(|x| task(&mut scratch, x));
+        tasks.iter().map(|t| task(&mut scratch, t)).collect()
+    };
+    let mut out = vec![0.0f32; total * q.cols];
+    for (&(kh, (i0, len)), o) in tasks.iter().zip(&parts) {
+        for r in 0..len {
+            let i = i0 + r;
+            out[i * q.cols + kh * w..i * q.cols + (kh + 1) * w].copy_from_slice(&o[r * w..(r + 1) * w]);
+        }
     }
     Ok(CpuTensor { rows: total, cols: q.cols, data: out })
 }
