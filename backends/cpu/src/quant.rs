@@ -463,6 +463,21 @@ mod avx2 {
         let cb = w.format.code_bytes() * GC;
         let mut acc = [[_mm256_setzero_ps(); NG]; MR];
         for b in 0..w.nb {
+            if MR == 1 {
+                // One row (decode) streams the weights from memory once: ask for the same block
+                // of the next NG groups now, so it arrives while these are computed. Only an
+                // address is formed (`wrapping_add`; a prefetch never faults).
+                for q in 0..NG {
+                    let next = w.qs.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * cb);
+                    for line in (0..cb).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+                    }
+                    _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
+                    if F == F_Q4_1 {
+                        _mm_prefetch::<_MM_HINT_T0>(w.m.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
+                    }
+                }
+            }
             let mut isum = [[_mm256_setzero_si256(); NG]; MR];
             if F == F_Q8_0 {
                 for g in 0..8 {
