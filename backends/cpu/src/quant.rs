@@ -463,10 +463,11 @@ mod avx2 {
         let cb = w.format.code_bytes() * GC;
         let mut acc = [[_mm256_setzero_ps(); NG]; MR];
         for b in 0..w.nb {
-            if MR == 1 {
-                // One row (decode) streams the weights from memory once: ask for the same block
-                // of the next NG groups now, so it arrives while these are computed. Only an
-                // address is formed (`wrapping_add`; a prefetch never faults).
+            if MR == 1 || i0 == 0 {
+                // The first pass over a task's weights (a decode's one row, or a verify's first
+                // row tile) streams them from memory: ask for the same block of the next NG
+                // groups now, so it arrives while these are computed; later row tiles find them
+                // in cache. Only an address is formed (`wrapping_add`; a prefetch never faults).
                 for q in 0..NG {
                     let next = w.qs.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * cb);
                     for line in (0..cb).step_by(64) {
