@@ -12,7 +12,7 @@
 //! For each query head, with `t` running over the visible keys in ascending order:
 //! 1. `s_t = r8(lanes)·scale`: lane `l` is the fused multiply-add chain of `q[d]·k_t[d]` over
 //!    `d ≡ l (mod 8)` ascending, and `r8(l) = ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`;
-//! 2. `m = max_t s_t`; `p_t = exp8(s_t − m)` ([`exp8`]: a Cephes-style polynomial, ≤ 2 ulp);
+//! 2. `m = max_t s_t`; `p_t = exp8(s_t − m)` ([`crate::vmath`]: a Cephes-style polynomial, ≤ 2 ulp);
 //! 3. `sum = r8(lanes)`, lane `l` the sum of `p_t` over `t ≡ l (mod 8)` ascending;
 //! 4. `o[d]` = the fused chain of `p_t·v_t[d]` over `t` ascending, then `o[d]·(1/sum)`.
 //!
@@ -145,48 +145,10 @@ fn portable(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f3
     }
 }
 
-/// `exp(x)` as the AVX2 attention computes it, one lane (the scalar twin of the vector code, for
-/// tests): `n = round(x·log2 e)`, `r = x − n·c1 − n·c2` (fused), a degree-7 polynomial in
-/// Horner form (fused), times `2ⁿ`; `x < −87.3` gives 0, NaN stays NaN, `x > 88.37` is
-/// clamped (attention only passes `x ≤ 0`). Cephes `expf` coefficients.
-#[cfg(test)]
-fn exp8_scalar(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    let xc = x.clamp(EXP_LO, EXP_HI);
-    let n = (xc * std::f32::consts::LOG2_E).round_ties_even();
-    let r = (-n).mul_add(EXP_C2, (-n).mul_add(EXP_C1, xc));
-    let mut y = EXP_P[0];
-    for &c in &EXP_P[1..] {
-        y = y.mul_add(r, c);
-    }
-    let y = y.mul_add(r * r, r) + 1.0;
-    let scaled = y * f32::from_bits((((n as i32) + 127) as u32) << 23);
-    if x < EXP_UNDERFLOW {
-        0.0
-    } else {
-        scaled
-    }
-}
-
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP_HI: f32 = 88.376_26;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP_LO: f32 = -88.376_26;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP_UNDERFLOW: f32 = -87.3;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP_C1: f32 = 0.693_359_4;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP_C2: f32 = -2.121_944_4e-4;
-/// Cephes `expf` polynomial, highest power first (`P0..P5`; then `·r² + r + 1`).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
-
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{KvHead, QueryRow, Visible, EXP_C1, EXP_C2, EXP_HI, EXP_LO, EXP_P, EXP_UNDERFLOW};
+    use super::{KvHead, QueryRow, Visible};
+    use crate::vmath::avx2::exp8;
     use std::arch::x86_64::*;
 
     /// `r8` of each of 8 vectors (module docs), as one vector: lane `j` = `r8(a[j])`.
@@ -207,25 +169,6 @@ mod avx2 {
         let t = _mm256_hadd_ps(v, v);
         let u = _mm256_hadd_ps(t, t);
         _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)))
-    }
-
-    /// [`super::exp8_scalar`] on 8 lanes.
-    #[inline(always)]
-    pub(super) unsafe fn exp8(x: __m256) -> __m256 {
-        let xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
-        let n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(std::f32::consts::LOG2_E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        let nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
-        let r = _mm256_fmadd_ps(nn, _mm256_set1_ps(EXP_C2), _mm256_fmadd_ps(nn, _mm256_set1_ps(EXP_C1), xc));
-        let mut y = _mm256_set1_ps(EXP_P[0]);
-        for &c in &EXP_P[1..] {
-            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-        }
-        let y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0));
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-        let scaled = _mm256_mul_ps(y, pow2);
-        let under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_UNDERFLOW), _CMP_LT_OQ);
-        let nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-        _mm256_blendv_ps(_mm256_andnot_ps(under, scaled), x, nan)
     }
 
     /// `o[base..base + 8C] += Σ p_t·v_t[base..base + 8C]` over visible keys `t` in `t0..t1`
@@ -408,7 +351,7 @@ mod tests {
             })
             .collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let p: Vec<f32> = scores.iter().map(|s| exp8_scalar(s - max)).collect();
+        let p: Vec<f32> = scores.iter().map(|s| crate::vmath::exp8_scalar(s - max)).collect();
         let mut l = [0.0f32; 8];
         for (t, &pt) in p.iter().enumerate() {
             l[t % 8] += pt;
@@ -507,41 +450,4 @@ mod tests {
             }
         }
     }
-
-    #[test]
-    fn exp8_is_within_two_ulp_of_exp_and_handles_the_edges() {
-        let mut x = -87.0f32;
-        while x <= 0.0 {
-            let (got, want) = (exp8_scalar(x), (x as f64).exp());
-            assert!(((got as f64 - want) / want).abs() < 2.5e-7, "exp8({x}) = {got}, exp = {want}");
-            x += 0.0137;
-        }
-        assert_eq!(exp8_scalar(0.0), 1.0);
-        assert_eq!(exp8_scalar(-100.0), 0.0);
-        assert_eq!(exp8_scalar(f32::NEG_INFINITY), 0.0);
-        assert!(exp8_scalar(f32::NAN).is_nan());
-        #[cfg(target_arch = "x86_64")]
-        if crate::isa::detected() >= crate::isa::Isa::Avx2 {
-            // The vector code equals its scalar twin lane for lane.
-            let xs: Vec<f32> = (0..4000).map(|i| -90.0 + i as f32 * 0.0231).chain([f32::NAN, f32::NEG_INFINITY, -0.0, 1e-30]).collect();
-            for chunk in xs.chunks(8).filter(|c| c.len() == 8) {
-                let mut out = [0.0f32; 8];
-                unsafe {
-                    use std::arch::x86_64::*;
-                    #[target_feature(enable = "avx2,fma")]
-                    unsafe fn run(x: &[f32], out: &mut [f32; 8]) {
-                        _mm256_storeu_ps(out.as_mut_ptr(), avx2_exp(_mm256_loadu_ps(x.as_ptr())));
-                    }
-                    run(chunk, &mut out);
-                }
-                for (a, b) in chunk.iter().zip(out) {
-                    let want = exp8_scalar(*a);
-                    assert!(want.to_bits() == b.to_bits() || (want.is_nan() && b.is_nan()), "exp8({a}): vector {b}, scalar {want}");
-                }
-            }
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    use avx2::exp8 as avx2_exp;
 }

@@ -7,14 +7,15 @@
 //! instruction-set path is chosen at run time ([`isa`]; `SPARKLING_CPU_ISA` forces a lower one).
 #![warn(missing_docs)]
 
-// Lint allowed here, not in gemm.rs, while the quantized-weights branch rewrites that file.
 mod attention;
+// Lint allowed here, not in gemm.rs, while the quantized-weights branch rewrites that file.
 #[allow(clippy::needless_range_loop)]
 pub mod gemm;
 pub mod isa;
 mod kernels;
 pub mod quant;
 pub mod select;
+mod vmath;
 
 use rayon::prelude::*;
 use sparkling_core::select::{ancestor_table, check_markov_table_args};
@@ -455,7 +456,8 @@ impl Backend for CpuBackend {
         if gate.rows != up.rows || gate.cols != up.cols {
             return Err(shape_err("silu_mul", format!("[{}, {}] vs [{}, {}]", gate.rows, gate.cols, up.rows, up.cols)));
         }
-        let data = gate.data.iter().zip(&up.data).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+        let mut data = vec![0.0f32; gate.data.len()];
+        vmath::silu_mul(&gate.data, &up.data, &mut data);
         Ok(CpuTensor { rows: gate.rows, cols: gate.cols, data })
     }
 
