@@ -384,7 +384,8 @@ impl Backend for CpuBackend {
         let run = |&(wi, t): &(usize, usize)| match (&ws[wi].0.data, acts.as_ref()) {
             (WeightData::Quant(q), Some(a)) => quant::task(isa, q, a, t, plans[wi].2),
             (WeightData::Panels(p), _) => gemm::task(&x.data, m, p, t),
-            (WeightData::Quant(_), None) => unreachable!("activations are quantized when a weight is"),
+            // Not reached (`acts` exists when any weight is quantized); correct all the same.
+            (WeightData::Quant(q), None) => quant::task(isa, q, &quant::quantize_acts(&x.data, m, x.cols), t, plans[wi].2),
         };
         let macs: usize = ws.iter().map(|(w, _)| m * w.n * w.k).sum();
         let parts: Vec<Vec<f32>> = if macs >= PAR_MIN_MACS { jobs.par_iter().map(run).collect() } else { jobs.iter().map(run).collect() };
