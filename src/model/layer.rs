@@ -84,6 +84,13 @@ pub fn load_matrix<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usi
     })
 }
 
+/// The `N` outputs of a [`Backend::matmul_many`] of `N` weights as an array. Errors: a backend
+/// that returned another count ([`Error::Input`], naming both).
+fn outputs<T, const N: usize>(v: Vec<T>) -> Result<[T; N]> {
+    let got = v.len();
+    v.try_into().map_err(|_| Error::Input(format!("matmul_many returned {got} outputs for {N} weights")))
+}
+
 /// Load a vector by name as a `[1, n]` tensor.
 pub fn load_vector<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usize) -> Result<B::Tensor> {
     let t = src.load_shaped(name, &[n])?;
@@ -156,20 +163,15 @@ impl<B: Backend> DecoderLayer<B> {
 
     /// Project queries: `q = q_norm(x·Wqᵀ + bq)` then RoPE at `positions`. `x` is already normed.
     pub fn project_q(&self, b: &B, x: &B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<B::Tensor> {
-        let mut q = b.matmul(x, &self.wq, self.bq.as_ref())?;
-        if let Some(w) = &self.q_norm {
-            q = b.rms_norm(&q, w, hd, eps)?;
-        }
-        b.rope(&mut q, positions, hd, theta)?;
-        Ok(q)
+        let q = b.matmul(x, &self.wq, self.bq.as_ref())?;
+        Self::norm_rope(b, q, self.q_norm.as_ref(), positions, hd, eps, theta)
     }
 
     /// Project keys (normed, rotated at `positions`) and values for the normed rows `x` (one
     /// [`Backend::matmul_many`]).
     pub fn project_kv(&self, b: &B, x: &B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<(B::Tensor, B::Tensor)> {
-        let mut kv = b.matmul_many(x, &[(&self.wk, self.bk.as_ref()), (&self.wv, self.bv.as_ref())])?.into_iter();
-        let (Some(k), Some(v)) = (kv.next(), kv.next()) else { return Err(Error::Input("matmul_many returned fewer outputs than weights".into())) };
-        Ok((self.finish_k(b, k, positions, hd, eps, theta)?, v))
+        let [k, v] = outputs(b.matmul_many(x, &[(&self.wk, self.bk.as_ref()), (&self.wv, self.bv.as_ref())])?)?;
+        Ok((Self::norm_rope(b, k, self.k_norm.as_ref(), positions, hd, eps, theta)?, v))
     }
 
     /// [`DecoderLayer::project_q`] and [`DecoderLayer::project_kv`] of the same rows `x` in one
@@ -177,24 +179,19 @@ impl<B: Backend> DecoderLayer<B> {
     /// queries). Returns `(q, k, v)`, equal to the two calls' results.
     pub fn project_qkv(&self, b: &B, x: &B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
         let ws = [(&self.wq, self.bq.as_ref()), (&self.wk, self.bk.as_ref()), (&self.wv, self.bv.as_ref())];
-        let mut qkv = b.matmul_many(x, &ws)?.into_iter();
-        let (Some(mut q), Some(k), Some(v)) = (qkv.next(), qkv.next(), qkv.next()) else {
-            return Err(Error::Input("matmul_many returned fewer outputs than weights".into()));
-        };
-        if let Some(w) = &self.q_norm {
-            q = b.rms_norm(&q, w, hd, eps)?;
-        }
-        b.rope(&mut q, positions, hd, theta)?;
-        Ok((q, self.finish_k(b, k, positions, hd, eps, theta)?, v))
+        let [q, k, v] = outputs(b.matmul_many(x, &ws)?)?;
+        let q = Self::norm_rope(b, q, self.q_norm.as_ref(), positions, hd, eps, theta)?;
+        Ok((q, Self::norm_rope(b, k, self.k_norm.as_ref(), positions, hd, eps, theta)?, v))
     }
 
-    /// Keys after their projection: per-head norm (when the layer has one), then RoPE.
-    fn finish_k(&self, b: &B, mut k: B::Tensor, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<B::Tensor> {
-        if let Some(w) = &self.k_norm {
-            k = b.rms_norm(&k, w, hd, eps)?;
+    /// Queries or keys after their projection: the per-head norm `norm` (when the layer has
+    /// one), then RoPE at `positions`.
+    fn norm_rope(b: &B, mut t: B::Tensor, norm: Option<&B::Tensor>, positions: &[u32], hd: usize, eps: f32, theta: f32) -> Result<B::Tensor> {
+        if let Some(w) = norm {
+            t = b.rms_norm(&t, w, hd, eps)?;
         }
-        b.rope(&mut k, positions, hd, theta)?;
-        Ok(k)
+        b.rope(&mut t, positions, hd, theta)?;
+        Ok(t)
     }
 
     /// `h += o_proj(attn)`; then `h += down(silu(gate(y)) * up(y))` with `y = RMSNorm_post(h)`.
@@ -203,8 +200,7 @@ impl<B: Backend> DecoderLayer<B> {
         b.add_assign(h, &o)?;
         let hidden = b.shape(h).1;
         let y = b.rms_norm(h, &self.mlp_norm, hidden, eps)?;
-        let mut gu = b.matmul_many(&y, &[(&self.w_gate, None), (&self.w_up, None)])?.into_iter();
-        let (Some(g), Some(u)) = (gu.next(), gu.next()) else { return Err(Error::Input("matmul_many returned fewer outputs than weights".into())) };
+        let [g, u] = outputs(b.matmul_many(&y, &[(&self.w_gate, None), (&self.w_up, None)])?)?;
         let m = b.silu_mul(&g, &u)?;
         let d = b.matmul(&m, &self.w_down, None)?;
         b.add_assign(h, &d)?;
