@@ -18,7 +18,7 @@ pub mod select;
 mod vmath;
 
 use rayon::prelude::*;
-use sparkling_core::select::{ancestor_table, check_markov_table_args};
+use sparkling_core::select::check_markov_table_args;
 use sparkling_core::{check_ragged, ggml, AttnMask, AttnShape, Backend, CandidateTable, Error, GgmlWeight, RaggedSeq, Result, SampleParams, TopK};
 
 /// An `f32 [rows, cols]` row-major host tensor.
@@ -524,12 +524,12 @@ impl Backend for CpuBackend {
     }
 
     fn attention(&self, q: &CpuTensor, k_cache: &CpuTensor, v_cache: &CpuTensor, kv_len: usize, shape: AttnShape, mask: AttnMask<'_>) -> Result<CpuTensor> {
-        attend(q, &[RaggedSeq { k_cache, v_cache, kv_len, q_rows: q.rows, mask }], shape)
+        attention::attend(q, &[RaggedSeq { k_cache, v_cache, kv_len, q_rows: q.rows, mask }], shape)
     }
 
     fn attention_ragged(&self, q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) -> Result<CpuTensor> {
         check_ragged(q.rows, seqs)?;
-        attend(q, seqs, shape)
+        attention::attend(q, seqs, shape)
     }
 
     fn argmax(&self, logits: &CpuTensor) -> Result<Vec<u32>> {
@@ -560,97 +560,6 @@ impl Backend for CpuBackend {
         let m = markov.map(|(w1, w2)| (w1.data.as_slice(), w2.data.as_slice(), w1.cols));
         Ok(select::markov_table(&base.data, base.rows, vocab, m, cand, k.min(cand.len())))
     }
-}
-
-/// Attention for one or more sequences (the query blocks of `seqs` back to back in `q`), each
-/// against its own cache: one parallel pass over every (row, head). Each output head row is
-/// one softmax over that row's visible keys in ascending order, computed the same way whatever
-/// the other rows, sequences or the thread split, so [`Backend::attention_ragged`] equals
-/// [`Backend::attention`] per sequence bit for bit.
-#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
-fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) -> Result<CpuTensor> {
-    let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
-    let total = q.rows;
-    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols != n_heads * head_dim {
-        return Err(shape_err("attention", format!("q [{total}, {}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv", q.cols)));
-    }
-    // Per packed query row: its sequence, and the cache rows it sees: rows `0..prefix`, then
-    // `extra` (a tree row's ancestors; empty for causal and full masks).
-    let mut row_seq: Vec<usize> = Vec::with_capacity(total);
-    let mut visible: Vec<(usize, Vec<usize>)> = Vec::with_capacity(total);
-    for (si, s) in seqs.iter().enumerate() {
-        let (t, kv_len, k_cache, v_cache) = (s.q_rows, s.kv_len, s.k_cache, s.v_cache);
-        if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
-            return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
-        }
-        let prefix = kv_len - t;
-        match s.mask {
-            AttnMask::Causal => visible.extend((0..t).map(|i| (prefix + i + 1, Vec::new()))),
-            AttnMask::Full => visible.extend((0..t).map(|_| (kv_len, Vec::new()))),
-            AttnMask::Tree { parents } => {
-                if parents.len() != t {
-                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
-                }
-                let table = ancestor_table(parents)?;
-                let (offs, entries) = table.split_at(t + 1);
-                for i in 0..t {
-                    visible.push((prefix, entries[offs[i] as usize..offs[i + 1] as usize].iter().map(|&a| prefix + a as usize).collect()));
-                }
-            }
-        }
-        row_seq.extend(std::iter::repeat_n(si, t));
-    }
-    if visible.len() != total {
-        return Err(shape_err("attention", format!("query blocks of {} rows for a q of {total} rows", visible.len())));
-    }
-    let group = n_heads / n_kv_heads;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let w = group * head_dim;
-    // Tasks: (KV head, a block of one sequence's rows). The rows of a block read each chunk of
-    // their shared cache once (attention::attend_rows); blocks are cut so that there are at
-    // least two tasks per thread, and at most 32 rows each (a prefill has many).
-    let per_seq_blocks = (2 * rayon::current_num_threads()).div_ceil(n_kv_heads).max(1);
-    let mut blocks: Vec<(usize, usize)> = Vec::new();
-    let mut r0 = 0;
-    for s in seqs {
-        let rb = s.q_rows.div_ceil(per_seq_blocks).clamp(1, 32);
-        let mut i = 0;
-        while i < s.q_rows {
-            let len = rb.min(s.q_rows - i);
-            blocks.push((r0 + i, len));
-            i += len;
-        }
-        r0 += s.q_rows;
-    }
-    let tasks: Vec<(usize, (usize, usize))> = (0..n_kv_heads).flat_map(|kh| blocks.iter().map(move |&b| (kh, b))).collect();
-    let work: usize = visible.iter().map(|v| v.0 + v.1.len()).sum::<usize>() * n_heads * head_dim;
-    let task = |scratch: &mut Vec<f32>, &(kh, (i0, len)): &(usize, (usize, usize))| -> Vec<f32> {
-        let s = &seqs[row_seq[i0]];
-        let kv = attention::KvHead { k: &s.k_cache.data, v: &s.v_cache.data, stride: s.k_cache.cols, off: kh * head_dim, hd: head_dim };
-        let rows: Vec<attention::QueryRow<'_>> = (i0..i0 + len)
-            .map(|i| attention::QueryRow {
-                q: &q.data[i * q.cols + kh * w..i * q.cols + (kh + 1) * w],
-                vis: attention::Visible { prefix: visible[i].0, extra: &visible[i].1 },
-            })
-            .collect();
-        let mut o = vec![0.0f32; len * w];
-        attention::attend_rows(&rows, group, kv, scale, &mut o, scratch);
-        o
-    };
-    let parts: Vec<Vec<f32>> = if work >= PAR_MIN_ELEMS {
-        tasks.par_iter().map_with(Vec::new(), task).collect()
-    } else {
-        let mut scratch = Vec::new();
-        tasks.iter().map(|t| task(&mut scratch, t)).collect()
-    };
-    let mut out = vec![0.0f32; total * q.cols];
-    for (&(kh, (i0, len)), o) in tasks.iter().zip(&parts) {
-        for r in 0..len {
-            let i = i0 + r;
-            out[i * q.cols + kh * w..i * q.cols + (kh + 1) * w].copy_from_slice(&o[r * w..(r + 1) * w]);
-        }
-    }
-    Ok(CpuTensor { rows: total, cols: q.cols, data: out })
 }
 
 #[cfg(test)]
