@@ -11,14 +11,16 @@
 //!    `sparkling::model::drafter::Drafter::draft`) trained with the DFlash / DeepSpec objective
 //!    ([`head`]: CE to the target's greedy token + distribution matching to its top-k, position
 //!    weights `exp(-(k-1)/γ)`, Markov head trained jointly, confidence head), AdamW ([`optim`]),
-//!    resumable checkpoints.
+//!    resumable checkpoints ([`checkpoint`]), held-out evaluation ([`eval`]).
 //! 3. [`export`] — the HF-layout checkpoint (`config.json` + bf16 `model.safetensors`) the
 //!    engine loads unchanged, verified by loading it with `Drafter::load`.
 
 #![warn(missing_docs)]
 
 pub mod cache;
+pub mod checkpoint;
 pub mod error;
+pub mod eval;
 pub mod export;
 pub mod gen;
 pub mod head;

@@ -4,12 +4,11 @@
 
 use clap::{Parser, Subcommand};
 use sparkling::model::config::default_target_layer_ids;
+use sparkling_train::checkpoint::{fold_ctx_scale, latest_checkpoint, load_checkpoint, load_checkpoint_scale, read_draft_vocab, read_run_config};
 use sparkling_train::error::{Error, Result};
 use sparkling_train::export::{verify_with_engine, write_hf, ExportDtype};
 use sparkling_train::gen::{self, GenOptions};
-use sparkling_train::train::{
-    self, fold_ctx_scale, latest_checkpoint, load_checkpoint, load_checkpoint_scale, read_draft_vocab, read_run_config, run_context, RunConfig, TrainControl,
-};
+use sparkling_train::train::{self, run_context, RunConfig, TrainControl};
 use std::path::{Path, PathBuf};
 
 /// Command line.

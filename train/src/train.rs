@@ -17,8 +17,10 @@
 //! ([`crate::rng`]), parameters are initialised from the seed, and candle's CPU kernels are
 //! deterministic for a fixed thread count; `--resume` restores parameters and AdamW moments.
 
-use crate::cache::{list, load_files, CacheMeta, Sequence};
+use crate::cache::{load_files, CacheMeta, Sequence};
+use crate::checkpoint::{ckpt_paths, frozen_draft_vocab, frozen_file_list, latest_checkpoint, load_checkpoint, read_run_config, save_checkpoint};
 use crate::error::{io, Error, Result};
+use crate::eval::{evaluate, Metrics};
 use crate::gen::load_lm_head;
 use crate::head::{vocab_head, HeadTargets, ABSENT, N_COLS};
 use crate::model::{feature_scale, BlockInput, CandleDrafter, Params};
@@ -160,11 +162,6 @@ pub fn drafter_cfg(rc: &RunConfig, target: &TargetConfig, tap_layers: &[usize]) 
     Ok(c)
 }
 
-/// The run directory's frozen list of cache files (`data.json`).
-pub const DATA_FILE: &str = "data.json";
-/// The run directory's draft vocabulary (`draft_vocab.json`: `draft_to_target` + provenance).
-pub const DRAFT_VOCAB_FILE: &str = "draft_vocab.json";
-
 /// The draft vocabulary of a run: the `v_d` most frequent target ids among the **answer**
 /// tokens of `train` (the target's own greedy generations), ties broken by the ids' counts in
 /// the training prompts and then by lower id, the target's `eos` ids always included — the
@@ -184,23 +181,6 @@ pub fn count_draft_vocab(train: &[Sequence], vocab: usize, v_d: usize, eos: &[u3
     let ids = sparkling::model::reduce::top_ids(&counts, &prompt, v_d, eos);
     let cov = sparkling::model::reduce::coverage(&counts, &ids);
     Ok((DraftVocab::from_ids(&ids, vocab)?, cov))
-}
-
-/// Read a run's `draft_vocab.json` (`None` when the run has the full vocabulary); checks it
-/// against the run's V_d and the target vocabulary. Errors name the file.
-pub fn read_draft_vocab(out: &Path, rc: &RunConfig, vocab: usize) -> Result<Option<DraftVocab>> {
-    let Some(vd) = rc.draft_vocab else { return Ok(None) };
-    let p = out.join(DRAFT_VOCAB_FILE);
-    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
-    let ids: Vec<i64> = v
-        .get("draft_to_target")
-        .and_then(|x| x.as_array())
-        .ok_or_else(|| Error::file(&p, "no `draft_to_target` array"))?
-        .iter()
-        .map(|x| x.as_i64().ok_or_else(|| Error::file(&p, "`draft_to_target`: non-integer entry")))
-        .collect::<Result<_>>()?;
-    Ok(Some(DraftVocab::new(&p, &[ids.len()], &ids, vocab, vd)?))
 }
 
 /// Warm start from the target (`--init-from-target F`): draft layer `l` takes target layer
@@ -273,11 +253,11 @@ pub fn target_head(target: &Path) -> Result<(Tensor, TargetConfig)> {
 }
 
 /// Rows of one step: where each loss row comes from.
-struct Rows {
+pub(crate) struct Rows {
     /// Selected backbone rows `[R, H]`.
     h: Tensor,
     /// Per row: anchor index (within the step), depth k (1-based).
-    meta: Vec<(usize, usize)>,
+    pub(crate) meta: Vec<(usize, usize)>,
     /// Previous tokens (Markov conditioning).
     prev: Vec<u32>,
     /// Head targets.
@@ -288,7 +268,7 @@ struct Rows {
 
 /// Forward the backbone over `(sequence, anchors)` pairs and gather the loss rows; with a
 /// reduced draft vocabulary the labels and top-k ids become draft ids ([`ABSENT`] outside it).
-fn gather_rows(m: &CandleDrafter, items: &[(&Sequence, Vec<usize>)], topk: usize, gamma: f64) -> Result<Rows> {
+pub(crate) fn gather_rows(m: &CandleDrafter, items: &[(&Sequence, Vec<usize>)], topk: usize, gamma: f64) -> Result<Rows> {
     let bk = m.cfg.block_size;
     let mut hs = Vec::new();
     let mut meta = Vec::new();
@@ -333,30 +313,8 @@ fn gather_rows(m: &CandleDrafter, items: &[(&Sequence, Vec<usize>)], topk: usize
     Ok(Rows { h, meta, prev, tg, w })
 }
 
-/// Metrics of one step or one evaluation.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Metrics {
-    /// Weighted total loss.
-    pub loss: f64,
-    /// Weighted mean CE to the greedy token.
-    pub ce: f64,
-    /// Weighted mean KL to the target's top-k.
-    pub kl: f64,
-    /// Weighted mean L1 estimate.
-    pub l1: f64,
-    /// Weighted mean confidence BCE (DSpark).
-    pub conf: f64,
-    /// Top-1 agreement with the greedy token per depth (teacher forcing), depth 1 first.
-    pub acc: Vec<f64>,
-    /// Mean accepted length of the greedy chain (leading agreements + the bonus token): what
-    /// the engine's `dflash` / `dspark` chain methods commit per round on this data.
-    pub tau_chain: f64,
-    /// Loss rows.
-    pub rows: usize,
-}
-
 /// Compute the loss (a scalar tensor) and metrics for a set of rows.
-fn loss_and_metrics(m: &CandleDrafter, rows: Rows, rc: &RunConfig, n_anchors: usize) -> Result<(Tensor, Metrics)> {
+pub(crate) fn loss_and_metrics(m: &CandleDrafter, rows: Rows, rc: &RunConfig, n_anchors: usize) -> Result<(Tensor, Metrics)> {
     let r = rows.w.len();
     let bias = m.markov_bias(&rows.prev)?;
     let out = vocab_head(&rows.h, &m.lm_head, bias.as_ref().map(|b| &b.0), rows.tg)?;
@@ -452,47 +410,6 @@ fn step_items<'a>(train: &'a [Sequence], rc: &RunConfig, step: usize, perms: &mu
         .collect()
 }
 
-/// Evaluate on held-out sequences: up to `per_seq` evenly spaced anchors each (no update).
-pub fn evaluate(m: &CandleDrafter, hold: &[Sequence], rc: &RunConfig, topk: usize, per_seq: usize) -> Result<Metrics> {
-    let mut tot = Metrics::default();
-    let mut anchors_total = 0usize;
-    let mut tau_sum = 0.0;
-    let mut acc_num = vec![0f64; m.cfg.draft_depth()];
-    let mut acc_den = vec![0f64; m.cfg.draft_depth()];
-    for seq in hold {
-        let span = seq.len() - 1 - seq.prompt_len;
-        let k = per_seq.min(span).max(1);
-        let anchors: Vec<usize> = (0..k).map(|i| seq.prompt_len + i * span / k).collect();
-        let na = anchors.len();
-        let rows = gather_rows(m, &[(seq, anchors)], topk, rc.gamma)?;
-        let depths: Vec<usize> = rows.meta.iter().map(|x| x.1).collect();
-        let (_, mt) = loss_and_metrics(m, rows, rc, na)?;
-        let w = mt.rows as f64;
-        tot.loss += mt.loss * w;
-        tot.ce += mt.ce * w;
-        tot.kl += mt.kl * w;
-        tot.l1 += mt.l1 * w;
-        tot.conf += mt.conf * w;
-        tot.rows += mt.rows;
-        tau_sum += mt.tau_chain * na as f64;
-        anchors_total += na;
-        for (d, a) in mt.acc.iter().enumerate() {
-            let c = depths.iter().filter(|&&x| x == d + 1).count() as f64;
-            acc_num[d] += a * c;
-            acc_den[d] += c;
-        }
-    }
-    let w = tot.rows.max(1) as f64;
-    tot.loss /= w;
-    tot.ce /= w;
-    tot.kl /= w;
-    tot.l1 /= w;
-    tot.conf /= w;
-    tot.tau_chain = tau_sum / anchors_total.max(1) as f64;
-    tot.acc = acc_num.iter().zip(&acc_den).map(|(n, d)| if *d > 0.0 { n / d } else { 0.0 }).collect();
-    Ok(tot)
-}
-
 /// Options of one `train` invocation that are not part of the run's identity.
 #[derive(Debug, Clone)]
 pub struct TrainControl {
@@ -508,117 +425,6 @@ pub struct TrainControl {
     pub max_minutes: Option<f64>,
 }
 
-/// Training-state file names for `step`.
-fn ckpt_paths(out: &Path, step: usize) -> (PathBuf, PathBuf) {
-    (out.join(format!("ckpt-{step:06}.safetensors")), out.join(format!("ckpt-{step:06}.json")))
-}
-
-/// The newest checkpoint step in `out`, if any.
-pub fn latest_checkpoint(out: &Path) -> Result<Option<usize>> {
-    if !out.exists() {
-        return Ok(None);
-    }
-    let mut best = None;
-    for e in std::fs::read_dir(out).map_err(|e| io(out, e))?.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if let Some(s) = name.strip_prefix("ckpt-").and_then(|x| x.strip_suffix(".json")) {
-            if let Ok(n) = s.parse::<usize>() {
-                best = best.max(Some(n));
-            }
-        }
-    }
-    Ok(best)
-}
-
-/// Checkpoint name of the context-feature preconditioner (see `CandleDrafter::ctx_scale`).
-pub const CTX_SCALE: &str = "precond.ctx_scale";
-
-/// Load a run's parameters (and optimizer moments when `opt` is given) from checkpoint `step`.
-/// `fc.weight` is returned as trained (on preconditioned features); use
-/// [`load_checkpoint_scale`] for the preconditioner.
-pub fn load_checkpoint(out: &Path, step: usize, cfg: &DrafterConfig, n_feat: usize, opt: Option<&mut AdamW>) -> Result<Params> {
-    let (st, js) = ckpt_paths(out, step);
-    let all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
-    let mut params = BTreeMap::new();
-    let mut m = BTreeMap::new();
-    let mut v = BTreeMap::new();
-    for (k, t) in all {
-        if let Some(n) = k.strip_prefix("adam.m.") {
-            m.insert(n.to_string(), t);
-        } else if let Some(n) = k.strip_prefix("adam.v.") {
-            v.insert(n.to_string(), t);
-        } else if k != CTX_SCALE {
-            params.insert(k, t);
-        }
-    }
-    let p = Params::from_tensors(cfg, n_feat, params, &st.display().to_string())?;
-    if let Some(o) = opt {
-        let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&js).map_err(|e| io(&js, e))?).map_err(|e| Error::file(&js, e))?;
-        o.t = state.get("adam_t").and_then(|x| x.as_u64()).ok_or_else(|| Error::file(&js, "missing `adam_t`"))?;
-        for n in p.vars.keys() {
-            let (Some(a), Some(b)) = (m.remove(n), v.remove(n)) else {
-                return Err(Error::file(&st, format!("optimizer moments for `{n}` missing")));
-            };
-            o.m.insert(n.clone(), a);
-            o.v.insert(n.clone(), b);
-        }
-    }
-    Ok(p)
-}
-
-/// The context-feature preconditioner stored in checkpoint `step`, if any.
-pub fn load_checkpoint_scale(out: &Path, step: usize) -> Result<Option<Tensor>> {
-    let (st, _) = ckpt_paths(out, step);
-    let mut all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
-    Ok(all.remove(CTX_SCALE))
-}
-
-/// `fc.weight ⊙ s` (columns scaled): the raw-tap `fc` equivalent to `fc` on preconditioned taps.
-pub fn fold_ctx_scale(params: &Params, scale: &Tensor) -> Result<()> {
-    let fc = params.vars.get("fc.weight").ok_or_else(|| Error("parameter `fc.weight` missing".into()))?;
-    let folded = fc.as_tensor().broadcast_mul(&scale.unsqueeze(0)?)?;
-    fc.set(&folded)?;
-    Ok(())
-}
-
-fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, scale: Option<&Tensor>, state: serde_json::Value) -> Result<()> {
-    let (st, js) = ckpt_paths(out, step);
-    let mut all: std::collections::HashMap<String, Tensor> = std::collections::HashMap::new();
-    if let Some(s) = scale {
-        all.insert(CTX_SCALE.to_string(), s.clone());
-    }
-    for (n, v) in &p.vars {
-        all.insert(n.clone(), v.as_tensor().clone());
-        all.insert(format!("adam.m.{n}"), opt.m[n].clone());
-        all.insert(format!("adam.v.{n}"), opt.v[n].clone());
-    }
-    let tmp = st.with_extension("tmp");
-    candle_core::safetensors::save(&all, &tmp).map_err(|e| Error::file(&tmp, e))?;
-    std::fs::rename(&tmp, &st).map_err(|e| io(&st, e))?;
-    sparkling::fsio::write_bytes(&js, serde_json::to_string_pretty(&state).map_err(|e| Error::file(&js, e))?.as_bytes())?;
-    // Keep the two newest checkpoints.
-    if let Ok(rd) = std::fs::read_dir(out) {
-        let mut steps: Vec<usize> = rd
-            .flatten()
-            .filter_map(|e| e.file_name().to_string_lossy().strip_prefix("ckpt-").and_then(|x| x.strip_suffix(".json")).and_then(|x| x.parse().ok()))
-            .collect();
-        steps.sort_unstable();
-        for s in steps.iter().rev().skip(2) {
-            let (a, b) = ckpt_paths(out, *s);
-            let _ = std::fs::remove_file(a);
-            let _ = std::fs::remove_file(b);
-        }
-    }
-    Ok(())
-}
-
-/// Read `run.json` of a run directory.
-pub fn read_run_config(out: &Path) -> Result<RunConfig> {
-    let p = out.join("run.json");
-    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid run config: {e}")))
-}
-
 /// Everything needed to rebuild a run's drafter: cache meta, target config, drafter config.
 pub fn run_context(rc: &RunConfig) -> Result<(CacheMeta, Tensor, TargetConfig, DrafterConfig)> {
     let cache = PathBuf::from(&rc.cache);
@@ -629,60 +435,6 @@ pub fn run_context(rc: &RunConfig) -> Result<(CacheMeta, Tensor, TargetConfig, D
     }
     let dcfg = drafter_cfg(rc, &tcfg, &meta.tap_layers)?;
     Ok((meta, head, tcfg, dcfg))
-}
-
-/// The cache files of a run: read from `out/data.json` when the run has one (a resumed run
-/// trains on exactly the files it started with, in the same order, so the holdout and the
-/// sequence order do not move while `gen-data` appends to the cache), else listed now — the
-/// first `max_seqs` by name — and frozen into `data.json`. Errors name the file.
-pub fn frozen_file_list(rc: &RunConfig, out: &Path) -> Result<Vec<String>> {
-    let p = out.join(DATA_FILE);
-    if p.exists() {
-        let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
-        return v
-            .get("files")
-            .and_then(|x| x.as_array())
-            .ok_or_else(|| Error::file(&p, "no `files` array"))?
-            .iter()
-            .map(|x| x.as_str().map(str::to_string).ok_or_else(|| Error::file(&p, "`files`: non-string entry")))
-            .collect();
-    }
-    let mut names = list(Path::new(&rc.cache))?;
-    if let Some(m) = rc.max_seqs {
-        names.truncate(m);
-    }
-    let v = serde_json::json!({"cache": rc.cache, "files": names});
-    sparkling::fsio::write_bytes(&p, serde_json::to_string_pretty(&v).map_err(|e| Error::file(&p, e))?.as_bytes())?;
-    Ok(names)
-}
-
-/// The draft vocabulary of a run (`None`: full vocabulary): read from `out/draft_vocab.json`
-/// when present (resume), else counted on `train` ([`count_draft_vocab`]) and written there
-/// with its coverage of the train and holdout answers.
-fn frozen_draft_vocab(rc: &RunConfig, out: &Path, train: &[Sequence], hold: &[Sequence], tcfg: &TargetConfig) -> Result<Option<DraftVocab>> {
-    let Some(vd) = rc.draft_vocab else { return Ok(None) };
-    if out.join(DRAFT_VOCAB_FILE).exists() {
-        return read_draft_vocab(out, rc, tcfg.vocab);
-    }
-    let (dv, cov) = count_draft_vocab(train, tcfg.vocab, vd, &tcfg.eos)?;
-    let mut hc = vec![0u64; tcfg.vocab];
-    for s in hold {
-        s.tokens[s.prompt_len..].iter().for_each(|&t| hc[t as usize] += 1);
-    }
-    let hold_cov = sparkling::model::reduce::coverage(&hc, dv.draft_to_target());
-    let answers: usize = train.iter().map(|s| s.len() - s.prompt_len).sum();
-    eprintln!("draft vocabulary: V_d = {vd} covers {:.2} % of the train answers' tokens, {:.2} % of the holdout answers'", cov * 100.0, hold_cov * 100.0);
-    let v = serde_json::json!({
-        "draft_vocab_size": dv.len(),
-        "counted": format!("answer tokens of the {} training sequences ({answers} tokens); ties: their prompt tokens, then lower id; always: eos {:?}", train.len(), tcfg.eos),
-        "coverage_train_answers": cov,
-        "coverage_holdout_answers": hold_cov,
-        "draft_to_target": dv.draft_to_target(),
-    });
-    let p = out.join(DRAFT_VOCAB_FILE);
-    sparkling::fsio::write_bytes(&p, serde_json::to_string(&v).map_err(|e| Error::file(&p, e))?.as_bytes())?;
-    Ok(Some(dv))
 }
 
 /// Print a line above the progress bar, or to stderr when the bar is hidden (not a terminal:
@@ -884,6 +636,7 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::DATA_FILE;
     use half::f16;
 
     fn seq(id: u32, prompt: &[u32], answer: &[u32]) -> Sequence {

@@ -210,7 +210,7 @@ fn preconditioner_folds_into_fc() {
     let st = Tensor::from_vec(scale, nf, &Device::Cpu).unwrap();
     let with_scale = CandleDrafter { cfg: dcfg.clone(), params, embed: e.clone(), lm_head: e.clone(), draft_vocab: None, ctx_scale: Some(st.clone()) };
     let a: Vec<f32> = with_scale.draft_logits(&inp()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    sparkling_train::train::fold_ctx_scale(&with_scale.params, &st).unwrap();
+    sparkling_train::checkpoint::fold_ctx_scale(&with_scale.params, &st).unwrap();
     let folded = CandleDrafter { ctx_scale: None, ..with_scale };
     let b: Vec<f32> = folded.draft_logits(&inp()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
     assert_close(&a, &b, "folded preconditioner");

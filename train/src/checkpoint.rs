@@ -1,0 +1,204 @@
+//! A training run's directory on disk: its checkpoints (parameters + AdamW moments +
+//! the context-feature preconditioner, `ckpt-NNNNNN.{safetensors,json}`, the two newest kept),
+//! `run.json` (the [`RunConfig`]), the frozen cache file list (`data.json`) and the frozen draft
+//! vocabulary (`draft_vocab.json`). Every file is written whole (temporary file + rename) and
+//! every read error names the file.
+
+use crate::cache::{list, Sequence};
+use crate::error::{io, Error, Result};
+use crate::model::Params;
+use crate::optim::AdamW;
+use crate::train::{count_draft_vocab, RunConfig};
+use candle_core::{Device, Tensor};
+use sparkling::model::config::{DrafterConfig, TargetConfig};
+use sparkling::model::draft_vocab::DraftVocab;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The run directory's frozen list of cache files (`data.json`).
+pub const DATA_FILE: &str = "data.json";
+
+/// The run directory's draft vocabulary (`draft_vocab.json`: `draft_to_target` + provenance).
+pub const DRAFT_VOCAB_FILE: &str = "draft_vocab.json";
+
+/// Read a run's `draft_vocab.json` (`None` when the run has the full vocabulary); checks it
+/// against the run's V_d and the target vocabulary. Errors name the file.
+pub fn read_draft_vocab(out: &Path, rc: &RunConfig, vocab: usize) -> Result<Option<DraftVocab>> {
+    let Some(vd) = rc.draft_vocab else { return Ok(None) };
+    let p = out.join(DRAFT_VOCAB_FILE);
+    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
+    let ids: Vec<i64> = v
+        .get("draft_to_target")
+        .and_then(|x| x.as_array())
+        .ok_or_else(|| Error::file(&p, "no `draft_to_target` array"))?
+        .iter()
+        .map(|x| x.as_i64().ok_or_else(|| Error::file(&p, "`draft_to_target`: non-integer entry")))
+        .collect::<Result<_>>()?;
+    Ok(Some(DraftVocab::new(&p, &[ids.len()], &ids, vocab, vd)?))
+}
+
+/// Training-state file names for `step`.
+pub(crate) fn ckpt_paths(out: &Path, step: usize) -> (PathBuf, PathBuf) {
+    (out.join(format!("ckpt-{step:06}.safetensors")), out.join(format!("ckpt-{step:06}.json")))
+}
+
+/// The newest checkpoint step in `out`, if any.
+pub fn latest_checkpoint(out: &Path) -> Result<Option<usize>> {
+    if !out.exists() {
+        return Ok(None);
+    }
+    let mut best = None;
+    for e in std::fs::read_dir(out).map_err(|e| io(out, e))?.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Some(s) = name.strip_prefix("ckpt-").and_then(|x| x.strip_suffix(".json")) {
+            if let Ok(n) = s.parse::<usize>() {
+                best = best.max(Some(n));
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Checkpoint name of the context-feature preconditioner (see `CandleDrafter::ctx_scale`).
+pub const CTX_SCALE: &str = "precond.ctx_scale";
+
+/// Load a run's parameters (and optimizer moments when `opt` is given) from checkpoint `step`.
+/// `fc.weight` is returned as trained (on preconditioned features); use
+/// [`load_checkpoint_scale`] for the preconditioner.
+pub fn load_checkpoint(out: &Path, step: usize, cfg: &DrafterConfig, n_feat: usize, opt: Option<&mut AdamW>) -> Result<Params> {
+    let (st, js) = ckpt_paths(out, step);
+    let all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
+    let mut params = BTreeMap::new();
+    let mut m = BTreeMap::new();
+    let mut v = BTreeMap::new();
+    for (k, t) in all {
+        if let Some(n) = k.strip_prefix("adam.m.") {
+            m.insert(n.to_string(), t);
+        } else if let Some(n) = k.strip_prefix("adam.v.") {
+            v.insert(n.to_string(), t);
+        } else if k != CTX_SCALE {
+            params.insert(k, t);
+        }
+    }
+    let p = Params::from_tensors(cfg, n_feat, params, &st.display().to_string())?;
+    if let Some(o) = opt {
+        let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&js).map_err(|e| io(&js, e))?).map_err(|e| Error::file(&js, e))?;
+        o.t = state.get("adam_t").and_then(|x| x.as_u64()).ok_or_else(|| Error::file(&js, "missing `adam_t`"))?;
+        for n in p.vars.keys() {
+            let (Some(a), Some(b)) = (m.remove(n), v.remove(n)) else {
+                return Err(Error::file(&st, format!("optimizer moments for `{n}` missing")));
+            };
+            o.m.insert(n.clone(), a);
+            o.v.insert(n.clone(), b);
+        }
+    }
+    Ok(p)
+}
+
+/// The context-feature preconditioner stored in checkpoint `step`, if any.
+pub fn load_checkpoint_scale(out: &Path, step: usize) -> Result<Option<Tensor>> {
+    let (st, _) = ckpt_paths(out, step);
+    let mut all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
+    Ok(all.remove(CTX_SCALE))
+}
+
+/// `fc.weight ⊙ s` (columns scaled): the raw-tap `fc` equivalent to `fc` on preconditioned taps.
+pub fn fold_ctx_scale(params: &Params, scale: &Tensor) -> Result<()> {
+    let fc = params.vars.get("fc.weight").ok_or_else(|| Error("parameter `fc.weight` missing".into()))?;
+    let folded = fc.as_tensor().broadcast_mul(&scale.unsqueeze(0)?)?;
+    fc.set(&folded)?;
+    Ok(())
+}
+
+pub(crate) fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, scale: Option<&Tensor>, state: serde_json::Value) -> Result<()> {
+    let (st, js) = ckpt_paths(out, step);
+    let mut all: std::collections::HashMap<String, Tensor> = std::collections::HashMap::new();
+    if let Some(s) = scale {
+        all.insert(CTX_SCALE.to_string(), s.clone());
+    }
+    for (n, v) in &p.vars {
+        all.insert(n.clone(), v.as_tensor().clone());
+        all.insert(format!("adam.m.{n}"), opt.m[n].clone());
+        all.insert(format!("adam.v.{n}"), opt.v[n].clone());
+    }
+    let tmp = st.with_extension("tmp");
+    candle_core::safetensors::save(&all, &tmp).map_err(|e| Error::file(&tmp, e))?;
+    std::fs::rename(&tmp, &st).map_err(|e| io(&st, e))?;
+    sparkling::fsio::write_bytes(&js, serde_json::to_string_pretty(&state).map_err(|e| Error::file(&js, e))?.as_bytes())?;
+    // Keep the two newest checkpoints.
+    if let Ok(rd) = std::fs::read_dir(out) {
+        let mut steps: Vec<usize> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().strip_prefix("ckpt-").and_then(|x| x.strip_suffix(".json")).and_then(|x| x.parse().ok()))
+            .collect();
+        steps.sort_unstable();
+        for s in steps.iter().rev().skip(2) {
+            let (a, b) = ckpt_paths(out, *s);
+            let _ = std::fs::remove_file(a);
+            let _ = std::fs::remove_file(b);
+        }
+    }
+    Ok(())
+}
+
+/// Read `run.json` of a run directory.
+pub fn read_run_config(out: &Path) -> Result<RunConfig> {
+    let p = out.join("run.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid run config: {e}")))
+}
+
+/// The cache files of a run: read from `out/data.json` when the run has one (a resumed run
+/// trains on exactly the files it started with, in the same order, so the holdout and the
+/// sequence order do not move while `gen-data` appends to the cache), else listed now — the
+/// first `max_seqs` by name — and frozen into `data.json`. Errors name the file.
+pub fn frozen_file_list(rc: &RunConfig, out: &Path) -> Result<Vec<String>> {
+    let p = out.join(DATA_FILE);
+    if p.exists() {
+        let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
+        return v
+            .get("files")
+            .and_then(|x| x.as_array())
+            .ok_or_else(|| Error::file(&p, "no `files` array"))?
+            .iter()
+            .map(|x| x.as_str().map(str::to_string).ok_or_else(|| Error::file(&p, "`files`: non-string entry")))
+            .collect();
+    }
+    let mut names = list(Path::new(&rc.cache))?;
+    if let Some(m) = rc.max_seqs {
+        names.truncate(m);
+    }
+    let v = serde_json::json!({"cache": rc.cache, "files": names});
+    sparkling::fsio::write_bytes(&p, serde_json::to_string_pretty(&v).map_err(|e| Error::file(&p, e))?.as_bytes())?;
+    Ok(names)
+}
+
+/// The draft vocabulary of a run (`None`: full vocabulary): read from `out/draft_vocab.json`
+/// when present (resume), else counted on `train` ([`count_draft_vocab`]) and written there
+/// with its coverage of the train and holdout answers.
+pub(crate) fn frozen_draft_vocab(rc: &RunConfig, out: &Path, train: &[Sequence], hold: &[Sequence], tcfg: &TargetConfig) -> Result<Option<DraftVocab>> {
+    let Some(vd) = rc.draft_vocab else { return Ok(None) };
+    if out.join(DRAFT_VOCAB_FILE).exists() {
+        return read_draft_vocab(out, rc, tcfg.vocab);
+    }
+    let (dv, cov) = count_draft_vocab(train, tcfg.vocab, vd, &tcfg.eos)?;
+    let mut hc = vec![0u64; tcfg.vocab];
+    for s in hold {
+        s.tokens[s.prompt_len..].iter().for_each(|&t| hc[t as usize] += 1);
+    }
+    let hold_cov = sparkling::model::reduce::coverage(&hc, dv.draft_to_target());
+    let answers: usize = train.iter().map(|s| s.len() - s.prompt_len).sum();
+    eprintln!("draft vocabulary: V_d = {vd} covers {:.2} % of the train answers' tokens, {:.2} % of the holdout answers'", cov * 100.0, hold_cov * 100.0);
+    let v = serde_json::json!({
+        "draft_vocab_size": dv.len(),
+        "counted": format!("answer tokens of the {} training sequences ({answers} tokens); ties: their prompt tokens, then lower id; always: eos {:?}", train.len(), tcfg.eos),
+        "coverage_train_answers": cov,
+        "coverage_holdout_answers": hold_cov,
+        "draft_to_target": dv.draft_to_target(),
+    });
+    let p = out.join(DRAFT_VOCAB_FILE);
+    sparkling::fsio::write_bytes(&p, serde_json::to_string(&v).map_err(|e| Error::file(&p, e))?.as_bytes())?;
+    Ok(Some(dv))
+}
