@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use sparkling::cpu::CpuBackend;
-use sparkling::decode::{Engine, Method};
+use sparkling::decode::{Engine, Method, Models};
 use sparkling::loader::open_source;
 use sparkling::model::config::{read_json, Arch, DrafterConfig, DrafterKind, TargetConfig};
 use sparkling::model::drafter::Drafter;
@@ -122,6 +122,40 @@ fn empty_prompt_and_too_long_prompt() {
     assert!(err.contains("99") && err.contains("vocabulary"), "{err}");
     let err = e.generate(&[1, 2], &params(Method::Sparkling, 8, 0.0, 0, 8, vec![]), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("needs a DSpark drafter"), "{err}");
+}
+
+/// The one loaded-model type (CLI and browser): a method without its drafter kind is an error
+/// listing the loaded kinds; a drafter of the same kind replaces the earlier one.
+#[test]
+fn models_pick_replace_and_report_missing_drafters() {
+    let t = tiny_target_config(Arch::Qwen3, 32);
+    let b = CpuBackend::new();
+    let target = {
+        let d = tmpdir("models");
+        write_random_target(d.path(), &t, 1, StoreDtype::F32).unwrap();
+        try_load_target(d.path()).unwrap()
+    };
+    let drafter = |kind: DrafterKind, block: usize| {
+        let d = tmpdir("models-drafter");
+        let init = DrafterInit { kind, layers: 1, block_size: block, markov_rank: 4, taps: 2, mask_token_id: None, confidence_head: false };
+        write_random_drafter(d.path(), &t, &init, 1, StoreDtype::F32).unwrap();
+        let (cp, v) = read_json(d.path()).unwrap();
+        let src = open_source(d.path()).unwrap();
+        Drafter::<CpuBackend>::load(&b, src.as_ref(), DrafterConfig::from_hf_json(&cp, &v).unwrap(), &t).unwrap()
+    };
+    let mut m = Models::new(target);
+    assert!(m.engine(&b, Method::Ar).unwrap().drafter.is_none());
+    let err = m.engine(&b, Method::Sparkling).err().expect("no drafter loaded").to_string();
+    assert!(err.contains("`sparkling` needs a DSpark drafter; loaded: []"), "{err}");
+    m.add_drafter(drafter(DrafterKind::DFlash, 4));
+    let err = m.engine(&b, Method::DSpark).err().expect("only DFlash loaded").to_string();
+    assert!(err.contains("loaded: [DFlash]"), "{err}");
+    assert_eq!(m.engine(&b, Method::DDTree).unwrap().drafter.map(|d| d.cfg.block_size), Some(4));
+    m.add_drafter(drafter(DrafterKind::DSpark, 5));
+    m.add_drafter(drafter(DrafterKind::DFlash, 6));
+    assert_eq!(m.drafters.len(), 2, "same kind replaces");
+    assert_eq!(m.engine(&b, Method::DFlash).unwrap().drafter.map(|d| d.cfg.block_size), Some(6));
+    assert_eq!(m.engine(&b, Method::TreeSpark).unwrap().drafter.map(|d| d.cfg.block_size), Some(5));
 }
 
 #[test]

@@ -8,7 +8,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
 use sparkling::decode::budget::BudgetChoice;
-use sparkling::decode::{Engine, Method, Stats};
+use sparkling::decode::{Method, Stats};
 use sparkling::{Error, Result};
 use std::fmt::Write as _;
 use std::io::Read;
@@ -217,7 +217,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             prompts.push(tok.encode_chat(&p, None)?);
         }
     }
-    let stop = sparkling::decode::stop_tokens(&m.target.cfg.eos, &tok.stop);
+    let stop = sparkling::decode::stop_tokens(&m.models.target.cfg.eos, &tok.stop);
     let budgets = budget_choices(a)?;
     let mut runs: Vec<(Method, BudgetChoice)> = Vec::new();
     for &meth in methods {
@@ -244,7 +244,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             auto => auto,
         };
         let mut params = gen_params(meth, Some(budget), &gen_args, stop.clone(), m.backend.host_memory())?;
-        super::bound_tree(&mut params.tree, m.target.cfg.vocab, meth);
+        super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
         super::costs::attach(&mut params, &cost_path);
         params_of.push(params);
     }
@@ -253,7 +253,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     for (i, p) in prompts.iter().enumerate() {
         for (ri, &(meth, budget)) in runs.iter().enumerate() {
             pb.set_message(format!("{} b{}", meth.name(), budget.name()));
-            let engine = Engine { backend: &m.backend, target: &m.target, drafter: meth.drafter_kind().and_then(|k| m.drafter(k)) };
+            let engine = m.models.engine(&m.backend, meth)?;
             let g = engine.generate(p, &params_of[ri], &mut |_| {})?;
             // `auto` rows keep learning across prompts (calibration, timings, skip schedule),
             // as a server would across requests.

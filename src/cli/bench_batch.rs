@@ -38,7 +38,7 @@ fn summary(v: &[f64]) -> serde_json::Value {
 
 /// Decode `prompts` with at most `n` in flight; returns the row and each prompt's tokens.
 fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], params: &GenParams, n: usize, pb: &ProgressBar) -> Result<(Row, Vec<Vec<u32>>)> {
-    let mut batch = Batch::new(&m.backend, &m.target, BatchOptions::default())?;
+    let mut batch = Batch::new(&m.backend, &m.models.target, BatchOptions::default())?;
     let mut owner: HashMap<SeqId, usize> = HashMap::new();
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
     let mut row = Row { batch: n, wall_s: 0.0, new_tokens: 0, steps: 0, rows: 0, latency_ms: Vec::new(), first_token_ms: Vec::new(), mismatches: 0 };

@@ -5,7 +5,7 @@ use clap::Args;
 use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::budget::BudgetChoice;
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{stop_tokens, Engine, GenParams, Method, RoundView, Stats};
+use sparkling::decode::{stop_tokens, GenParams, Method, RoundView, Stats};
 use sparkling::tokenizer::{TextStream, TextTokenizer};
 use sparkling::{Error, Result};
 use std::io::Write;
@@ -257,16 +257,16 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     if prompt.is_empty() {
         return Err(Error::Input("the prompt is empty after tokenization".into()));
     }
-    let mut stop = stop_tokens(&m.target.cfg.eos, m.tokenizer.as_ref().map_or(&[][..], |t| &t.stop));
+    let mut stop = stop_tokens(&m.models.target.cfg.eos, m.tokenizer.as_ref().map_or(&[][..], |t| &t.stop));
     if a.ignore_eos {
         stop.clear();
     }
     let budget = a.budget.as_deref().map(|b| BudgetChoice::parse(b, "--budget")).transpose()?;
     let mut params = gen_params(method, budget, a, stop, m.backend.host_memory())?;
-    super::bound_tree(&mut params.tree, m.target.cfg.vocab, method);
+    super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, method);
     let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
     super::costs::attach(&mut params, &cost_path);
-    let engine = Engine { backend: &m.backend, target: &m.target, drafter: method.drafter_kind().and_then(|k| m.drafter(k)) };
+    let engine = m.models.engine(&m.backend, method)?;
     let mut text = TextStream::new();
     let stdout = std::io::stdout();
     // A failed write to stdout: a closed pipe ends the program quietly, unless a stats file is
@@ -324,6 +324,6 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
     }
     outln!()?;
     print_stats(method, &g.stats);
-    eprintln!("  kernels: {} | target matmuls: {}", m.backend.name(), m.target.kernel_paths(&m.backend));
+    eprintln!("  kernels: {} | target matmuls: {}", m.backend.name(), m.models.target.kernel_paths(&m.backend));
     Ok(())
 }

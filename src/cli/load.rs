@@ -4,6 +4,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
 use sparkling::cpu::{self, CpuBackend};
+use sparkling::decode::Models;
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::{open_source, TensorSource};
 use sparkling::model::config::{read_json, DrafterConfig, DrafterKind, TargetConfig};
@@ -71,18 +72,12 @@ pub struct Selected {
 /// Everything a run needs, on backend `B`.
 pub struct Loaded<B: Backend> {
     pub backend: B,
-    pub target: Target<B>,
+    /// The target and its drafters (the library's one loaded-model type, shared with the web
+    /// session).
+    pub models: Models<B>,
     pub tokenizer: Option<TextTokenizer>,
-    pub drafters: Vec<Drafter<B>>,
     /// The target's path (keys the `--budget auto` cost cache).
     pub target_path: PathBuf,
-}
-
-impl<B: Backend> Loaded<B> {
-    /// The drafter of `kind`, if loaded.
-    pub fn drafter(&self, kind: DrafterKind) -> Option<&Drafter<B>> {
-        self.drafters.iter().find(|d| d.cfg.kind == kind)
-    }
 }
 
 /// Weight storage asked for by `--weights` (`auto` already resolved).
@@ -323,7 +318,7 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         let dsrc = open_source(&dir)?;
         drafters.push(Drafter::load(&backend, dsrc.as_ref(), dcfg, &target.cfg)?);
     }
-    Ok(Loaded { backend, target, tokenizer, drafters, target_path: tpath.to_path_buf() })
+    Ok(Loaded { backend, models: Models { target, drafters }, tokenizer, target_path: tpath.to_path_buf() })
 }
 
 /// `--tokenizer`: a directory (its tokenizer.json and tokenizer_config.json), a GGUF file (its

@@ -104,8 +104,8 @@ fn ms_since(t: Instant) -> f64 {
 
 fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let b = &m.backend;
-    let t = &m.target;
-    let d = m.drafter(DrafterKind::DSpark).ok_or_else(|| Error::Input("profile needs a DSpark drafter (--drafter DIR)".into()))?;
+    let t = &m.models.target;
+    let d = m.models.drafter(DrafterKind::DSpark).ok_or_else(|| Error::Input("profile needs a DSpark drafter (--drafter DIR)".into()))?;
     let tc = &t.cfg;
     let mut bounded = a.clone();
     super::clamp("--candidates", &mut bounded.candidates, tc.vocab, "the vocabulary size");

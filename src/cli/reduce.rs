@@ -231,7 +231,7 @@ pub fn run(a: ReduceVocabArgs) -> Result<()> {
 }
 
 fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> Result<()> {
-    let vocab = m.target.cfg.vocab;
+    let vocab = m.models.target.cfg.vocab;
     let mut c = Counts { counts: vec![0; vocab], secondary: vec![0; vocab], sources: Vec::new() };
     for f in &a.counts {
         read_counts(f, &mut c)?;
@@ -243,11 +243,11 @@ fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> R
     }
     if !a.prompts.is_empty() {
         let tok = m.tokenizer.as_ref().ok_or_else(|| Error::Input("answering --prompts needs a tokenizer (pass --tokenizer)".into()))?;
-        let stop = sparkling::decode::stop_tokens(&m.target.cfg.eos, &tok.stop);
+        let stop = sparkling::decode::stop_tokens(&m.models.target.cfg.eos, &tok.stop);
         let mut p = GenParams::new(Method::Ar, m.backend.host_memory());
         p.max_new_tokens = a.max_new_tokens;
         p.stop = stop;
-        let engine = Engine { backend: &m.backend, target: &m.target, drafter: None };
+        let engine = Engine { backend: &m.backend, target: &m.models.target, drafter: None };
         for f in &a.prompts {
             let texts = read_prompt_texts(f, a.limit)?;
             let t0 = std::time::Instant::now();
@@ -292,8 +292,8 @@ fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> R
     let distinct = c.counts.iter().filter(|&&x| x > 0).count();
     eprintln!("{} tokens counted, {distinct} distinct target ids", c.total());
     let stops: Vec<u32> = match &m.tokenizer {
-        Some(t) => sparkling::decode::stop_tokens(&m.target.cfg.eos, &t.stop),
-        None => m.target.cfg.eos.clone(),
+        Some(t) => sparkling::decode::stop_tokens(&m.models.target.cfg.eos, &t.stop),
+        None => m.models.target.cfg.eos.clone(),
     };
     let ids = top_ids(&c.counts, &c.secondary, a.draft_vocab, &stops);
     let cov = coverage(&c.counts, &ids);

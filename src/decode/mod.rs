@@ -232,6 +232,52 @@ pub struct Engine<'a, B: Backend> {
     pub drafter: Option<&'a Drafter<B>>,
 }
 
+/// A target and the drafters loaded for it (at most one per [`DrafterKind`]): the models a
+/// generation runs on one backend. The CLI's loaded run and the browser session hold one each,
+/// so both pick a method's drafter, replace a drafter and report a missing one the same way.
+pub struct Models<B: Backend> {
+    /// The target model.
+    pub target: Target<B>,
+    /// The drafters, at most one of each kind.
+    pub drafters: Vec<Drafter<B>>,
+}
+
+impl<B: Backend> Models<B> {
+    /// A target without drafters (`ar` only until [`Models::add_drafter`]).
+    pub fn new(target: Target<B>) -> Self {
+        Models { target, drafters: Vec::new() }
+    }
+
+    /// The drafter of `kind`, if loaded.
+    pub fn drafter(&self, kind: DrafterKind) -> Option<&Drafter<B>> {
+        self.drafters.iter().find(|d| d.cfg.kind == kind)
+    }
+
+    /// Add `d`, replacing an earlier drafter of the same kind.
+    pub fn add_drafter(&mut self, d: Drafter<B>) {
+        self.drafters.retain(|x| x.cfg.kind != d.cfg.kind);
+        self.drafters.push(d);
+    }
+
+    /// The engine for `method` on `backend`: the target and the method's drafter.
+    /// Errors: the method needs a drafter kind that is not loaded (the message lists the
+    /// loaded kinds).
+    pub fn engine<'a>(&'a self, backend: &'a B, method: Method) -> Result<Engine<'a, B>> {
+        let drafter = match method.drafter_kind() {
+            None => None,
+            Some(kind) => Some(self.drafter(kind).ok_or_else(|| {
+                let have: Vec<String> = self.drafters.iter().map(|d| format!("{:?}", d.cfg.kind)).collect();
+                Error::Input(format!(
+                    "method `{}` needs a {kind:?} drafter; loaded: [{}] (load one: `--drafter` in the CLI, `add_drafter` in the browser)",
+                    method.name(),
+                    have.join(", ")
+                ))
+            })?),
+        };
+        Ok(Engine { backend, target: &self.target, drafter })
+    }
+}
+
 /// What [`Engine::check`] resolves for one generation request.
 pub struct Checked<'a, B: Backend> {
     /// The drafter the method uses (`None` for `ar`).

@@ -34,7 +34,7 @@ use sparkling::core::{Backend, SampleParams, NO_PARENT};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::budget::{BudgetChoice, CostModel};
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{stop_tokens, Engine, GenParams, Method, RoundView};
+use sparkling::decode::{stop_tokens, GenParams, Method, Models, RoundView};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::safetensors_source::SafetensorsSource;
 use sparkling::loader::TensorSource;
@@ -52,15 +52,15 @@ use wasm_bindgen::prelude::*;
 /// Models loaded on one backend.
 struct Loaded<B: Backend> {
     b: B,
-    target: Option<Target<B>>,
-    drafters: Vec<Drafter<B>>,
+    /// The target and its drafters (`None` until a target is loaded).
+    models: Option<Models<B>>,
     /// The `budget: "auto"` cost model measured by the first generation on this target (the
     /// next ones reuse it); cleared when a target is loaded.
     cost: std::cell::RefCell<Option<CostModel>>,
 }
 
 /// The backend a session runs on.
-enum Models {
+enum AnyLoaded {
     Gpu(Loaded<WgpuBackend>),
     Cpu(Loaded<CpuBackend>),
 }
@@ -68,7 +68,7 @@ enum Models {
 /// A SparklingTree session: one backend, a target, its drafters and an optional tokenizer.
 #[wasm_bindgen]
 pub struct Session {
-    models: Rc<RefCell<Models>>,
+    models: Rc<RefCell<AnyLoaded>>,
     tokenizer: Rc<RefCell<Option<TextTokenizer>>>,
     /// Bumped by [`Session::cancel`]: a generation started at another value stops.
     epoch: Rc<Cell<u64>>,
@@ -90,9 +90,9 @@ impl Session {
         let models = match backend.as_str() {
             "webgpu" | "wgpu" | "gpu" => {
                 let b = WgpuBackend::with_options_async(&WgpuOptions::default()).await.map_err(js_err)?;
-                Models::Gpu(Loaded { b, target: None, drafters: Vec::new(), cost: Default::default() })
+                AnyLoaded::Gpu(Loaded { b, models: None, cost: Default::default() })
             }
-            "cpu" => Models::Cpu(Loaded { b: CpuBackend::new(), target: None, drafters: Vec::new(), cost: Default::default() }),
+            "cpu" => AnyLoaded::Cpu(Loaded { b: CpuBackend::new(), models: None, cost: Default::default() }),
             other => return Err(JsError::new(&format!("unknown backend `{other}` (expected \"webgpu\" or \"cpu\")"))),
         };
         Ok(Session { models: Rc::new(RefCell::new(models)), tokenizer: Rc::new(RefCell::new(None)), epoch: Rc::new(Cell::new(0)) })
@@ -110,8 +110,8 @@ impl Session {
     pub fn backend_name(&self) -> Result<String, JsError> {
         let m = self.models.try_borrow().map_err(|_| JsError::new(BUSY))?;
         Ok(match &*m {
-            Models::Gpu(l) => l.b.name(),
-            Models::Cpu(l) => l.b.name(),
+            AnyLoaded::Gpu(l) => l.b.name(),
+            AnyLoaded::Cpu(l) => l.b.name(),
         })
     }
 
@@ -132,8 +132,8 @@ impl Session {
         let vocab = cfg.vocab;
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
         match &mut *m {
-            Models::Gpu(l) => load_target(l, &src, cfg),
-            Models::Cpu(l) => load_target(l, &src, cfg),
+            AnyLoaded::Gpu(l) => load_target(l, &src, cfg),
+            AnyLoaded::Cpu(l) => load_target(l, &src, cfg),
         }
         .map_err(js_err)?;
         // A tokenizer set for another model does not fit this one: drop it.
@@ -158,8 +158,8 @@ impl Session {
         let tok = TextTokenizer::from_gguf(&src.file).ok();
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
         match &mut *m {
-            Models::Gpu(l) => load_target(l, &src, cfg),
-            Models::Cpu(l) => load_target(l, &src, cfg),
+            AnyLoaded::Gpu(l) => load_target(l, &src, cfg),
+            AnyLoaded::Cpu(l) => load_target(l, &src, cfg),
         }
         .map_err(js_err)?;
         *self.tokenizer.try_borrow_mut().map_err(|_| JsError::new(BUSY))? = tok;
@@ -179,8 +179,8 @@ impl Session {
         let src = SafetensorsSource::from_bytes(&format!("{dir}/model.safetensors"), weights).map_err(js_err)?;
         let mut m = self.models.try_borrow_mut().map_err(|_| JsError::new(BUSY))?;
         match &mut *m {
-            Models::Gpu(l) => add_drafter(l, &src, cfg),
-            Models::Cpu(l) => add_drafter(l, &src, cfg),
+            AnyLoaded::Gpu(l) => add_drafter(l, &src, cfg),
+            AnyLoaded::Cpu(l) => add_drafter(l, &src, cfg),
         }
         .map_err(js_err)
     }
@@ -191,8 +191,8 @@ impl Session {
     pub fn set_tokenizer(&self, tokenizer_json: &str, tokenizer_config_json: Option<String>) -> Result<(), JsError> {
         let t = TextTokenizer::from_json(tokenizer_json, tokenizer_config_json.as_deref()).map_err(js_err)?;
         let vocab = match &*self.models.try_borrow().map_err(|_| JsError::new(BUSY))? {
-            Models::Gpu(l) => l.target.as_ref().map(|t| t.cfg.vocab),
-            Models::Cpu(l) => l.target.as_ref().map(|t| t.cfg.vocab),
+            AnyLoaded::Gpu(l) => l.models.as_ref().map(|m| m.target.cfg.vocab),
+            AnyLoaded::Cpu(l) => l.models.as_ref().map(|m| m.target.cfg.vocab),
         };
         if let Some(v) = vocab.filter(|&v| t.vocab_size() > v) {
             return Err(JsError::new(&format!(
@@ -275,8 +275,8 @@ impl Session {
     pub fn context_length(&self) -> Result<usize, JsError> {
         let m = self.models.try_borrow().map_err(|_| JsError::new(BUSY))?;
         let n = match &*m {
-            Models::Gpu(l) => l.target.as_ref().map(|t| t.cfg.max_positions),
-            Models::Cpu(l) => l.target.as_ref().map(|t| t.cfg.max_positions),
+            AnyLoaded::Gpu(l) => l.models.as_ref().map(|m| m.target.cfg.max_positions),
+            AnyLoaded::Cpu(l) => l.models.as_ref().map(|m| m.target.cfg.max_positions),
         };
         n.ok_or_else(|| JsError::new("no target loaded: call load_target or load_target_gguf first"))
     }
@@ -355,18 +355,16 @@ fn unknown_key(k: &str) -> sparkling::Error {
 }
 
 fn load_target<B: Backend>(l: &mut Loaded<B>, src: &dyn TensorSource, cfg: TargetConfig) -> sparkling::Result<()> {
-    l.drafters.clear();
-    l.target = None;
+    l.models = None;
     l.cost.replace(None);
-    l.target = Some(Target::load(&l.b, src, cfg, &|_, _| {})?);
+    l.models = Some(Models::new(Target::load(&l.b, src, cfg, &|_, _| {})?));
     Ok(())
 }
 
 fn add_drafter<B: Backend>(l: &mut Loaded<B>, src: &SafetensorsSource, cfg: DrafterConfig) -> sparkling::Result<()> {
-    let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("load the target before its drafters (load_target or load_target_gguf)".into()))?;
-    let d = Drafter::load(&l.b, src, cfg, &target.cfg)?;
-    l.drafters.retain(|x| x.cfg.kind != d.cfg.kind);
-    l.drafters.push(d);
+    let models = l.models.as_mut().ok_or_else(|| sparkling::Error::Input("load the target before its drafters (load_target or load_target_gguf)".into()))?;
+    let d = Drafter::load(&l.b, src, cfg, &models.target.cfg)?;
+    models.add_drafter(d);
     Ok(())
 }
 
@@ -457,7 +455,7 @@ fn budget_json(p: &GenParams) -> Value {
 // it fails with `BUSY` instead of swapping the weights under a running round.
 #[allow(clippy::await_holding_refcell_ref)]
 async fn run(
-    models: &RefCell<Models>,
+    models: &RefCell<AnyLoaded>,
     tokenizer: &RefCell<Option<TextTokenizer>>,
     prompt: Vec<u32>,
     options_json: &str,
@@ -469,8 +467,8 @@ async fn run(
     let m = models.try_borrow().map_err(|_| BUSY.to_string())?;
     let tok = tokenizer.try_borrow().map_err(|_| BUSY.to_string())?;
     let r = match &*m {
-        Models::Gpu(l) => generate(l, tok.as_ref(), &prompt, &opts, cbs, cancelled).await,
-        Models::Cpu(l) => generate(l, tok.as_ref(), &prompt, &opts, cbs, cancelled).await,
+        AnyLoaded::Gpu(l) => generate(l, tok.as_ref(), &prompt, &opts, cbs, cancelled).await,
+        AnyLoaded::Cpu(l) => generate(l, tok.as_ref(), &prompt, &opts, cbs, cancelled).await,
     };
     r.map_err(|e| e.to_string())
 }
@@ -483,18 +481,13 @@ async fn generate<B: Backend>(
     cbs: &Callbacks,
     cancelled: &dyn Fn() -> bool,
 ) -> sparkling::Result<Value> {
-    let target = l.target.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target or load_target_gguf first".into()))?;
-    let default_stop = stop_tokens(&target.cfg.eos, tok.map_or(&[][..], |t| &t.stop));
+    let models = l.models.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target or load_target_gguf first".into()))?;
+    let default_stop = stop_tokens(&models.target.cfg.eos, tok.map_or(&[][..], |t| &t.stop));
     let mut p = gen_params(opts, l.b.host_memory(), default_stop)?;
     if let Some(a) = p.auto_budget.as_mut() {
         a.cost = l.cost.borrow().clone().filter(|c| c.max_rows() > p.tree.budget);
     }
-    let drafter = p.method.drafter_kind().and_then(|k| l.drafters.iter().find(|d| d.cfg.kind == k));
-    if let (Some(kind), None) = (p.method.drafter_kind(), drafter) {
-        let have: Vec<String> = l.drafters.iter().map(|d| format!("{:?}", d.cfg.kind)).collect();
-        return Err(sparkling::Error::Input(format!("method `{}` needs a {kind:?} drafter; loaded: [{}] (add_drafter)", p.method.name(), have.join(", "))));
-    }
-    let engine = Engine { backend: &l.b, target, drafter };
+    let engine = models.engine(&l.b, p.method)?;
     // The first exception thrown by a callback rejects the promise once the generation ends.
     let thrown: RefCell<Option<String>> = RefCell::new(None);
     // Tokens committed so far (a cancelled run resolves with them) and whether a callback
