@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use sparkling::cpu::CpuBackend;
+use sparkling::cpu::{CpuBackend, KvDtype};
 use sparkling::decode::{Engine, Method};
 use sparkling::model::config::DrafterKind;
 
@@ -88,9 +88,10 @@ fn stop_token_inside_an_accepted_path_ends_generation_there() {
 /// count, so every method still emits the `ar` tokens at temperature zero.
 #[test]
 fn every_method_matches_ar_with_quantized_targets() {
-    let b = CpuBackend::new();
     let vocab = 48;
-    for weights in ["q8_0", "q4_0", "q4_1"] {
+    // The f16 KV cache (the CLI's default on the CPU) with every format; the f32 one with Q4_1.
+    for (weights, kv) in [("q8_0", KvDtype::F16), ("q4_0", KvDtype::F16), ("q4_1", KvDtype::F16), ("q4_1", KvDtype::F32)] {
+        let b = CpuBackend::new().with_kv_dtype(kv);
         for (ai, arch) in ARCHS.into_iter().enumerate() {
             let tdir = tmpdir("qtarget");
             let target = random_quant_target(tdir.path(), arch, vocab, 21 + ai as u64, weights);
@@ -107,7 +108,7 @@ fn every_method_matches_ar_with_quantized_targets() {
                     let e = Engine { backend: &b, target: &target, drafter: Some(drafter) };
                     for budget in [1usize, 8, 64] {
                         let g = e.generate(prompt, &params(method, budget, 0.0, 0, max_new, vec![]), &mut |_| {}).unwrap();
-                        assert_eq!(g.tokens, want.tokens, "{weights} {arch:?} {} budget {budget} prompt {prompt:?}", method.name());
+                        assert_eq!(g.tokens, want.tokens, "{weights} kv {kv:?} {arch:?} {} budget {budget} prompt {prompt:?}", method.name());
                     }
                 }
             }

@@ -52,6 +52,12 @@ pub struct ModelArgs {
     /// (wgpu only), or `auto`: native for GGUF targets on the cpu (f16 on wgpu), f32 otherwise.
     #[arg(long, default_value = "auto")]
     pub weights: String,
+    /// KV cache storage: `f16` (cpu: half the bytes each attention reads — faster at long
+    /// contexts and in batches; llama.cpp's default), `f32`, or `auto`: f16 on the cpu, f32 on
+    /// wgpu and cuda (which store only f32 caches). Every method reads the same cache, so every
+    /// method still emits exactly the `ar` tokens.
+    #[arg(long, default_value = "auto")]
+    pub kv_cache: String,
 }
 
 /// The backend named by `--backend`, opened (`--adapter`, `--weights` applied).
@@ -108,6 +114,12 @@ fn weights(arg: &str, is_gguf: bool) -> Result<Weights> {
 pub fn select(args: &ModelArgs) -> Result<Selected> {
     let target = target_path(args)?;
     let w = weights(&args.weights, target.extension().is_some_and(|e| e == "gguf"))?;
+    if args.backend != "cpu" && !matches!(args.kv_cache.as_str(), "auto" | "f32") {
+        return Err(Error::Input(format!(
+            "--kv-cache `{}` with --backend {}: only the cpu backend stores an f16 cache (expected f32 or auto)",
+            args.kv_cache, args.backend
+        )));
+    }
     let backend = match args.backend.as_str() {
         "cpu" => {
             if args.adapter.is_some() {
@@ -120,7 +132,12 @@ pub fn select(args: &ModelArgs) -> Result<Selected> {
                 Weights::Q8_0 => cpu::WeightDtype::Q8_0,
                 Weights::Bf16 => return Err(Error::Input("--weights bf16 is only available with --backend wgpu (cpu: native, q8_0, f32, f16, auto)".into())),
             };
-            AnyBackend::Cpu(CpuBackend::with_weight_dtype(dtype))
+            let kv = match args.kv_cache.as_str() {
+                "auto" | "f16" => cpu::KvDtype::F16,
+                "f32" => cpu::KvDtype::F32,
+                other => return Err(Error::Input(format!("--kv-cache `{other}`: expected f16, f32 or auto"))),
+            };
+            AnyBackend::Cpu(CpuBackend::with_weight_dtype(dtype).with_kv_dtype(kv))
         }
         "wgpu" => open_wgpu(args.adapter.as_deref(), w)?,
         "cuda" => open_cuda(args.adapter.as_deref(), &args.weights)?,

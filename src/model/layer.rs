@@ -208,7 +208,8 @@ impl<B: Backend> DecoderLayer<B> {
     }
 }
 
-/// Per-layer K/V cache: `[capacity, nkv*hd]` tensors; rows `0..len` are valid.
+/// Per-layer K/V cache: `[capacity, nkv*hd]` tensors ([`Backend::kv_zeros`]: f16 on the CPU
+/// backend with `--kv-cache f16`); rows `0..len` are valid.
 pub struct KvCache<B: Backend> {
     /// Keys per layer.
     pub k: Vec<B::Tensor>,
@@ -226,8 +227,8 @@ impl<B: Backend> KvCache<B> {
         let mut k = Vec::with_capacity(layers);
         let mut v = Vec::with_capacity(layers);
         for _ in 0..layers {
-            k.push(b.zeros(capacity, width)?);
-            v.push(b.zeros(capacity, width)?);
+            k.push(b.kv_zeros(capacity, width)?);
+            v.push(b.kv_zeros(capacity, width)?);
         }
         Ok(KvCache { k, v, len: 0, capacity })
     }

@@ -57,14 +57,70 @@ impl Visible<'_> {
     }
 }
 
+/// An element of a KV cache: `f32`, or `half::f16` (an f16 cache, `KvDtype::F16`), which
+/// every path converts exactly to f32 when it loads it, so an f16 cache gives the same bits as
+/// an f32 cache holding the same (f16-rounded) values.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+
+    /// `row` as f32 values: the row itself for f32, else converted into `buf`.
+    fn as_f32s<'b>(row: &'b [Self], buf: &'b mut Vec<f32>) -> &'b [f32];
+
+    /// 8 values at `p` as f32 lanes (AVX2 path; F16C converts f16).
+    ///
+    /// # Safety
+    /// `p` must be valid for 8 reads; the caller runs with avx2 + f16c.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[inline(always)]
+    fn as_f32s<'b>(row: &'b [f32], _: &'b mut Vec<f32>) -> &'b [f32] {
+        row
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl KvElem for half::f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+
+    fn as_f32s<'b>(row: &'b [half::f16], buf: &'b mut Vec<f32>) -> &'b [f32] {
+        buf.clear();
+        buf.extend(row.iter().map(|h| h.to_f32()));
+        buf
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const half::f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
 /// One KV head's cache: key and value rows `stride` values apart, the head's `hd` values at
-/// `off..off + hd` of each row.
+/// `off..off + hd` of each row; elements f32 or f16 ([`KvElem`]).
 #[derive(Debug, Clone, Copy)]
-pub struct KvHead<'a> {
+pub struct KvHead<'a, E = f32> {
     /// Key cache, row-major.
-    pub k: &'a [f32],
+    pub k: &'a [E],
     /// Value cache, same shape as `k`.
-    pub v: &'a [f32],
+    pub v: &'a [E],
     /// Values per cache row (all KV heads).
     pub stride: usize,
     /// This head's first value in a row.
@@ -73,14 +129,14 @@ pub struct KvHead<'a> {
     pub hd: usize,
 }
 
-impl KvHead<'_> {
+impl<E: KvElem> KvHead<'_, E> {
     #[inline(always)]
-    fn key(&self, r: usize) -> &[f32] {
+    fn key(&self, r: usize) -> &[E] {
         &self.k[r * self.stride + self.off..r * self.stride + self.off + self.hd]
     }
 
     #[inline(always)]
-    fn value(&self, r: usize) -> &[f32] {
+    fn value(&self, r: usize) -> &[E] {
         &self.v[r * self.stride + self.off..r * self.stride + self.off + self.hd]
     }
 }
@@ -102,23 +158,25 @@ pub struct QueryRow<'a> {
 /// instead of once per row; each row's result is the same bits as when it is alone. `scratch`
 /// is reused between calls. Panics on slices shorter than the shapes say (the caller checks
 /// shapes).
-pub fn attend_rows(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
+pub fn attend_rows<E: KvElem>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_, E>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
         if kv.hd.is_multiple_of(8) && crate::isa::active() >= crate::isa::Isa::Avx2 {
-            // SAFETY: `isa::active` only reports Avx2 when avx2 and fma were detected.
+            // SAFETY: `isa::active` only reports Avx2 when avx2, fma and f16c were detected.
             unsafe { avx2::attend_rows(rows, group, kv, scale, out, scratch) };
             return;
         }
     }
     let w = group * kv.hd;
+    let mut key = Vec::new();
     for (r, row) in rows.iter().enumerate() {
-        portable(row.q, group, kv, row.vis, scale, &mut out[r * w..(r + 1) * w], scratch);
+        portable(row.q, group, kv, row.vis, scale, &mut out[r * w..(r + 1) * w], scratch, &mut key);
     }
 }
 
 /// Keys per pass of the AVX2 path over the cache (64 rows of one head: 16 KB of keys at
 /// head dim 64, which stay in L1/L2 while every row of the call uses them).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub const CHUNK: usize = 64;
 
 /// Attention for one or more sequences (the query blocks of `seqs` back to back in `q`), each
@@ -141,6 +199,9 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         let (t, kv_len, k_cache, v_cache) = (s.q_rows, s.kv_len, s.k_cache, s.v_cache);
         if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
             return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
+        }
+        if k_cache.is_f16() != v_cache.is_f16() {
+            return Err(shape_err("attention", "the K and V caches are stored in different precisions (f16 vs f32)".into()));
         }
         let prefix = kv_len - t;
         match s.mask {
@@ -185,12 +246,18 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
     let work: usize = visible.iter().map(|v| v.0 + v.1.len()).sum::<usize>() * n_heads * head_dim;
     let task = |scratch: &mut Vec<f32>, &(kh, (i0, len)): &(usize, (usize, usize))| -> Vec<f32> {
         let s = &seqs[row_seq[i0]];
-        let kv = KvHead { k: &s.k_cache.data, v: &s.v_cache.data, stride: s.k_cache.cols, off: kh * head_dim, hd: head_dim };
         let rows: Vec<QueryRow<'_>> = (i0..i0 + len)
             .map(|i| QueryRow { q: &q.data[i * q.cols + kh * w..i * q.cols + (kh + 1) * w], vis: Visible { prefix: visible[i].0, extra: &visible[i].1 } })
             .collect();
         let mut o = vec![0.0f32; len * w];
-        attend_rows(&rows, group, kv, scale, &mut o, scratch);
+        let (stride, off) = (s.k_cache.cols, kh * head_dim);
+        if s.k_cache.is_f16() {
+            let kv = KvHead { k: &s.k_cache.half[..], v: &s.v_cache.half[..], stride, off, hd: head_dim };
+            attend_rows(&rows, group, kv, scale, &mut o, scratch);
+        } else {
+            let kv = KvHead { k: &s.k_cache.data[..], v: &s.v_cache.data[..], stride, off, hd: head_dim };
+            attend_rows(&rows, group, kv, scale, &mut o, scratch);
+        }
         o
     };
     let parts: Vec<Vec<f32>> = if work >= PAR_MIN_ELEMS {
@@ -206,16 +273,17 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
             out[i * q.cols + kh * w..i * q.cols + (kh + 1) * w].copy_from_slice(&o[r * w..(r + 1) * w]);
         }
     }
-    Ok(CpuTensor { rows: total, cols: q.cols, data: out })
+    Ok(CpuTensor { rows: total, cols: q.cols, data: out, half: Vec::new() })
 }
 
-/// The portable path (module docs).
-fn portable(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f32, out: &mut [f32], scores: &mut Vec<f32>) {
+/// The portable path (module docs); `key` is scratch for an f16 cache's key row as f32.
+#[allow(clippy::too_many_arguments)]
+fn portable<E: KvElem>(q: &[f32], group: usize, kv: KvHead<'_, E>, vis: Visible<'_>, scale: f32, out: &mut [f32], scores: &mut Vec<f32>, key: &mut Vec<f32>) {
     let (hd, n) = (kv.hd, vis.len());
     scores.clear();
     scores.resize(group * n, 0.0);
     for t in 0..n {
-        let kr = kv.key(vis.row(t));
+        let kr = E::as_f32s(kv.key(vis.row(t)), key);
         for g in 0..group {
             scores[g * n + t] = crate::kernels::dot(&q[g * hd..(g + 1) * hd], kr) * scale;
         }
@@ -230,7 +298,7 @@ fn portable(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f3
             let p = (s - max).exp();
             sum += p;
             for (x, y) in o.iter_mut().zip(kv.value(vis.row(t))) {
-                *x += p * y;
+                *x += p * y.to_f32();
             }
         }
         let inv = 1.0 / sum;
@@ -240,7 +308,7 @@ fn portable(q: &[f32], group: usize, kv: KvHead<'_>, vis: Visible<'_>, scale: f3
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{KvHead, QueryRow, Visible};
+    use super::{KvElem, KvHead, QueryRow, Visible};
     use crate::vmath::avx2::exp8;
     use std::arch::x86_64::*;
 
@@ -268,7 +336,7 @@ mod avx2 {
     /// (fused, ascending), `o` read from and written back to `out`, so chunk after chunk
     /// continues one chain per output value.
     #[inline(always)]
-    unsafe fn values<const C: usize>(kv: &KvHead<'_>, vis: &Visible<'_>, p: *const f32, t0: usize, t1: usize, base: usize, out: *mut f32) {
+    unsafe fn values<E: KvElem, const C: usize>(kv: &KvHead<'_, E>, vis: &Visible<'_>, p: *const f32, t0: usize, t1: usize, base: usize, out: *mut f32) {
         let mut o = [_mm256_setzero_ps(); C];
         for (c, oc) in o.iter_mut().enumerate() {
             *oc = _mm256_loadu_ps(out.add(base + 8 * c));
@@ -278,7 +346,7 @@ mod avx2 {
             let pb = _mm256_set1_ps(*p.add(t));
             let row = vp.add(vis.row(t) * kv.stride);
             for (c, oc) in o.iter_mut().enumerate() {
-                *oc = _mm256_fmadd_ps(pb, _mm256_loadu_ps(row.add(8 * c)), *oc);
+                *oc = _mm256_fmadd_ps(pb, E::load8(row.add(8 * c)), *oc);
             }
         }
         for (c, oc) in o.iter().enumerate() {
@@ -290,12 +358,12 @@ mod avx2 {
     /// query head `qp` into `sp[t]`; keys past `n` repeat the last one (their lanes are
     /// overwritten by the softmax). `t0` is a multiple of 8.
     #[inline(always)]
-    unsafe fn scores(kv: &KvHead<'_>, vis: &Visible<'_>, qp: *const f32, t0: usize, t1: usize, scale: __m256, sp: *mut f32) {
+    unsafe fn scores<E: KvElem>(kv: &KvHead<'_, E>, vis: &Visible<'_>, qp: *const f32, t0: usize, t1: usize, scale: __m256, sp: *mut f32) {
         let (hd, n) = (kv.hd, vis.len());
         let kp = kv.k.as_ptr().add(kv.off);
         let mut t = t0;
         while t < t1 {
-            let mut rows = [std::ptr::null::<f32>(); 8];
+            let mut rows = [std::ptr::null::<E>(); 8];
             for (j, r) in rows.iter_mut().enumerate() {
                 *r = kp.add(vis.row((t + j).min(n - 1)) * kv.stride);
             }
@@ -304,7 +372,7 @@ mod avx2 {
             while d < hd {
                 let qv = _mm256_loadu_ps(qp.add(d));
                 for j in 0..8 {
-                    acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j].add(d)), acc[j]);
+                    acc[j] = _mm256_fmadd_ps(qv, E::load8(rows[j].add(d)), acc[j]);
                 }
                 d += 8;
             }
@@ -313,9 +381,10 @@ mod avx2 {
         }
     }
 
-    /// The AVX2 path of [`super::attend_rows`]. Caller guarantees avx2 + fma and `hd % 8 == 0`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn attend_rows(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
+    /// The AVX2 path of [`super::attend_rows`]. Caller guarantees avx2 + fma + f16c and
+    /// `hd % 8 == 0`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend_rows<E: KvElem>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_, E>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
         let hd = kv.hd;
         let w = group * hd;
         assert!(out.len() >= rows.len() * w && kv.off + hd <= kv.stride && kv.k.len() == kv.v.len());
@@ -388,11 +457,11 @@ mod avx2 {
                     let (p, o) = (sp.add((r * group + g) * stride) as *const f32, op.add((r * group + g) * hd));
                     let mut base = 0;
                     while base + 64 <= hd {
-                        values::<8>(&kv, &row.vis, p, c0, end, base, o);
+                        values::<E, 8>(&kv, &row.vis, p, c0, end, base, o);
                         base += 64;
                     }
                     while base < hd {
-                        values::<1>(&kv, &row.vis, p, c0, end, base, o);
+                        values::<E, 1>(&kv, &row.vis, p, c0, end, base, o);
                         base += 8;
                     }
                 }
@@ -526,6 +595,28 @@ mod tests {
                     let mut alone = vec![1.0f32; w];
                     attend_rows(&[QueryRow { q, vis }], group, kvh_, scale, &mut alone, &mut Vec::new());
                     assert!(alone.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} group {group} kh {kh} {name}, alone");
+                    // An f16 cache gives exactly the f32 path over the f16-rounded values.
+                    let (k16, v16): (Vec<half::f16>, Vec<half::f16>) =
+                        (k.iter().map(|&x| half::f16::from_f32(x)).collect(), v.iter().map(|&x| half::f16::from_f32(x)).collect());
+                    let (kr, vr): (Vec<f32>, Vec<f32>) = (k16.iter().map(|h| h.to_f32()).collect(), v16.iter().map(|h| h.to_f32()).collect());
+                    let (mut from16, mut rounded) = (vec![1.0f32; w], vec![2.0f32; w]);
+                    attend_rows(
+                        &[QueryRow { q, vis }],
+                        group,
+                        KvHead { k: &k16[..], v: &v16[..], stride, off: kh * hd, hd },
+                        scale,
+                        &mut from16,
+                        &mut Vec::new(),
+                    );
+                    attend_rows(
+                        &[QueryRow { q, vis }],
+                        group,
+                        KvHead { k: &kr[..], v: &vr[..], stride, off: kh * hd, hd },
+                        scale,
+                        &mut rounded,
+                        &mut Vec::new(),
+                    );
+                    assert!(from16.iter().zip(&rounded).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} group {group} kh {kh} {name}, f16 cache");
                     // Close to the f64 softmax.
                     for g in 0..group {
                         let qg = &q[g * hd..(g + 1) * hd];

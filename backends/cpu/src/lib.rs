@@ -28,8 +28,19 @@ pub struct CpuTensor {
     pub rows: usize,
     /// Number of columns.
     pub cols: usize,
-    /// `rows*cols` values, row-major.
+    /// `rows*cols` values, row-major (empty for a KV cache stored in f16: see `half`).
     pub data: Vec<f32>,
+    /// A KV cache's `rows*cols` values stored in f16 ([`Backend::kv_zeros`] on a backend with
+    /// [`KvDtype::F16`]); empty for every other tensor. Only `write_rows`, `compact_rows`,
+    /// `attention`, `attention_ragged` and the downloads read or write a cache.
+    pub half: Vec<half::f16>,
+}
+
+impl CpuTensor {
+    /// Whether the values are stored in f16 (`half`) rather than f32 (`data`).
+    pub fn is_f16(&self) -> bool {
+        !self.half.is_empty()
+    }
 }
 
 /// A `[n, k]` weight matrix (HF layout, `y = x·Wᵀ`) in the form its matmul kernel reads.
@@ -111,26 +122,61 @@ impl WeightDtype {
     }
 }
 
+/// Storage precision of the KV cache ([`Backend::kv_zeros`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// f32 (the reference; the default of [`CpuBackend::new`]).
+    #[default]
+    F32,
+    /// f16 (IEEE half, round to nearest even on write; llama.cpp's default cache type): half
+    /// the bytes every attention reads, so long contexts and batches decode faster. The
+    /// attention converts each loaded value exactly back to f32 (F16C on AVX2), so a row's
+    /// result equals the f32 path over the f16-rounded keys and values, and `ar` and every
+    /// speculative method still read the same cache (every method still equals `ar`).
+    F16,
+}
+
+impl KvDtype {
+    /// Lower-case name as `--kv-cache` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+}
+
 /// The CPU backend. Uses rayon's global pool (`RAYON_NUM_THREADS` sets the thread count).
 #[derive(Debug, Default, Clone)]
 pub struct CpuBackend {
     weight_dtype: WeightDtype,
+    kv_dtype: KvDtype,
 }
 
 impl CpuBackend {
-    /// A backend storing weights in f32.
+    /// A backend storing weights and the KV cache in f32.
     pub fn new() -> Self {
         CpuBackend::default()
     }
 
-    /// A backend storing weights in `dtype`.
+    /// A backend storing weights in `dtype` (the KV cache in f32).
     pub fn with_weight_dtype(dtype: WeightDtype) -> Self {
-        CpuBackend { weight_dtype: dtype }
+        CpuBackend { weight_dtype: dtype, kv_dtype: KvDtype::F32 }
+    }
+
+    /// This backend with its KV caches stored in `kv` ([`KvDtype`]).
+    pub fn with_kv_dtype(self, kv: KvDtype) -> Self {
+        CpuBackend { kv_dtype: kv, ..self }
     }
 
     /// The weight storage precision.
     pub fn weight_dtype(&self) -> WeightDtype {
         self.weight_dtype
+    }
+
+    /// The KV cache storage precision.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 }
 
@@ -188,10 +234,11 @@ impl Backend for CpuBackend {
     fn name(&self) -> String {
         let n = rayon::current_num_threads();
         format!(
-            "cpu ({n} thread{}, {}, {} weights, isa {})",
+            "cpu ({n} thread{}, {}, {} weights, {} kv cache, isa {})",
             if n == 1 { "" } else { "s" },
             kernels::simd_name(),
             self.weight_dtype.name(),
+            self.kv_dtype.name(),
             isa::active().name()
         )
     }
@@ -204,20 +251,33 @@ impl Backend for CpuBackend {
         if data.len() != rows * cols {
             return Err(shape_err("upload", format!("{} values for [{rows}, {cols}]", data.len())));
         }
-        Ok(CpuTensor { rows, cols, data: data.to_vec() })
+        Ok(CpuTensor { rows, cols, data: data.to_vec(), half: Vec::new() })
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
-        Ok(CpuTensor { rows, cols, data: vec![0.0; rows * cols] })
+        Ok(CpuTensor { rows, cols, data: vec![0.0; rows * cols], half: Vec::new() })
+    }
+
+    fn kv_zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
+        if self.kv_dtype == KvDtype::F32 || rows * cols == 0 {
+            return self.zeros(rows, cols);
+        }
+        Ok(CpuTensor { rows, cols, data: Vec::new(), half: vec![half::f16::ZERO; rows * cols] })
     }
 
     fn download(&self, t: &CpuTensor) -> Result<Vec<f32>> {
+        if t.is_f16() {
+            return Ok(t.half.iter().map(|h| h.to_f32()).collect());
+        }
         Ok(t.data.clone())
     }
 
     fn download_rows(&self, t: &CpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
         if start.checked_add(n).is_none_or(|end| end > t.rows) {
             return Err(shape_err("download_rows", format!("{n} rows from row {start} of a {}-row tensor", t.rows)));
+        }
+        if t.is_f16() {
+            return Ok(t.half[start * t.cols..(start + n) * t.cols].iter().map(|h| h.to_f32()).collect());
         }
         Ok(t.data[start * t.cols..(start + n) * t.cols].to_vec())
     }
@@ -338,7 +398,7 @@ impl Backend for CpuBackend {
             }
             table.row_into(id, row);
         }
-        Ok(CpuTensor { rows: ids.len(), cols: k, data })
+        Ok(CpuTensor { rows: ids.len(), cols: k, data, half: Vec::new() })
     }
 
     fn matmul(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuTensor>) -> Result<CpuTensor> {
@@ -346,13 +406,13 @@ impl Backend for CpuBackend {
         let bias = bias.map(|b| b.data.as_slice());
         let (m, n) = (x.rows, w.n);
         if m == 0 {
-            return Ok(CpuTensor { rows: 0, cols: n, data: Vec::new() });
+            return Ok(CpuTensor { rows: 0, cols: n, data: Vec::new(), half: Vec::new() });
         }
         let data = match &w.data {
             WeightData::Panels(p) => gemm::matmul(&x.data, m, p, bias),
             WeightData::Quant(q) => quant::matmul(isa::active(), &x.data, m, q, bias),
         };
-        Ok(CpuTensor { rows: m, cols: n, data })
+        Ok(CpuTensor { rows: m, cols: n, data, half: Vec::new() })
     }
 
     /// One pass: the input is quantized once for every quantized weight, and the column tasks
@@ -364,7 +424,7 @@ impl Backend for CpuBackend {
         }
         let m = x.rows;
         if m == 0 {
-            return Ok(ws.iter().map(|(w, _)| CpuTensor { rows: 0, cols: w.n, data: Vec::new() }).collect());
+            return Ok(ws.iter().map(|(w, _)| CpuTensor { rows: 0, cols: w.n, data: Vec::new(), half: Vec::new() }).collect());
         }
         let isa = isa::active();
         let threads = rayon::current_num_threads();
@@ -393,7 +453,7 @@ impl Backend for CpuBackend {
         let mut at = 0;
         for (&(w, bias), &(tasks, cols, _)) in ws.iter().zip(&plans) {
             let data = assemble_columns(&parts[at..at + tasks], m, w.n, cols, bias.map(|b| b.data.as_slice()));
-            out.push(CpuTensor { rows: m, cols: w.n, data });
+            out.push(CpuTensor { rows: m, cols: w.n, data, half: Vec::new() });
             at += tasks;
         }
         Ok(out)
@@ -418,7 +478,7 @@ impl Backend for CpuBackend {
         } else {
             out.chunks_mut(group).for_each(norm);
         }
-        Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out })
+        Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out, half: Vec::new() })
     }
 
     #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
@@ -459,7 +519,7 @@ impl Backend for CpuBackend {
         }
         let mut data = vec![0.0f32; gate.data.len()];
         vmath::silu_mul(&gate.data, &up.data, &mut data);
-        Ok(CpuTensor { rows: gate.rows, cols: gate.cols, data })
+        Ok(CpuTensor { rows: gate.rows, cols: gate.cols, data, half: Vec::new() })
     }
 
     fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
@@ -482,7 +542,7 @@ impl Backend for CpuBackend {
                 data.extend_from_slice(&p.data[r * p.cols..(r + 1) * p.cols]);
             }
         }
-        Ok(CpuTensor { rows, cols, data })
+        Ok(CpuTensor { rows, cols, data, half: Vec::new() })
     }
 
     fn concat_rows(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
@@ -491,7 +551,7 @@ impl Backend for CpuBackend {
             return Err(shape_err("concat_rows", "parts have different column counts".into()));
         }
         let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
-        Ok(CpuTensor { rows: data.len() / cols.max(1), cols, data })
+        Ok(CpuTensor { rows: data.len() / cols.max(1), cols, data, half: Vec::new() })
     }
 
     fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> Result<CpuTensor> {
@@ -502,14 +562,22 @@ impl Backend for CpuBackend {
             }
             data.extend_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
         }
-        Ok(CpuTensor { rows: rows.len(), cols: x.cols, data })
+        Ok(CpuTensor { rows: rows.len(), cols: x.cols, data, half: Vec::new() })
     }
 
     fn write_rows(&self, dst: &mut CpuTensor, at: usize, src: &CpuTensor) -> Result<()> {
         if src.cols != dst.cols || at + src.rows > dst.rows {
             return Err(shape_err("write_rows", format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols)));
         }
-        dst.data[at * dst.cols..(at + src.rows) * dst.cols].copy_from_slice(&src.data);
+        if src.is_f16() {
+            return Err(Error::Invalid("write_rows: the source is an f16 KV cache; only f32 activations are written into a tensor".into()));
+        }
+        let range = at * dst.cols..(at + src.rows) * dst.cols;
+        if dst.is_f16() {
+            dst.half[range].iter_mut().zip(&src.data).for_each(|(h, &x)| *h = half::f16::from_f32(x));
+        } else {
+            dst.data[range].copy_from_slice(&src.data);
+        }
         Ok(())
     }
 
@@ -518,8 +586,15 @@ impl Backend for CpuBackend {
         if keep.iter().any(|&k| start + k >= cache.rows) {
             return Err(shape_err("compact_rows", format!("keep {keep:?} from row {start} of {}", cache.rows)));
         }
-        let gathered: Vec<f32> = keep.iter().flat_map(|&k| cache.data[(start + k) * c..(start + k + 1) * c].iter().copied()).collect();
-        cache.data[start * c..(start + keep.len()) * c].copy_from_slice(&gathered);
+        fn compact<T: Copy>(v: &mut [T], c: usize, start: usize, keep: &[usize]) {
+            let gathered: Vec<T> = keep.iter().flat_map(|&k| v[(start + k) * c..(start + k + 1) * c].iter().copied()).collect();
+            v[start * c..(start + keep.len()) * c].copy_from_slice(&gathered);
+        }
+        if cache.is_f16() {
+            compact(&mut cache.half, c, start, keep);
+        } else {
+            compact(&mut cache.data, c, start, keep);
+        }
         Ok(())
     }
 
@@ -686,6 +761,42 @@ mod tests {
         }
         let x = native.upload(&pseudo(2 * 64, 3), 2, 64).unwrap();
         assert!(matches!(native.matmul_many(&x, &[(&wa, None)]), Err(Error::Shape { .. })), "K mismatch is a shape error");
+    }
+
+    /// An f16 KV cache (`kv_zeros` with `KvDtype::F16`): writes round to f16, downloads and
+    /// compaction see the rounded values, and attention over it equals attention over an f32
+    /// cache holding those values, bit for bit, for causal and tree masks.
+    #[test]
+    fn f16_kv_cache_rounds_on_write_and_attends_like_f32_over_the_rounded_values() {
+        let b = CpuBackend::new().with_kv_dtype(KvDtype::F16);
+        let f = CpuBackend::new();
+        let (rows, width) = (6, 16);
+        let mut k = b.kv_zeros(rows, width).unwrap();
+        let mut v = b.kv_zeros(rows, width).unwrap();
+        assert!(k.is_f16() && !f.kv_zeros(rows, width).unwrap().is_f16());
+        assert_eq!(b.download(&k).unwrap(), vec![0.0; rows * width]);
+        let (kx, vx) = (pseudo(rows * width, 3), pseudo(rows * width, 4));
+        b.write_rows(&mut k, 0, &b.upload(&kx, rows, width).unwrap()).unwrap();
+        b.write_rows(&mut v, 0, &b.upload(&vx, rows, width).unwrap()).unwrap();
+        let round = |x: &[f32]| -> Vec<f32> { x.iter().map(|&y| half::f16::from_f32(y).to_f32()).collect() };
+        assert_eq!(b.download(&k).unwrap(), round(&kx));
+        assert_ne!(round(&kx), kx, "the test data must not be f16-exact");
+        assert_eq!(b.download_rows(&v, 2, 3).unwrap(), round(&vx[2 * width..5 * width]));
+        let (k32, v32) = (f.upload(&round(&kx), rows, width).unwrap(), f.upload(&round(&vx), rows, width).unwrap());
+        let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 8 };
+        let q = f.upload(&pseudo(3 * 32, 5), 3, 32).unwrap();
+        for mask in [AttnMask::Causal, AttnMask::Tree { parents: &[NO_PARENT, 0, 0] }, AttnMask::Full] {
+            let want = f.attention(&q, &k32, &v32, rows, shape, mask).unwrap();
+            let got = b.attention(&q, &k, &v, rows, shape, mask).unwrap();
+            assert!(got.data.iter().zip(&want.data).all(|(a, c)| a.to_bits() == c.to_bits()), "{mask:?}");
+        }
+        // Compaction keeps the rounded rows in path order; K and V must share a precision.
+        b.compact_rows(&mut k, 2, &[0, 2, 3]).unwrap();
+        let mut want = round(&kx);
+        want.copy_within(4 * width..6 * width, 3 * width);
+        assert_eq!(b.download_rows(&k, 0, 5).unwrap(), want[..5 * width].to_vec());
+        let e = b.attention(&q, &k, &v32, rows, shape, AttnMask::Causal).unwrap_err().to_string();
+        assert!(e.contains("different precisions"), "{e}");
     }
 
     #[test]
