@@ -6,9 +6,10 @@
 mod common;
 
 use common::*;
+use sparkling::core::Backend;
 use sparkling::cpu::{CpuBackend, KvDtype};
-use sparkling::decode::{Engine, Method};
-use sparkling::model::config::DrafterKind;
+use sparkling::decode::{prefill, Engine, Method};
+use sparkling::model::config::{Arch, DrafterKind};
 
 const PROMPTS: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
 
@@ -166,4 +167,38 @@ fn round_observer_sees_the_verified_tree_and_the_committed_path() {
         multi_total += multi;
     }
     assert!(multi_total > 0, "some round should accept a drafted node (vocabulary 24, 64 nodes)");
+}
+
+/// Issue 16: the prefill runs in chunks on host backends in the browser (the page gets a turn
+/// between them). Rows are computed independently of their block, so any chunk size gives the
+/// same last-row logits, taps and cache bit for bit — for f32 and f16 caches and a 4-bit target.
+#[test]
+fn chunked_prefill_equals_one_forward_bit_for_bit() {
+    let vocab = 48;
+    let dir = tmpdir("prefill");
+    let target = random_quant_target(dir.path(), Arch::Llama, vocab, 41, "q4_1");
+    let prompt: Vec<u32> = (0..45u32).map(|i| (i * 7 + 3) % vocab as u32).collect();
+    let taps = [0usize, 1];
+    for kv in [KvDtype::F32, KvDtype::F16] {
+        let b = CpuBackend::new().with_kv_dtype(kv);
+        let run = |chunk: usize| {
+            let mut cache = target.new_cache(&b, prompt.len() + 1).unwrap();
+            let out = pollster::block_on(prefill(&b, &target, &mut cache, &prompt, &taps, chunk)).unwrap();
+            let k: Vec<Vec<f32>> = cache.k.iter().map(|t| b.download(t).unwrap()).collect();
+            (b.download(&out.logits).unwrap(), b.download(out.taps.as_ref().unwrap()).unwrap(), k, cache.len)
+        };
+        let whole = run(prompt.len());
+        assert_eq!(whole.1.len(), prompt.len() * 2 * target.cfg.hidden);
+        for chunk in [1usize, 7, 32, 44] {
+            let c = run(chunk);
+            let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same(&c.0, &whole.0), "{kv:?} chunk {chunk}: logits");
+            assert!(same(&c.1, &whole.1), "{kv:?} chunk {chunk}: taps");
+            assert!(c.2.iter().zip(&whole.2).all(|(x, y)| same(x, y)) && c.3 == whole.3, "{kv:?} chunk {chunk}: cache");
+        }
+    }
+    let b = CpuBackend::new();
+    let mut cache = target.new_cache(&b, 4).unwrap();
+    let e = pollster::block_on(prefill(&b, &target, &mut cache, &prompt[..3], &[], 0)).err().expect("chunk 0").to_string();
+    assert!(e.contains("chunk size"), "{e}");
 }

@@ -363,8 +363,8 @@ impl<'a, B: Backend> Engine<'a, B> {
 
         // Prefill: the first generated token comes from the last prompt row.
         let t0 = Instant::now();
-        let positions: Vec<u32> = (0..prompt.len() as u32).collect();
-        let pre = self.target.forward(b, &mut cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &tap_layers)?;
+        let chunk = if cfg!(target_arch = "wasm32") && b.host_memory() { WASM_PREFILL_CHUNK } else { prompt.len() };
+        let pre = prefill(b, self.target, &mut cache, prompt, &tap_layers, chunk).await?;
         let first = pick(b, &pre.logits, p, &[prompt.len() as u64]).await?[0];
         stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
@@ -595,6 +595,49 @@ async fn pick<B: Backend>(b: &B, logits: &B::Tensor, p: &GenParams, positions: &
         let u: Vec<f32> = positions.iter().map(|&pos| rng::uniform(p.seed, pos)).collect();
         Ok(b.sample_async(logits, p.sampling, &u).await?)
     }
+}
+
+/// Prompt rows per prefill forward on a host-memory backend in the browser (the CPU backend in
+/// wasm, one thread): the page gets a turn between chunks instead of freezing for the whole
+/// prompt (issue 16: a long message froze the page).
+const WASM_PREFILL_CHUNK: usize = 32;
+
+/// The prefill of `prompt` into the empty `cache`: forwards of at most `chunk` rows at positions
+/// `0..`, with a turn for the host's event loop between them ([`yield_to_host`]; natively a
+/// no-op). Returns the last prompt row's logits `[1, V]` and the taps of every prompt row
+/// `[len, n_taps·H]` (when `taps` is non-empty). Every backend op computes a row independently
+/// of the other rows in its call, so the result is bit-identical for every `chunk`.
+/// Errors: `chunk == 0`, and those of [`Target::forward`].
+pub async fn prefill<B: Backend>(
+    b: &B,
+    target: &Target<B>,
+    cache: &mut crate::model::layer::KvCache<B>,
+    prompt: &[u32],
+    taps: &[usize],
+    chunk: usize,
+) -> Result<crate::model::target::TargetOutput<B>> {
+    if chunk == 0 {
+        return Err(Error::Input("prefill: the chunk size must be at least 1".into()));
+    }
+    let start = cache.len;
+    let mut tap_parts = Vec::new();
+    let mut last = None;
+    for (ci, ids) in prompt.chunks(chunk).enumerate() {
+        if ci > 0 {
+            yield_to_host().await;
+        }
+        let p0 = start + ci * chunk;
+        let positions: Vec<u32> = (p0..p0 + ids.len()).map(|x| x as u32).collect();
+        let out = target.forward(b, cache, ids, &positions, AttnMask::Causal, LogitRows::Last, taps)?;
+        tap_parts.extend(out.taps);
+        last = Some(out.logits);
+    }
+    let logits = last.ok_or_else(|| Error::Input("empty prompt: nothing to condition on".into()))?;
+    let taps = match tap_parts.len() {
+        0 | 1 => tap_parts.pop(),
+        _ => Some(b.concat_rows(&tap_parts.iter().collect::<Vec<_>>())?),
+    };
+    Ok(crate::model::target::TargetOutput { logits, taps })
 }
 
 /// Give the host's event loop a turn: in a browser, resolve on a `setTimeout(0)` (a macrotask,

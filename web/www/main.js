@@ -571,14 +571,15 @@ function runRequest(method) {
   return { opts, prompt, tokens: n };
 }
 
-// Reading a long message is one uninterrupted step of the model: the page cannot repaint until
-// it is done. Say so (with the time the last run's reading rate predicts) before it starts.
+// Reading a long message takes a while before the answer starts (the CPU backend reads it in
+// chunks of 32 tokens and gives the page a turn between them, so the page stays usable). Say so,
+// with the time the last run's reading rate predicts, before it starts.
 function longMessageWarning(n) {
   const rate = state.prefillRate;
   const est = rate ? n / rate / 1000 : null;
   if (est !== null ? est < 3 : n < 400) return "";
-  return `Your message is ${n} tokens long: the model reads it in one go` +
-    `${est !== null ? `, about ${est < 10 ? est.toFixed(1) : est.toFixed(0)} s here` : ""}, and the page does not respond until it has.`;
+  return `Your message is ${n} tokens long: the model reads it before it answers` +
+    `${est !== null ? `, about ${est < 10 ? est.toFixed(1) : est.toFixed(0)} s here` : ""} (Stop takes effect once it has read it).`;
 }
 
 async function generate(method) {
