@@ -318,6 +318,14 @@ def main():
         err = d.js("return document.getElementById('error').textContent")
         check("“Your message” is" in err and f"{ctx} tokens" in err and "Shorten" in err and d.js("return demo.runId") == runs_before,
               f"a message beyond the context is refused before starting: {err[:160]!r}")
+        # A long message is read in chunks with a turn for the page between them: the page's
+        # timers keep firing while the model reads it (before, one forward froze the page).
+        set_value(d, "prompt", "word " * 600)
+        d.js("window.__ticks = 0; window.__tick = setInterval(() => { window.__ticks++; }, 20);")
+        r, st = generate(d, "ar", 2)
+        ticks = d.js("clearInterval(window.__tick); return window.__ticks")
+        check(r is not None and len(r["tokens"]) == 2 and ticks >= 10,
+              f"the page keeps running while a 600-word message is read ({ticks} timer turns during the run)")
         set_value(d, "prompt", default_prompt)
         # A fixed tree size: `auto` chooses from measured timings, so a second run (the tree-view
         # check below) could draft in other rounds.
