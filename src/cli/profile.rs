@@ -175,7 +175,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let mut logits = None;
     rows.push((
         "draft",
-        format!("drafter forward, {lc} context rows + block {bk}"),
+        format!("drafter forward, {lc} context rows + {} of {bk} block rows (depth {})", d.block_rows(a.budget), a.budget.min(d.cfg.draft_depth())),
         time_ms(w, r, || {
             dcache.crop(p - lc);
             let t0 = Instant::now();

@@ -12,6 +12,9 @@ use crate::loader::TensorSource;
 use crate::tree::MarkovHead;
 use sparkling_core::{AttnMask, AttnShape, Backend};
 
+/// The fewest block rows a drafter forward runs ([`Drafter::block_rows`]).
+pub const MIN_BLOCK_ROWS: usize = 4;
+
 /// The DSpark confidence head (§3.8): `sigmoid(w·[h_k ; W1[t_{k-1}]] + b)`. Loaded and checked;
 /// the decode loop does not schedule on it (fixed blocks, as the offline benchmarks do).
 pub struct ConfidenceHead {
@@ -235,9 +238,28 @@ impl<B: Backend> Drafter<B> {
         KvCache::new(b, self.cfg.layers, capacity, self.cfg.n_kv_heads * self.cfg.head_dim)
     }
 
+    /// Block rows a forward for `depth` depths runs: the rows whose outputs the tree can use
+    /// (DSpark slots `0..depth`, DFlash slots `1..=depth`), at least [`MIN_BLOCK_ROWS`], at
+    /// most the trained block size. The drafter was trained on full blocks; dropping the
+    /// trailing mask rows the round cannot use changes what the kept rows attend to, but
+    /// measured on SmolLM2 (BENCHMARKS.md §20) acceptance moves by ≤ 0.02 tokens per round
+    /// while the forward costs about half. Exactness does not depend on it (the target
+    /// verifies every drafted token).
+    pub fn block_rows(&self, depth: usize) -> usize {
+        let c = &self.cfg;
+        let depth = depth.clamp(1, c.draft_depth());
+        let need = match c.kind {
+            DrafterKind::DFlash => depth + 1,
+            DrafterKind::DSpark => depth,
+        };
+        need.max(MIN_BLOCK_ROWS).min(c.block_size)
+    }
+
     /// One drafter forward (§2.4 / §3.5). `taps` holds the target's tapped-layer features
     /// `[Lc, n_taps*H]` of the committed tokens at positions `cache.len .. root_pos` (so `Lc = root_pos - cache.len`);
-    /// the block is `[anchor, mask × (Bk-1)]` at positions `root_pos ..`. Returns the draft
+    /// the block is `[anchor, mask × (Bk-1)]` at positions `root_pos ..`, `Bk` =
+    /// [`Drafter::block_rows`]`(depth)` (the trained block size when `depth` is the full draft
+    /// depth). Returns the draft
     /// logits `[depth, V_d]` (columns are draft ids, = target ids without a reduced vocabulary)
     /// of the first `depth` depths, `depth` clamped to `1 ..= draft_depth()`: DFlash rows for
     /// positions `root_pos+1 ..` (in-place slots 1..Bk), DSpark rows for `root_pos+1 ..`
@@ -251,7 +273,7 @@ impl<B: Backend> Drafter<B> {
         if cache.len + lc != root_pos {
             return Err(Error::Input(format!("drafter context covers positions {}..{} but the root is at {root_pos}", cache.len, cache.len + lc)));
         }
-        let bk = c.block_size;
+        let bk = self.block_rows(depth);
         cache.ensure_room(lc + bk)?;
         let start = cache.len;
         let ctx_pos: Vec<u32> = (start..root_pos).map(|p| p as u32).collect();
