@@ -110,6 +110,17 @@ fn parent_of(path: &Path) -> &Path {
 /// (`*.gguf`, `*.safetensors`, or any file starting with the GGUF magic) is never replaced —
 /// an error names it.
 pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if is_stdout(path) {
+        // `/dev/stdout` resolves to whatever fd 1 is (a pipe, or a file the shell opened with
+        // `>>`): reopening or renaming over it would truncate or replace that file. Write to a
+        // private temporary, then copy it to this process's standard output.
+        let tmp = Temp { path: std::env::temp_dir().join(sibling(path, "tmp").file_name().unwrap_or_default()), keep: false };
+        fill(&tmp.path)?;
+        let bytes = std::fs::read(&tmp.path).map_err(|e| Error::file(path, format!("cannot write: {e}")))?;
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        return out.write_all(&bytes).and_then(|_| out.flush()).map_err(|e| Error::file(path, format!("cannot write: {e}")));
+    }
     if path.is_dir() {
         return Err(Error::file(path, "is a directory, expected a file path"));
     }
@@ -140,15 +151,42 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result
     Ok(())
 }
 
-/// Whether the existing regular file `path` is a model: a `.gguf` / `.safetensors` name or the
-/// GGUF magic in its first four bytes.
+/// Whether `path` names this process's standard output (`/dev/stdout`, `/dev/fd/1`,
+/// `/proc/self/fd/1`), which [`write_with`] writes through the stdout handle.
+fn is_stdout(path: &Path) -> bool {
+    cfg!(unix) && [Path::new("/dev/stdout"), Path::new("/dev/fd/1"), Path::new("/proc/self/fd/1")].contains(&path)
+}
+
+/// Whether the existing regular file `path` is a model: a `.gguf` / `.safetensors` name, the
+/// GGUF magic in its first four bytes, or the `config.json` / `model.safetensors.index.json`
+/// of a directory that holds weights.
 fn is_model_file(path: &Path) -> bool {
     let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
     if matches!(ext.as_deref(), Some("gguf") | Some("safetensors")) {
         return true;
     }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if (name == "config.json" || name == "model.safetensors.index.json")
+        && std::fs::read_dir(parent_of(path)).is_ok_and(|rd| {
+            rd.filter_map(|e| e.ok()).any(|e| {
+                let n = e.file_name().to_string_lossy().to_ascii_lowercase();
+                n.ends_with(".safetensors") || n.ends_with(".gguf")
+            })
+        })
+    {
+        return true;
+    }
     let mut magic = [0u8; 4];
     std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"GGUF"
+}
+
+/// Whether `a` and `b` name the same existing file (after following links). Used to refuse an
+/// output path that is one of the run's inputs.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
 }
 
 /// Write `bytes` to `path` atomically (see [`write_with`]).
@@ -160,6 +198,9 @@ pub fn write_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
 /// directory exists and accepts new files, and `path` is not a directory. Creates and removes
 /// a temporary sibling; `path` itself is not touched. `arg` names the argument in errors.
 pub fn check_writable(path: &Path, arg: &str) -> Result<()> {
+    if is_stdout(path) {
+        return Ok(());
+    }
     if path.is_dir() {
         return Err(Error::file(path, format!("{arg}: is a directory, expected a file path")));
     }
@@ -194,11 +235,14 @@ fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
 
 /// Build the directory `dir` atomically: `build` fills a temporary sibling directory, which
 /// then takes `dir`'s place in one step. When `dir` exists and is not empty (callers check
-/// `--force` first with [`check_out_dir`]), the files of the checkpoint it held (`config.json`,
-/// `*.safetensors`, `*.gguf`: [`is_checkpoint_file`]) are replaced as a whole — an old one the
-/// build did not write again is dropped, so no stale weight shard mixes with the new files —
-/// while every other file or folder (a README, notes) is carried into the new directory (hard
-/// links, else copies) before the swap. The swap is one `renameat2(RENAME_EXCHANGE)` on Linux;
+/// `--force` first with [`check_out_dir`]), the files of the HF checkpoint it held
+/// (`config.json`, `model.safetensors`, its shards `model-NNNNN-of-NNNNN.safetensors` and
+/// `model.safetensors.index.json`: [`is_replaced_file`]) are replaced as a whole — an old one
+/// the build did not write again is dropped, so no stale weight shard mixes with the new
+/// files — while every other file or folder (a README, notes, training checkpoints, other
+/// weight files) is carried into the new directory (hard links, else copies) before the swap.
+/// When `dir` held no checkpoint as the build started but holds one when it ends (another
+/// process wrote it meanwhile), nothing is replaced and an error says so. The swap is one `renameat2(RENAME_EXCHANGE)` on Linux;
 /// where that is not supported, `dir` is renamed aside and the new directory renamed into its
 /// place (a process killed between the two renames leaves the old directory, complete, at a
 /// hidden `.{name}.old-…` sibling). The old directory is removed after the swap. On an error or
@@ -209,8 +253,15 @@ pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Resul
         let target = std::fs::canonicalize(dir).map_err(|e| Error::file(dir, format!("is a symbolic link whose target cannot be resolved: {e}")))?;
         return publish_dir(&target, build);
     }
+    let held_before = holds_model(dir);
     let mut tmp = create_temp_dir(dir, "tmp")?;
     build(&tmp.path)?;
+    if !held_before && holds_model(dir) {
+        return Err(Error::file(
+            dir,
+            "another process wrote a checkpoint here while this one was building it; nothing was replaced (rerun with --force to replace it)",
+        ));
+    }
     let empty = !dir.exists() || std::fs::read_dir(dir).is_ok_and(|mut r| r.next().is_none());
     if empty && std::fs::rename(&tmp.path, dir).is_ok() {
         tmp.keep = true;
@@ -235,14 +286,26 @@ pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Resul
     Ok(())
 }
 
-/// Whether `name` is a file of a checkpoint or model (what [`holds_model`] looks for, and
-/// what [`publish_dir`] replaces as a whole): `config.json`, `*.safetensors`, `*.gguf`.
+/// Whether `name` is a file of a checkpoint or model (what [`holds_model`] looks for before
+/// an output directory is written without `--force`): `config.json`, `*.safetensors`, `*.gguf`.
 pub fn is_checkpoint_file(name: &str) -> bool {
     name == "config.json" || name.ends_with(".safetensors") || name.ends_with(".gguf")
 }
 
-/// Copy into `to` every entry of `from` that `to` lacks (skipping checkpoint files at the top
-/// level when `top`): files as hard links (else copies), folders recursively, symbolic links
+/// Whether `name` is a file of the HF checkpoint layout that [`publish_dir`] replaces as a
+/// whole: `config.json`, `model.safetensors`, `model.safetensors.index.json` and the shards
+/// `model-NNNNN-of-NNNNN.safetensors`. Every other file survives a `--force` rewrite.
+pub fn is_replaced_file(name: &str) -> bool {
+    if matches!(name, "config.json" | "model.safetensors" | "model.safetensors.index.json") {
+        return true;
+    }
+    let Some(mid) = name.strip_prefix("model-").and_then(|r| r.strip_suffix(".safetensors")) else { return false };
+    let mut parts = mid.split("-of-");
+    matches!((parts.next(), parts.next(), parts.next()), (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty() && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit()))
+}
+
+/// Copy into `to` every entry of `from` that `to` lacks (skipping the replaced checkpoint files
+/// at the top level when `top`, [`is_replaced_file`]): files as hard links (else copies), folders recursively, symbolic links
 /// as links. Errors name the entry.
 fn carry_over(from: &Path, to: &Path, top: bool) -> Result<()> {
     let rd = std::fs::read_dir(from).map_err(|e| Error::file(from, format!("cannot read the directory: {e}")))?;
@@ -250,7 +313,7 @@ fn carry_over(from: &Path, to: &Path, top: bool) -> Result<()> {
         let e = e.map_err(|e| Error::file(from, format!("cannot read the directory: {e}")))?;
         let name = e.file_name();
         let (src, dst) = (e.path(), to.join(&name));
-        if (top && is_checkpoint_file(&name.to_string_lossy())) || std::fs::symlink_metadata(&dst).is_ok() {
+        if (top && is_replaced_file(&name.to_string_lossy())) || std::fs::symlink_metadata(&dst).is_ok() {
             continue;
         }
         let err = |x: std::io::Error| Error::file(&src, format!("cannot carry it into the new directory: {x}"));
@@ -414,6 +477,18 @@ mod tests {
         assert!(write_bytes(&st, b"{}").is_err());
         assert!(check_writable(&st, "--json").is_err());
         assert_eq!(std::fs::read(&st).unwrap(), b"x");
+        // The config.json of a directory with weights is part of the model (issue 15:
+        // `--stats-json DIR/config.json` broke a drafter); a lone config.json is not.
+        let cfg = d.join("config.json");
+        std::fs::write(&cfg, "{\"model\": 1}").unwrap();
+        assert!(check_writable(&cfg, "--stats-json").unwrap_err().to_string().contains("holds a model"));
+        assert!(write_bytes(&cfg, b"{}").is_err());
+        assert_eq!(std::fs::read_to_string(&cfg).unwrap(), "{\"model\": 1}");
+        let lone = tmpdir();
+        write_bytes(&lone.join("config.json"), b"{}").unwrap();
+        write_bytes(&lone.join("config.json"), b"{1}").unwrap();
+        assert!(same_file(&lone.join("config.json"), &lone.join(".").join("config.json")) && !same_file(&lone.join("config.json"), &cfg));
+        let _ = std::fs::remove_dir_all(&lone);
         let _ = std::fs::remove_dir_all(&d);
     }
 
@@ -467,6 +542,30 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
+    /// Two writers of one new directory: the one that finishes second refuses to replace what
+    /// the first published meanwhile (issue 15: concurrent `synth-target --out` runs replaced
+    /// each other's output).
+    #[test]
+    fn publish_dir_does_not_replace_a_checkpoint_written_meanwhile() {
+        let d = tmpdir();
+        let out = d.join("ckpt");
+        let e = publish_dir(&out, |t| {
+            publish_dir(&out, |t2| std::fs::write(t2.join("config.json"), "first").map_err(|e| Error::Input(e.to_string())))?;
+            std::fs::write(t.join("config.json"), "second").map_err(|e| Error::Input(e.to_string()))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("another process") && e.contains("--force"), "{e}");
+        assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "first");
+        assert_eq!(listing(&d), vec!["ckpt"], "the loser's temporary is removed");
+        assert!(
+            is_replaced_file("model-00001-of-00003.safetensors")
+                && !is_replaced_file("model-x-of-3.safetensors")
+                && !is_replaced_file("ckpt-000001.safetensors")
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
     #[test]
     fn publish_dir_is_all_or_nothing() {
         let d = tmpdir();
@@ -486,6 +585,11 @@ mod tests {
         // new build did not write goes), other files and folders are carried over.
         std::fs::write(out.join("README.md"), "keep").unwrap();
         std::fs::write(out.join("model-00002-of-00002.safetensors"), "stale").unwrap();
+        std::fs::write(out.join("model.safetensors.index.json"), "stale").unwrap();
+        // Files that are not this checkpoint's stay (issue 15: `--force` had deleted every
+        // `*.safetensors` and `*.gguf`, training checkpoints included).
+        std::fs::write(out.join("ckpt-000004.safetensors"), "train").unwrap();
+        std::fs::write(out.join("vocab.gguf"), "v").unwrap();
         std::fs::create_dir(out.join("notes")).unwrap();
         std::fs::write(out.join("notes").join("a.txt"), "n").unwrap();
         #[cfg(unix)]
@@ -497,7 +601,8 @@ mod tests {
             std::fs::write(t.join("model.safetensors"), "2").map_err(|e| Error::Input(e.to_string()))
         })
         .unwrap();
-        assert_eq!(listing(&out), vec!["README.md", "config.json", "model.safetensors", "notes"]);
+        assert_eq!(listing(&out), vec!["README.md", "ckpt-000004.safetensors", "config.json", "model.safetensors", "notes", "vocab.gguf"]);
+        assert_eq!(std::fs::read_to_string(out.join("ckpt-000004.safetensors")).unwrap(), "train");
         assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "2");
         assert_eq!(std::fs::read_to_string(out.join("model.safetensors")).unwrap(), "2");
         assert_eq!(std::fs::read_to_string(out.join("README.md")).unwrap(), "keep");
@@ -514,7 +619,7 @@ mod tests {
             publish_dir(&link, |t| std::fs::write(t.join("config.json"), "3").map_err(|e| Error::Input(e.to_string()))).unwrap();
             assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
             assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "3");
-            assert_eq!(listing(&out), vec!["README.md", "config.json", "notes"]);
+            assert_eq!(listing(&out), vec!["README.md", "ckpt-000004.safetensors", "config.json", "notes", "vocab.gguf"]);
             assert_eq!(listing(&d), vec!["ckpt", "link"]);
         }
         std::fs::remove_dir_all(&d).unwrap();

@@ -343,6 +343,42 @@ fn stats_json_never_replaces_a_model_or_a_device() {
     let o = gen(Path::new("/dev/null"));
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(!std::fs::symlink_metadata("/dev/null").unwrap().file_type().is_file());
+    // The config.json beside the weights is part of the model too.
+    let cfg = t.join("config.json");
+    let cfg_before = std::fs::read(&cfg).unwrap();
+    let o = gen(&cfg);
+    assert!(!o.status.success() && stderr(&o).contains("holds a model"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&cfg).unwrap(), cfg_before);
+    // `--stats-json /dev/stdout >> log`: appended to the log, which keeps its content (it used
+    // to be replaced by the JSON alone: the write renamed a file over fd 1's target).
+    #[cfg(unix)]
+    {
+        let log = d.path().join("log.txt");
+        std::fs::write(&log, "keep\n").unwrap();
+        let f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        let o = sparkling(d.path())
+            .args([
+                "generate",
+                "--target",
+                s(&t),
+                "--method",
+                "ar",
+                "--prompt-ids",
+                "1,2,3",
+                "--max-new-tokens",
+                "4",
+                "--ignore-eos",
+                "--ids",
+                "--stats-json",
+                "/dev/stdout",
+            ])
+            .stdout(f)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.starts_with("keep\n") && text.contains("\"new_tokens\"") && text.lines().count() >= 3, "{text}");
+    }
 }
 
 #[test]
@@ -405,6 +441,13 @@ fn bench_into_a_closed_pipe_writes_its_json_first() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
     assert_eq!(v["rows"].as_array().map(|r| r.len()), Some(1));
     assert_eq!(listing(d.path()), vec!["bench.json", "p.txt"]);
+    // The results never replace the prompt file they were made from.
+    let o = run(
+        d.path(),
+        &["bench", "--target", s(&target), "--prompts", s(&prompts), "--limit", "1", "--methods", "ar", "--max-new-tokens", "4", "--json", s(&prompts)],
+    );
+    assert!(!o.status.success() && stderr(&o).contains("is the --prompts file"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&prompts).unwrap(), "Say hi.\n");
 }
 
 // ---- 3. malformed model files ----------------------------------------------------------------
@@ -477,6 +520,27 @@ fn absurd_sizes_are_clamped_or_refused_naming_the_argument() {
     let o = run(d.path(), &["profile", "--target", s(&t), "--budget", "18446744073709551615", "--prefill", "8"]);
     no_panic(&o);
     assert!(!o.status.success() && stderr(&o).contains("--budget"), "{}", stderr(&o));
+    // `bench --batch 0` ran batch 1 silently; now refused before anything loads.
+    let pf = d.path().join("p.txt");
+    std::fs::write(&pf, "hi\n").unwrap();
+    let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&pf), "--batch", "0"]);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("--batch 0"), "{}", stderr(&o));
+    // Repetition counts that would hang or abort allocating (issue 15) are refused up front.
+    for arg in ["--reps", "--warmup"] {
+        let o = run(d.path(), &["profile", "--target", s(&t), "--prefill", "8", "--budget", "2", arg, "1000000000000"]);
+        no_panic(&o);
+        assert!(!o.status.success() && stderr(&o).contains(arg) && stderr(&o).contains("at most"), "{arg}: {}", stderr(&o));
+    }
+    // A named pipe as the target would block the reader forever: refused by kind.
+    #[cfg(unix)]
+    {
+        let fifo = d.path().join("fifo");
+        assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let o = run(d.path(), &["generate", "--target", s(&fifo), "--prompt-ids", "1,2", "--max-new-tokens", "2"]);
+        no_panic(&o);
+        assert!(!o.status.success() && stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+    }
 }
 
 #[test]

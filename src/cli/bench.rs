@@ -189,11 +189,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     // Refuse bad values before loading anything.
     budget_choices(&a)?;
+    if let Some(&n) = a.batch.iter().find(|&&n| n == 0 || n > 1024) {
+        return Err(Error::Input(format!("--batch {n}: expected 1..=1024 sequences per target forward")));
+    }
     if let Some(p) = &a.tree_prep {
         super::generate::tree_prep(p)?;
     }
     if let Some(j) = &a.json {
         sparkling::fsio::check_writable(j, "--json")?; // fail before the benchmark, not after
+        if let Some(p) = a.prompts.iter().find(|p| sparkling::fsio::same_file(p, j)) {
+            return Err(Error::Input(format!(
+                "--json {} is the --prompts file {}: the results would replace the prompts; choose another output file",
+                j.display(),
+                p.display()
+            )));
+        }
     }
     let mut kinds: Vec<_> = methods.iter().filter_map(|m| m.drafter_kind()).collect();
     kinds.sort_by_key(|k| format!("{k:?}"));

@@ -224,7 +224,11 @@ fn bar(len: u64, msg: String) -> ProgressBar {
 /// A local path, or a hub id resolved through the HF cache (downloading where the network
 /// allows). Errors name the path.
 pub fn resolve_path(p: &Path) -> Result<PathBuf> {
-    if p.exists() {
+    if let Ok(meta) = std::fs::metadata(p) {
+        // A named pipe or device would block the reader forever (issue 15).
+        if !meta.is_file() && !meta.is_dir() {
+            return Err(Error::file(p, "is not a regular file or a directory (a pipe or device?): expected a .gguf file or an HF model directory"));
+        }
         return Ok(p.to_path_buf());
     }
     let s = p.to_string_lossy();

@@ -64,6 +64,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     if a.reps == 0 || a.prefill == 0 || a.candidates == 0 || a.max_fanout == 0 || a.ctx_rows == 0 {
         return Err(Error::Input("--reps, --prefill, --candidates, --max-fanout and --ctx-rows must be ≥ 1".into()));
     }
+    // A profile is a few hundred timed forwards: huge counts only hang (or abort allocating).
+    if a.reps > 100_000 || a.warmup > 100_000 {
+        return Err(Error::Input(format!("--reps {} / --warmup {}: at most 100000 each (a part is timed reps + warmup times)", a.reps, a.warmup)));
+    }
     if a.ctx_rows > a.prefill {
         return Err(Error::Input(format!("--ctx-rows {} cannot exceed --prefill {}", a.ctx_rows, a.prefill)));
     }

@@ -28,8 +28,10 @@ pub enum ExportDtype {
 /// (`cfg.is_reduced()`) needs its `draft_vocab`: `config.json` then carries
 /// `draft_vocab_size` and the safetensors the map [`MAP_TENSOR`] (`[V_d]`, I64, absolute target
 /// ids; no `lm_head.weight`: the engine gathers the target's rows, models/README.md). Extra
-/// JSON `meta` is stored as `training.json` when given. Errors name the file, or the argument
-/// when the map is missing or does not match `cfg.draft_vocab`.
+/// JSON `meta` is stored as `training.json` when given. With `verify_against` (the target's
+/// config) the written files are loaded with the engine ([`verify_with_engine`]) before they
+/// take `dir`'s place, so a checkpoint the engine refuses is never left in `dir`. Errors name
+/// the file, or the argument when the map is missing or does not match `cfg.draft_vocab`.
 #[allow(clippy::too_many_arguments)]
 pub fn write_hf(
     dir: &Path,
@@ -40,6 +42,7 @@ pub fn write_hf(
     draft_vocab: Option<&DraftVocab>,
     dtype: ExportDtype,
     meta: Option<&serde_json::Value>,
+    verify_against: Option<&TargetConfig>,
 ) -> Result<()> {
     match draft_vocab {
         Some(dv) if !cfg.is_reduced() || dv.len() != cfg.draft_vocab => {
@@ -57,11 +60,18 @@ pub fn write_hf(
     // interrupted export never leaves a half-written checkpoint (issue 15).
     let mut inner: Option<Error> = None;
     sparkling::fsio::publish_dir(dir, |tmp| {
-        write_hf_files(tmp, cfg, num_target_layers, n_feat, params, draft_vocab, dtype, meta).map_err(|e| {
-            let m = e.to_string();
-            inner = Some(e);
-            sparkling::Error::Input(m)
-        })
+        write_hf_files(tmp, cfg, num_target_layers, n_feat, params, draft_vocab, dtype, meta)
+            .and_then(|()| match verify_against {
+                Some(t) => verify_with_engine(tmp, t)
+                    .map(|_| ())
+                    .map_err(|e| Error(format!("the exported checkpoint does not load in the engine, so {} was not written: {e}", dir.display()))),
+                None => Ok(()),
+            })
+            .map_err(|e| {
+                let m = e.to_string();
+                inner = Some(e);
+                sparkling::Error::Input(m)
+            })
     })
     .map_err(|e| inner.take().unwrap_or_else(|| e.into()))
 }

@@ -203,8 +203,22 @@ fn run(cli: Cli) -> Result<()> {
         if n == 0 {
             return Err(Error::arg("threads", "must be ≥ 1"));
         }
+        // As the engine's CLI: more threads than a few per core only adds contention, and a
+        // huge count hangs while spawning them (issue 15).
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        if n > 4 * cores {
+            return Err(Error::arg("threads", format!("{n} is more than 4 × the {cores} cores of this machine")));
+        }
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
         let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    }
+    let minutes_ok = |m: Option<f64>| match m {
+        Some(x) if !(x.is_finite() && x > 0.0) => Err(Error::arg("max-minutes", format!("{x} must be a positive number of minutes"))),
+        _ => Ok(()),
+    };
+    match &cli.cmd {
+        Cmd::GenData { max_minutes, .. } | Cmd::Train { max_minutes, .. } => minutes_ok(*max_minutes)?,
+        Cmd::Export { .. } => {}
     }
     match cli.cmd {
         Cmd::GenData { target, prompts, out, start, limit, max_new_tokens, topk, taps, max_minutes, batch, max_tokens, weights } => {
@@ -221,8 +235,22 @@ fn run(cli: Cli) -> Result<()> {
             if taps == 0 {
                 return Err(Error::arg("taps", "must be ≥ 1"));
             }
+            if max_new_tokens == 0 {
+                return Err(Error::arg("max-new-tokens", "must be ≥ 1 (answer tokens per prompt)"));
+            }
             let (_, tcfg) = gen::load_lm_head(&target)?;
+            if topk == 0 || topk > tcfg.vocab {
+                return Err(Error::arg("topk", format!("{topk}: expected 1..={} (the target vocabulary)", tcfg.vocab)));
+            }
             let tap_layers = default_target_layer_ids(tcfg.layers, taps);
+            let mut distinct = tap_layers.clone();
+            distinct.dedup();
+            if distinct.len() != tap_layers.len() {
+                return Err(Error::arg(
+                    "taps",
+                    format!("{taps} taps do not fit a {}-layer target (distinct layers from 1 to {} only)", tcfg.layers, tcfg.layers.saturating_sub(3)),
+                ));
+            }
             let out = out.unwrap_or_else(|| {
                 let stem = target.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "target".into());
                 let taps: Vec<String> = tap_layers.iter().map(|t| t.to_string()).collect();
@@ -328,7 +356,7 @@ fn export(run: &Path, out: &Path, step: Option<usize>, f32: bool, force: bool) -
     let summary = std::fs::read_to_string(run.join("summary.json")).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
     let info = serde_json::json!({"run": rc, "step": step, "summary": summary, "cache_target": meta.target, "cache_source": meta.source});
     let dtype = if f32 { ExportDtype::F32 } else { ExportDtype::Bf16 };
-    write_hf(out, &dcfg, tcfg.layers, meta.width(), &params, draft_vocab.as_ref(), dtype, Some(&info))?;
+    write_hf(out, &dcfg, tcfg.layers, meta.width(), &params, draft_vocab.as_ref(), dtype, Some(&info), Some(&tcfg))?;
     let cfg = verify_with_engine(out, &tcfg)?;
     let size = std::fs::metadata(out.join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
     eprintln!(

@@ -116,8 +116,35 @@ impl RunConfig {
         pos("steps", self.steps)?;
         pos("seqs-per-step", self.seqs_per_step)?;
         pos("anchors", self.anchors)?;
+        // Upper bounds by what the values can mean (issue 15: huge values aborted on allocation
+        // or ran out of memory): DFlash / DSpark blocks are 7–16 rows, drafters a few layers.
+        let at_most = |name: &str, v: usize, max: usize, what: &str| {
+            if v > max {
+                Err(Error::arg(name, format!("{v} is more than {max} ({what})")))
+            } else {
+                Ok(())
+            }
+        };
+        at_most("layers", self.layers, 64, "drafters have 1–5 layers")?;
+        at_most("block-size", self.block_size, 64, "DFlash / DSpark blocks have 7–16 rows")?;
+        at_most("markov-rank", self.markov_rank, 4096, "the DSpark head has rank 32–256")?;
+        at_most("seqs-per-step", self.seqs_per_step, 4096, "sequences per optimizer step")?;
+        at_most("anchors", self.anchors, 4096, "anchor positions per sequence")?;
+        at_most("steps", self.steps, 100_000_000, "optimizer steps")?;
         if self.block_size < 2 {
             return Err(Error::arg("block-size", "must be ≥ 2"));
+        }
+        if !(self.min_lr_ratio.is_finite() && (0.0..=1.0).contains(&self.min_lr_ratio)) {
+            return Err(Error::arg("min-lr-ratio", format!("{} must be in 0..=1 (the final learning rate as a fraction of --lr)", self.min_lr_ratio)));
+        }
+        if !(self.clip.is_finite() && self.clip > 0.0) {
+            return Err(Error::arg("clip", format!("{} must be a positive number (the gradient-norm clip)", self.clip)));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(Error::arg("weight-decay", format!("{} must be a finite number ≥ 0", self.weight_decay)));
+        }
+        if self.warmup > self.steps {
+            return Err(Error::arg("warmup", format!("{} warm-up steps exceed the {} steps of the run", self.warmup, self.steps)));
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(Error::arg("lr", "must be a positive number"));
@@ -131,7 +158,8 @@ impl RunConfig {
         if self.max_seqs == Some(0) {
             return Err(Error::arg("max-seqs", "must be ≥ 1"));
         }
-        if self.w_ce < 0.0 || self.w_kl < 0.0 || self.w_l1 < 0.0 || self.w_conf < 0.0 || self.w_ce + self.w_kl + self.w_l1 <= 0.0 {
+        let weights = [self.w_ce, self.w_kl, self.w_l1, self.w_conf];
+        if weights.iter().any(|w| !w.is_finite() || *w < 0.0) || self.w_ce + self.w_kl + self.w_l1 <= 0.0 {
             return Err(Error::arg("ce/kl/l1", "loss weights must be ≥ 0 and not all zero"));
         }
         Ok(())
@@ -461,7 +489,19 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         let same = RunConfig { steps: rc.steps, ..old.clone() } == *rc;
         if !same || (!ctl.resume && old.steps != rc.steps) {
             if ctl.resume {
-                return Err(Error::file(&run_json, "the run's options differ from this invocation's; resume with the same options"));
+                let (a, b) = (serde_json::to_value(&old).unwrap_or_default(), serde_json::to_value(rc).unwrap_or_default());
+                let differ: Vec<String> = match (a.as_object(), b.as_object()) {
+                    (Some(a), Some(b)) => a
+                        .iter()
+                        .filter(|(k, v)| k.as_str() != "steps" && b.get(k.as_str()) != Some(*v))
+                        .map(|(k, v)| format!("{k}: run {v}, now {}", b.get(k.as_str()).cloned().unwrap_or_default()))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                return Err(Error::file(
+                    &run_json,
+                    format!("the run's options differ from this invocation's ({}); resume with the same options", differ.join("; ")),
+                ));
             }
             return Err(Error::file(&run_json, "a different run lives here; pass another --out (or --resume with the same options)"));
         }
@@ -485,6 +525,10 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     sparkling::fsio::write_bytes(&run_json, serde_json::to_string_pretty(rc).map_err(|e| Error::file(&run_json, e))?.as_bytes())?;
     let ocfg = AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: rc.weight_decay, clip: rc.clip };
     let start = if ctl.resume { latest_checkpoint(&ctl.out)?.unwrap_or(0) } else { 0 };
+    if ctl.resume && start == 0 {
+        // Not an error: rerunning one command (with --resume) starts the run and continues it.
+        eprintln!("--resume: no checkpoint in {} yet, so this starts a new run there", ctl.out.display());
+    }
     if !ctl.resume && latest_checkpoint(&ctl.out)?.is_some() {
         return Err(Error::file(&ctl.out, "holds checkpoints already; pass --resume to continue or another --out"));
     }
@@ -718,5 +762,23 @@ mod tests {
         std::fs::write(out.path().join(DATA_FILE), "{}").unwrap();
         let e = frozen_file_list(&rc, out.path()).unwrap_err().to_string();
         assert!(e.contains(DATA_FILE) && e.contains("no `files` array"), "{e}");
+        // Issue 15: sizes that aborted on allocation or ran out of memory, and floats that
+        // trained into NaN, are refused naming the argument.
+        rc.validate().unwrap();
+        for (bad, arg) in [
+            (RunConfig { block_size: 4096, ..rc.clone() }, "block-size"),
+            (RunConfig { markov_rank: 100_000_000, ..rc.clone() }, "markov-rank"),
+            (RunConfig { layers: 100_000, ..rc.clone() }, "layers"),
+            (RunConfig { seqs_per_step: 100_000_000, ..rc.clone() }, "seqs-per-step"),
+            (RunConfig { min_lr_ratio: f64::NAN, ..rc.clone() }, "min-lr-ratio"),
+            (RunConfig { min_lr_ratio: 2.0, ..rc.clone() }, "min-lr-ratio"),
+            (RunConfig { clip: -1.0, ..rc.clone() }, "clip"),
+            (RunConfig { weight_decay: f64::INFINITY, ..rc.clone() }, "weight-decay"),
+            (RunConfig { warmup: 100, steps: 2, ..rc.clone() }, "warmup"),
+            (RunConfig { w_conf: f64::NAN, ..rc.clone() }, "ce/kl/l1"),
+        ] {
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(arg), "{arg}: {e}");
+        }
     }
 }

@@ -148,7 +148,7 @@ fn engine_and_trainer_agree_on_random_checkpoints() {
         let params = Params::init(&dcfg, nf, seed, None).unwrap();
         randomise(&params, seed);
         let ddir = tempfile::tempdir().unwrap();
-        write_hf(ddir.path(), &dcfg, tcfg.layers, nf, &params, draft_vocab.as_ref(), ExportDtype::F32, None).unwrap();
+        write_hf(ddir.path(), &dcfg, tcfg.layers, nf, &params, draft_vocab.as_ref(), ExportDtype::F32, None, None).unwrap();
         let loaded_cfg = verify_with_engine(ddir.path(), &tcfg).unwrap();
         assert_eq!(loaded_cfg, dcfg);
         let d = Drafter::load(&b, open_source(ddir.path()).unwrap().as_ref(), loaded_cfg, &tcfg).unwrap();
@@ -184,10 +184,10 @@ fn export_refuses_a_reduced_drafter_without_its_map() {
     let params = Params::init(&dcfg, nf, 1, None).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("d");
-    let e = write_hf(&out, &dcfg, tcfg.layers, nf, &params, None, ExportDtype::F32, None).unwrap_err().to_string();
+    let e = write_hf(&out, &dcfg, tcfg.layers, nf, &params, None, ExportDtype::F32, None, None).unwrap_err().to_string();
     assert!(e.contains("draft vocabulary") && e.contains("no draft_to_target map"), "{e}");
     let nine = DraftVocab::from_ids(&(0..9).collect::<Vec<u32>>(), tcfg.vocab).unwrap();
-    let e = write_hf(&out, &dcfg, tcfg.layers, nf, &params, Some(&nine), ExportDtype::F32, None).unwrap_err().to_string();
+    let e = write_hf(&out, &dcfg, tcfg.layers, nf, &params, Some(&nine), ExportDtype::F32, None, None).unwrap_err().to_string();
     assert!(e.contains("a map of 9 ids") && e.contains("draft_vocab_size 10"), "{e}");
     assert!(!out.exists(), "nothing is written on error");
 }

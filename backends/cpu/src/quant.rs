@@ -166,6 +166,17 @@ impl QWeight {
         let nb = w.nb;
         for (idx, blk) in bytes.chunks_exact(bb).enumerate() {
             let (j, b) = (idx / nb, idx % nb);
+            // A NaN or infinite block scale (a corrupt file) would turn whole rows into NaN
+            // and the output into token 0 with exit 0 (issue 15): refuse it, naming the block.
+            let (d, m) = (f16_le(blk, 0), if format == QFormat::Q4_1 { f16_le(blk, 2) } else { f16::ZERO });
+            if !d.is_finite() || !m.is_finite() {
+                return Err(format!(
+                    "{} weight [{n}, {k}]: block {b} of row {j} has a non-finite scale (d = {}, m = {}): corrupt weights",
+                    format.name(),
+                    d.to_f32(),
+                    m.to_f32()
+                ));
+            }
             match format {
                 QFormat::Q8_0 | QFormat::Q4_0 => w.put(j, b, &blk[2..], f16_le(blk, 0), f16::ZERO),
                 QFormat::Q4_1 => w.put(j, b, &blk[4..], f16_le(blk, 0), f16_le(blk, 2)),
@@ -748,5 +759,14 @@ mod tests {
         assert!(QWeight::quantize_q8_0(&x, n, 60).is_err());
         assert!(QWeight::from_ggml(QFormat::Q4_1, &[0u8; 39], 1, 64).is_err());
         assert!(QWeight::from_ggml(QFormat::Q4_1, &[0u8; 40], 1, 48).is_err());
+        // Non-finite block scales (d, or Q4_1's min m) are corrupt weights, named by block.
+        let mut blocks = [0u8; 40];
+        assert!(QWeight::from_ggml(QFormat::Q4_1, &blocks, 1, 64).is_ok());
+        blocks[20 + 2..20 + 4].copy_from_slice(&f16::NAN.to_le_bytes());
+        let e = QWeight::from_ggml(QFormat::Q4_1, &blocks, 1, 64).unwrap_err();
+        assert!(e.contains("block 1 of row 0") && e.contains("non-finite"), "{e}");
+        let mut q8 = [0u8; 34];
+        q8[..2].copy_from_slice(&f16::INFINITY.to_le_bytes());
+        assert!(QWeight::from_ggml(QFormat::Q8_0, &q8, 1, 32).is_err());
     }
 }
