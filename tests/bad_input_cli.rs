@@ -613,6 +613,30 @@ fn options_no_method_reads_are_refused_naming_option_and_method() {
     let o = run(d.path(), &a);
     no_panic(&o);
     assert!(!o.status.success() && stderr(&o).contains("--chat"), "{}", stderr(&o));
+    // Sampling options do nothing at temperature 0 (greedy).
+    for (opt, v) in [("--top-k", "5"), ("--top-p", "0.5"), ("--seed", "3")] {
+        let mut a = gen("ar");
+        a.extend([opt, v]);
+        let o = run(d.path(), &a);
+        no_panic(&o);
+        assert!(!o.status.success() && stderr(&o).contains(&format!("{opt} has no effect at --temperature 0")), "{opt}: {}", stderr(&o));
+        a.extend(["--temperature", "0.7"]);
+        let o = run(d.path(), &a);
+        assert!(o.status.success(), "{opt} with a temperature: {}", stderr(&o));
+    }
+    // A drafter the method does not read, or a second one of a kind, is refused by name.
+    let dflash = d.path().join("dflash");
+    let init = DrafterInit { kind: DrafterKind::DFlash, layers: 1, block_size: 4, markov_rank: 0, taps: 2, mask_token_id: None, confidence_head: false };
+    write_random_drafter(&dflash, &tiny_target_config(Arch::Qwen3, 64), &init, 1, StoreDtype::F32).unwrap();
+    let mut a = gen("dspark");
+    a.extend(["--drafter", s(&dflash)]);
+    let o = run(d.path(), &a);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("a DFlash drafter, but the chosen methods read only DSpark"), "{}", stderr(&o));
+    let mut a = gen("dflash");
+    a.extend(["--drafter", s(&dflash), "--drafter", s(&dflash)]);
+    let o = run(d.path(), &a);
+    assert!(!o.status.success() && stderr(&o).contains("a second DFlash drafter"), "{}", stderr(&o));
 }
 
 // ---- path arguments mean exactly the file they name ----------------------------------------

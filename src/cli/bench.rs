@@ -188,6 +188,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         super::refuse_unused_options(&options, &[Method::Ar], "--batch (it decodes with ar only)")?;
     }
     // Refuse bad values before loading anything.
+    super::refuse_greedy_sampling_options(a.temperature, None, None, a.seed)?;
     budget_choices(&a)?;
     if let Some(&n) = a.batch.iter().find(|&&n| n == 0 || n > 1024) {
         return Err(Error::Input(format!("--batch {n}: expected 1..=1024 sequences per target forward")));

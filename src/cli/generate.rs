@@ -223,6 +223,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         return Err(Error::Input("--system is a system message for --chat: give --chat TEXT, or leave --system out".into()));
     }
     // Refuse bad values before loading anything.
+    super::refuse_greedy_sampling_options(a.temperature, Some(a.top_k), Some(a.top_p), a.seed)?;
     if let Some(p) = &a.tree_prep {
         tree_prep(p)?;
     }

@@ -297,6 +297,22 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         let d = &resolve_path(d)?;
         let (cp, v) = read_json(d)?;
         let dcfg = DrafterConfig::from_hf_json(&cp, &v)?;
+        // A drafter no chosen method reads, or a second one of a kind, would be loaded and
+        // silently ignored (issue 15).
+        if drafters.iter().any(|x: &Drafter<B>| x.cfg.kind == dcfg.kind) {
+            return Err(Error::file(d, format!("--drafter: a second {:?} drafter; give at most one --drafter of each kind (DFlash, DSpark)", dcfg.kind)));
+        }
+        if !kinds.is_empty() && !kinds.contains(&dcfg.kind) {
+            let want: Vec<String> = kinds.iter().map(|k| format!("{k:?}")).collect();
+            return Err(Error::file(
+                d,
+                format!(
+                    "--drafter: a {:?} drafter, but the chosen methods read only {} drafters; remove it or choose a method that uses it",
+                    dcfg.kind,
+                    want.join(" and ")
+                ),
+            ));
+        }
         let dsrc = open_source(d)?;
         drafters.push(Drafter::load(&backend, dsrc.as_ref(), dcfg, &target.cfg)?);
         if let Some(x) = drafters.last() {

@@ -158,6 +158,24 @@ pub fn refuse_unused_options(given: &[(&str, bool)], methods: &[sparkling::decod
     Ok(())
 }
 
+/// Refuse sampling options at temperature 0 (greedy decoding reads none of them; issue 15:
+/// `--top-k`, `--top-p` and `--seed` were accepted and ignored). `top_k` / `top_p`: `None`
+/// where the command has no such option. Only values other than the defaults (0, 1, 0) count
+/// as given.
+pub fn refuse_greedy_sampling_options(temperature: f32, top_k: Option<usize>, top_p: Option<f32>, seed: u64) -> Result<()> {
+    if temperature >= 1e-5 {
+        return Ok(());
+    }
+    for (given, option) in [(top_k.is_some_and(|k| k != 0), "--top-k"), (top_p.is_some_and(|p| p != 1.0), "--top-p"), (seed != 0, "--seed")] {
+        if given {
+            return Err(Error::Input(format!(
+                "{option} has no effect at --temperature 0 (greedy decoding): give a temperature > 0 to sample, or leave {option} out"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Largest TreeSpark k (its pool holds depth × k² candidates).
 const MAX_TREESPARK_K: usize = 1024;
 
