@@ -23,16 +23,12 @@ use sparkling::tree::{self, DraftTree, MarkovHead};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-/// SplitMix64.
+/// The project's SplitMix64 stream ([`sparkling::decode::rng::splitmix64_next`]).
 struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        sparkling::decode::rng::splitmix64_next(&mut self.0)
     }
     fn below(&mut self, n: usize) -> usize {
         if n == 0 {

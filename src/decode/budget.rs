@@ -438,7 +438,12 @@ pub struct AutoState {
     skipped: usize,
     /// Skips before the next probe.
     interval: usize,
+    /// Depths of the trees kept in the last [`DEPTH_WINDOW`] drafted rounds (newest last).
+    kept_depths: std::collections::VecDeque<usize>,
 }
+
+/// Drafted rounds whose kept tree depths steer [`AutoState::draft_depth`].
+pub const DEPTH_WINDOW: usize = 8;
 
 /// What [`AutoState::choose`] decided for a drafted round.
 #[derive(Debug, Clone)]
@@ -464,6 +469,19 @@ impl AutoState {
             gain: Ema::new(0.5),
             skipped: 0,
             interval: FIRST_PROBE_INTERVAL,
+            kept_depths: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Depths to draft this round (of at most `max_depth`): the deepest tree kept in the last
+    /// [`DEPTH_WINDOW`] drafted rounds plus 2 (room to grow), at least 2; `max_depth` before
+    /// any round. A drafter forward costs by its block rows ([`crate::model::drafter::Drafter::block_rows`]),
+    /// so rounds that keep 0–2 nodes draft with the smallest block and the observed
+    /// drafter time (which the choice weighs) falls with them.
+    pub fn draft_depth(&self, max_depth: usize) -> usize {
+        match self.kept_depths.iter().max() {
+            None => max_depth,
+            Some(&d) => (d + 2).clamp(2, max_depth.max(2)).min(max_depth),
         }
     }
 
@@ -536,6 +554,10 @@ impl AutoState {
         self.skipped = 0;
         let kept = truncate(tree, order, choice.n);
         let dmax = kept.depths.iter().copied().max().unwrap_or(0) as usize;
+        if self.kept_depths.len() == DEPTH_WINDOW {
+            self.kept_depths.pop_front();
+        }
+        self.kept_depths.push_back(dmax);
         let mut raw_mass: Vec<Option<f64>> = vec![None; dmax + 1];
         for i in 1..kept.len() {
             *raw_mass[kept.depths[i] as usize].get_or_insert(0.0) += (kept.scores[i] as f64).exp();
@@ -795,6 +817,27 @@ mod tests {
             assert_eq!(d.choice.n, 4);
             s.observe(5, 12.0, 0.1, Some((&d.raw_mass, 4)));
         }
+    }
+
+    /// The drafting depth follows the kept trees: the full depth before any round, then the
+    /// deepest kept tree of the window + 2 (at least 2), growing back as deeper trees pay.
+    #[test]
+    fn draft_depth_follows_the_kept_trees() {
+        let cost = CostModel::from_points(vec![1, 5, 17], vec![10.0, 12.0, 40.0], 3.0);
+        let mut s = AutoState::new(cost, 16);
+        assert_eq!(s.draft_depth(16), 16);
+        let mut bad = DraftTree::chain(1, &[2, 3, 4]);
+        bad.scores = vec![0.0, -9.0, -18.0, -27.0];
+        assert_eq!(s.choose(&bad, 3.0).choice.n, 0);
+        assert_eq!((s.draft_depth(16), s.draft_depth(1)), (2, 1), "nothing kept: the smallest block");
+        let mut good = DraftTree::chain(1, &[2, 3, 4, 5]);
+        good.scores = vec![0.0, -0.05, -0.1, -0.15, -0.2];
+        assert_eq!(s.choose(&good, 3.0).choice.n, 4);
+        assert_eq!(s.draft_depth(16), 6);
+        for _ in 0..DEPTH_WINDOW {
+            s.choose(&bad, 3.0);
+        }
+        assert_eq!(s.draft_depth(16), 2, "the window forgets the deep tree");
     }
 
     #[test]

@@ -426,8 +426,10 @@ impl<'a, B: Backend> Engine<'a, B> {
                         pending.clear();
                         c
                     };
-                    // A tree of `budget` nodes is at most `budget` deep.
-                    let depth = d.cfg.draft_depth().min(tree_params.budget.max(1));
+                    // A tree of `budget` nodes is at most `budget` deep; under `--budget auto`,
+                    // as deep as the recent kept trees allow (a smaller drafter block).
+                    let full = d.cfg.draft_depth().min(tree_params.budget.max(1));
+                    let depth = auto.as_ref().map_or(full, |a| a.draft_depth(full));
                     let logits = d.draft(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
                     let forward_ms = ms(t);
                     let draft = DraftLogits {
