@@ -158,6 +158,28 @@ fn models_pick_replace_and_report_missing_drafters() {
     assert_eq!(m.engine(&b, Method::TreeSpark).unwrap().drafter.map(|d| d.cfg.block_size), Some(5));
 }
 
+/// Issue 15 trial: config values that were accepted and ignored are errors naming key and value.
+#[test]
+fn config_values_of_the_wrong_kind_are_errors_naming_the_key() {
+    for (key, value, want) in [
+        ("eos_token_id", serde_json::json!(-1), "-1 is not a token id"),
+        ("eos_token_id", serde_json::json!("x"), "is not a token id"),
+        ("eos_token_id", serde_json::json!([1, 4294967296u64]), "4294967296 is not a token id"),
+        ("bos_token_id", serde_json::json!(500), "500 is outside the vocabulary"),
+        ("tie_word_embeddings", serde_json::json!("yes"), "is not true or false"),
+        ("use_sliding_window", serde_json::json!(true), "sliding-window attention is not supported"),
+        ("num_attention_heads", serde_json::json!(-4), "-4 is not a non-negative integer"),
+        ("num_attention_heads", serde_json::json!(4.5), "4.5 is not a non-negative integer"),
+    ] {
+        let d = write_target(Arch::Qwen3, 32);
+        edit_config(d.path(), |c| {
+            c.insert(key.into(), value.clone());
+        });
+        let e = try_load_target(d.path()).err().unwrap_or_else(|| panic!("{key} = {value} must be refused")).to_string();
+        assert!(e.contains(key) && e.contains(want), "{key} = {value}: {e}");
+    }
+}
+
 #[test]
 fn absurd_layer_count_is_refused_before_allocating() {
     // Issue 15: 1e9 layers used to allocate until the process was killed.

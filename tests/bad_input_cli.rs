@@ -765,3 +765,24 @@ fn show_tree_names_control_tokens() {
         assert!(ok, "bonus printed as {b:?}, expected the token's name: {e}");
     }
 }
+
+/// Issue 15 trial: writer commands refuse options the chosen mode does not read, naming them.
+#[test]
+fn writer_options_the_mode_does_not_read_are_refused() {
+    let d = tmpdir("cli-writer-options");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let out = d.path().join("out");
+    let cfg = t.join("config.json");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["init-drafter", "--target", s(&t), "--out", s(&out), "--kind", "dflash", "--markov-rank", "8"], "a DFlash drafter has no Markov head"),
+        (vec!["synth-target", "--config", s(&cfg), "--arch", "llama", "--out", s(&out)], "leave out --arch and --vocab"),
+        (vec!["synth", "--config", s(&cfg), "--no-drafters", "--block-size", "8", "--out", s(&out)], "--block-size sizes the drafters"),
+        (vec!["reduce-vocab", "--target", s(&t), "--count-only", "--out", s(&out)], "--out is not used with --count-only"),
+    ];
+    for (a, want) in cases {
+        let o = run(d.path(), &a);
+        no_panic(&o);
+        assert!(!o.status.success() && stderr(&o).contains(want), "{a:?}: {}", stderr(&o));
+    }
+    assert!(!out.exists(), "nothing was written");
+}

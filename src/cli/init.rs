@@ -84,6 +84,9 @@ fn parse_kind(s: &str) -> Result<DrafterKind> {
 /// Run `init-drafter`.
 pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
     let kind = parse_kind(&a.kind)?;
+    if kind == DrafterKind::DFlash && a.markov_rank != 64 {
+        return Err(Error::Input(format!("--markov-rank {}: a DFlash drafter has no Markov head (only --kind dspark reads it)", a.markov_rank)));
+    }
     if a.block_size < 2 || a.layers == 0 {
         return Err(Error::Input("--block-size must be ≥ 2 and --layers ≥ 1".into()));
     }
@@ -139,6 +142,9 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
 /// Run `synth-target`.
 pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
     check_out_dir(&a.out, a.force, "--out")?;
+    if a.config.is_some() && (a.arch != "qwen3" || a.vocab != 256) {
+        return Err(Error::Input("--config gives the whole geometry: leave out --arch and --vocab (they size a tiny target without --config)".into()));
+    }
     let cfg = match &a.config {
         Some(p) => {
             let (cp, v) = read_json(p)?;
@@ -214,6 +220,18 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
     }
     if a.drafter_layers == 0 {
         return Err(Error::Input("--drafter-layers must be ≥ 1".into()));
+    }
+    if a.no_drafters {
+        for (given, arg) in [
+            (a.block_size != 16, "--block-size"),
+            (a.markov_rank != 256, "--markov-rank"),
+            (a.drafter_layers != 5, "--drafter-layers"),
+            (a.taps.is_some(), "--taps"),
+        ] {
+            if given {
+                return Err(Error::Input(format!("{arg} sizes the drafters, which --no-drafters leaves out: remove one of the two")));
+            }
+        }
     }
     let taps = a.taps.unwrap_or_else(|| default_taps(cfg.layers, 5));
     if !a.no_drafters {

@@ -199,6 +199,20 @@ pub fn run(a: ReduceVocabArgs) -> Result<()> {
         "f32" => StoreDtype::F32,
         o => return Err(Error::Input(format!("--dtype `{o}`: expected bf16 or f32"))),
     };
+    if a.count_only {
+        // Nothing is written with --count-only: the writing options would be ignored.
+        for (given, arg) in [
+            (a.from.is_some(), "--from"),
+            (a.out.is_some(), "--out"),
+            (a.dtype != "bf16", "--dtype"),
+            (a.force, "--force"),
+            (!a.model.drafter.is_empty(), "--drafter"),
+        ] {
+            if given {
+                return Err(Error::Input(format!("{arg} is not used with --count-only (it only counts; no drafter is written)")));
+            }
+        }
+    }
     if !a.count_only {
         let (Some(_), Some(out)) = (&a.from, &a.out) else {
             return Err(Error::Input("reduce-vocab needs --from (the full drafter) and --out, or --count-only".into()));
@@ -295,6 +309,9 @@ fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> R
         Some(t) => sparkling::decode::stop_tokens(&m.models.target.cfg.eos, &t.stop),
         None => m.models.target.cfg.eos.clone(),
     };
+    if a.draft_vocab > c.counts.len() {
+        return Err(Error::Input(format!("--draft-vocab {} exceeds the target vocabulary of {}", a.draft_vocab, c.counts.len())));
+    }
     let ids = top_ids(&c.counts, &c.secondary, a.draft_vocab, &stops);
     let cov = coverage(&c.counts, &ids);
     let mut lines = vec![format!("V_d = {}: covers {:.4} of the counted tokens", ids.len(), cov)];

@@ -242,6 +242,8 @@ fn gguf_key(arch: &str, hf_key: &str) -> String {
         "rope_theta" => "rope.freq_base",
         "max_position_embeddings" => "context_length",
         "vocab_size" => return "token_embd.weight (vocabulary rows)".into(),
+        "eos_token_id" => return "tokenizer.ggml.eos_token_id / eot_token_id".into(),
+        "bos_token_id" => return "tokenizer.ggml.bos_token_id".into(),
         other => other,
     };
     format!("{arch}.{suffix}")
@@ -254,7 +256,10 @@ struct Keys<'a> {
 
 impl Keys<'_> {
     fn usize(&self, key: &str) -> Result<usize> {
-        self.v.get(key).and_then(Value::as_u64).map(|x| x as usize).ok_or_else(|| Error::config(self.path, key, "missing or not a non-negative integer"))
+        match self.v.get(key) {
+            None | Some(Value::Null) => Err(Error::config(self.path, key, "missing (expected a non-negative integer)")),
+            Some(x) => x.as_u64().map(|x| x as usize).ok_or_else(|| Error::config(self.path, key, format!("{x} is not a non-negative integer"))),
+        }
     }
     fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
         match self.v.get(key) {
@@ -265,11 +270,14 @@ impl Keys<'_> {
     fn f32_or(&self, key: &str, default: f32) -> Result<f32> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(default),
-            Some(x) => x.as_f64().map(|f| f as f32).ok_or_else(|| Error::config(self.path, key, "not a number")),
+            Some(x) => x.as_f64().map(|f| f as f32).ok_or_else(|| Error::config(self.path, key, format!("{x} is not a number"))),
         }
     }
-    fn bool_or(&self, key: &str, default: bool) -> bool {
-        self.v.get(key).and_then(Value::as_bool).unwrap_or(default)
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x.as_bool().ok_or_else(|| Error::config(self.path, key, format!("{x} is not true or false"))),
+        }
     }
     /// `rope_theta`, or `rope_parameters.rope_theta` (transformers v5 spelling, pitfall §7.2);
     /// non-default rope types are refused.
@@ -314,11 +322,18 @@ impl Keys<'_> {
             })
             .collect()
     }
-    fn ids(&self, key: &str) -> Vec<u32> {
+    /// Token ids: absent or null = none, an id, or an array of ids. Anything else (a negative
+    /// id, a string, an id beyond u32) is an error naming the key and the value.
+    fn ids(&self, key: &str) -> Result<Vec<u32>> {
+        let id = |x: &Value| {
+            x.as_u64()
+                .and_then(|i| u32::try_from(i).ok())
+                .ok_or_else(|| Error::config(self.path, key, format!("{x} is not a token id (a non-negative integer)")))
+        };
         match self.v.get(key) {
-            Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
-            _ => Vec::new(),
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(a)) => a.iter().map(id).collect(),
+            Some(x) => Ok(vec![id(x)?]),
         }
     }
 }
@@ -332,6 +347,13 @@ impl TargetConfig {
         let hidden = k.usize("hidden_size")?;
         let n_heads = k.usize("num_attention_heads")?;
         k.activation()?;
+        if k.bool_or("use_sliding_window", false)? {
+            return Err(Error::config(
+                path,
+                "use_sliding_window",
+                "true: sliding-window attention is not supported (this engine attends to the whole context)",
+            ));
+        }
         let derived_head_dim = v.get("head_dim").is_none_or(Value::is_null);
         let cfg = TargetConfig {
             arch,
@@ -344,12 +366,12 @@ impl TargetConfig {
             intermediate: k.usize("intermediate_size")?,
             rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
             rope_theta: k.rope_theta()?,
-            tie_embeddings: k.bool_or("tie_word_embeddings", false),
-            qkv_bias: k.bool_or("attention_bias", arch == Arch::Qwen2),
+            tie_embeddings: k.bool_or("tie_word_embeddings", false)?,
+            qkv_bias: k.bool_or("attention_bias", arch == Arch::Qwen2)?,
             qk_norm: arch == Arch::Qwen3,
             max_positions: k.usize_or("max_position_embeddings", 4096)?,
-            bos: k.ids("bos_token_id").first().copied(),
-            eos: k.ids("eos_token_id"),
+            bos: k.ids("bos_token_id")?.first().copied(),
+            eos: k.ids("eos_token_id")?,
         };
         cfg.validate(&Check { path, key: &|k| k.to_string() }, derived_head_dim)?;
         Ok(cfg)
@@ -425,6 +447,9 @@ impl TargetConfig {
         c.geometry(self.hidden, self.n_heads, self.n_kv_heads, self.head_dim, derived_head_dim, self.intermediate, self.rms_eps, self.rope_theta)?;
         if let Some(&id) = self.eos.iter().find(|&&id| id as usize >= self.vocab) {
             return Err(c.err("eos_token_id", format!("{id} is outside the vocabulary of {}", self.vocab)));
+        }
+        if let Some(id) = self.bos.filter(|&id| id as usize >= self.vocab) {
+            return Err(c.err("bos_token_id", format!("{id} is outside the vocabulary of {}", self.vocab)));
         }
         Ok(())
     }
@@ -533,7 +558,7 @@ impl DrafterConfig {
             mask_token_id,
             target_layer_ids,
             markov_rank: if kind == DrafterKind::DSpark { k.usize_or("markov_rank", 0)? } else { 0 },
-            confidence_head: kind == DrafterKind::DSpark && k.bool_or("enable_confidence_head", false),
+            confidence_head: kind == DrafterKind::DSpark && k.bool_or("enable_confidence_head", false)?,
             reduced: v.get("draft_vocab_size").is_some_and(|x| !x.is_null()),
         };
         let c = Check { path, key: &|k| k.to_string() };

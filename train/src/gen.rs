@@ -361,6 +361,9 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
         Some(_) => {}
         None => meta.write(&o.out)?,
     }
+    if o.start >= prompts.len() {
+        return Err(Error::arg("start", format!("{} is past the {} prompts of --prompts", o.start, prompts.len())));
+    }
     let chosen: Vec<&(u32, String)> = prompts.iter().skip(o.start).take(o.limit).collect();
     let mut s = GenSummary::default();
     // What is cached already (headers only); broken files are removed and redone.

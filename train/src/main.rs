@@ -238,6 +238,9 @@ fn run(cli: Cli) -> Result<()> {
             if max_new_tokens == 0 {
                 return Err(Error::arg("max-new-tokens", "must be ≥ 1 (answer tokens per prompt)"));
             }
+            if limit == 0 {
+                return Err(Error::arg("limit", "must be ≥ 1 (prompts to answer)"));
+            }
             let (_, tcfg) = gen::load_lm_head(&target)?;
             if topk == 0 || topk > tcfg.vocab {
                 return Err(Error::arg("topk", format!("{topk}: expected 1..={} (the target vocabulary)", tcfg.vocab)));
@@ -305,6 +308,14 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let target = target.unwrap_or_else(default_target);
             let dspark = kind == "dspark";
+            if !dspark {
+                // DFlash drafters have neither head: these options would be ignored (issue 15).
+                for (given, arg) in [(markov_rank != 32, "markov-rank"), (no_confidence, "no-confidence"), (conf != 1.0, "conf")] {
+                    if given {
+                        return Err(Error::arg(arg, format!("only --kind dspark reads it (a {kind} drafter has no Markov or confidence head)")));
+                    }
+                }
+            }
             let rc = RunConfig {
                 kind,
                 target: target.display().to_string(),

@@ -461,6 +461,12 @@ pub fn run_context(rc: &RunConfig) -> Result<(CacheMeta, Tensor, TargetConfig, D
     if tcfg.hidden != meta.hidden || tcfg.vocab != meta.vocab {
         return Err(Error::file(&cache, format!("cache is for H {} / V {} but the target has H {} / V {}", meta.hidden, meta.vocab, tcfg.hidden, tcfg.vocab)));
     }
+    if let Some(&bad) = meta.tap_layers.iter().find(|&&l| l + 1 >= tcfg.layers) {
+        return Err(Error::file(
+            &cache.join("meta.json"),
+            format!("tap layer {bad} is not below the last of the target's {} layers: this cache was made for another target", tcfg.layers),
+        ));
+    }
     let dcfg = drafter_cfg(rc, &tcfg, &meta.tap_layers)?;
     Ok((meta, head, tcfg, dcfg))
 }
@@ -511,6 +517,14 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     let t_load = Instant::now();
     let seqs = load_files(Path::new(&rc.cache), &meta, &frozen_file_list(rc, &ctl.out)?)?;
     let (train, hold) = split(seqs, rc.holdout);
+    if hold.len() < rc.holdout {
+        eprintln!(
+            "note: --holdout {} leaves too few training sequences; holding out {} of {} (at most half)",
+            rc.holdout,
+            hold.len(),
+            train.len() + hold.len()
+        );
+    }
     if train.is_empty() {
         return Err(Error::file(Path::new(&rc.cache), "no usable sequences (run gen-data first)"));
     }
