@@ -471,7 +471,11 @@ fn patch_gguf(src: &Path, dst: &Path, key: &str, value: u64) {
 fn gguf_with_zero_heads_or_absurd_layer_count_is_a_clear_error() {
     let Some(target) = smollm2() else { return };
     let d = tmpdir("cli-gguf");
-    for (key, value, expect) in [("llama.attention.head_count", 0u64, "positive"), ("llama.block_count", u32::MAX as u64, "holds only 30 layers")] {
+    for (key, value, expect) in [
+        ("llama.attention.head_count", 0u64, "positive"),
+        ("llama.block_count", u32::MAX as u64, "holds only 30 layers"),
+        ("llama.rope.dimension_count", 32, "partial rotary embeddings are not supported"),
+    ] {
         let p = d.path().join("bad.gguf");
         patch_gguf(&target, &p, key, value);
         let o = run(d.path(), &["generate", "--target", s(&p), "--method", "ar", "--prompt-ids", "1,2", "--max-new-tokens", "1"]);

@@ -60,7 +60,14 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
     let mut out = Vec::new();
     let mut calib = Vec::new();
     for (i, r) in rows.iter().enumerate() {
-        let num = |k: &str| r[k].as_f64().ok_or_else(|| bad(&format!("row {i} has no number `{k}`")));
+        // Values a bench can produce: finite and non-negative (τ ≥ 0, tokens/s ≥ 0, budget ≥ 1);
+        // anything else would draw an absurd chart (issue 15: τ = -1e308 wrote 300-digit
+        // coordinates into the SVG).
+        let num = |k: &str| {
+            r[k].as_f64()
+                .filter(|x| x.is_finite() && *x >= 0.0 && *x < 1e9)
+                .ok_or_else(|| bad(&format!("row {i}: `{k}` is missing or not a number in 0..1e9 ({})", r[k])))
+        };
         if r["budget"].as_str() == Some("auto") {
             // `--budgets auto` rows have no fixed budget to place on the budget axis; their
             // calibration gets its own chart.
@@ -362,8 +369,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("broken.json");
         std::fs::write(&input, r#"{"rows": [{"method": "ar"}]}"#).unwrap();
-        let e = run(PlotArgs { input: vec![input], out: dir.path().join("p"), budget: None }).unwrap_err().to_string();
+        let e = run(PlotArgs { input: vec![input.clone()], out: dir.path().join("p"), budget: None }).unwrap_err().to_string();
         assert!(e.contains("broken.json") && e.contains("budget"), "{e}");
         assert!(!dir.path().join("p").exists(), "a failed run must not leave an empty output directory");
+        // Values no bench produces are refused, not drawn.
+        std::fs::write(&input, r#"{"rows": [{"method": "ar", "budget": 1, "tau": -1e308, "tokens_per_s": 9}]}"#).unwrap();
+        let e = run(PlotArgs { input: vec![input], out: dir.path().join("p"), budget: None }).unwrap_err().to_string();
+        assert!(e.contains("`tau`") && e.contains("0..1e9"), "{e}");
     }
 }

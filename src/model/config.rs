@@ -427,6 +427,16 @@ impl TargetConfig {
             eos,
         };
         cfg.validate(&Check { path, key: &|k| gguf_key(arch_name, k) }, derived_head_dim)?;
+        // RoPE rotates the whole head here; a partial rotary dimension would be ignored.
+        if let Ok(rd) = g.get_u64(&key("rope.dimension_count")) {
+            if rd as usize != cfg.head_dim {
+                return Err(Error::config(
+                    path,
+                    &key("rope.dimension_count"),
+                    format!("{rd}, but the head dimension is {}: partial rotary embeddings are not supported", cfg.head_dim),
+                ));
+            }
+        }
         // The layer count sizes allocations: it cannot exceed the layers the file holds.
         let present = (0..cfg.layers).take_while(|i| g.tensor(&format!("blk.{i}.attn_norm.weight")).is_some()).count();
         if present < cfg.layers {
