@@ -233,56 +233,77 @@ fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
     Ok(tmp)
 }
 
-/// Build the directory `dir` atomically: `build` fills a temporary sibling directory, which
-/// then takes `dir`'s place in one step. When `dir` exists and is not empty (callers check
-/// `--force` first with [`check_out_dir`]), the files of the HF checkpoint it held
-/// (`config.json`, `model.safetensors`, its shards `model-NNNNN-of-NNNNN.safetensors` and
-/// `model.safetensors.index.json`: [`is_replaced_file`]) are replaced as a whole — an old one
-/// the build did not write again is dropped, so no stale weight shard mixes with the new
-/// files — while every other file or folder (a README, notes, training checkpoints, other
-/// weight files) is carried into the new directory (hard links, else copies) before the swap.
-/// When `dir` held no checkpoint as the build started but holds one when it ends (another
-/// process wrote it meanwhile), nothing is replaced and an error says so. The swap is one `renameat2(RENAME_EXCHANGE)` on Linux;
-/// where that is not supported, `dir` is renamed aside and the new directory renamed into its
-/// place (a process killed between the two renames leaves the old directory, complete, at a
-/// hidden `.{name}.old-…` sibling). The old directory is removed after the swap. On an error or
-/// a panic before the swap, `dir` is untouched and the temporary is removed. A symbolic link
-/// `dir` is followed: the directory it names is replaced, the link stays.
+/// Write the checkpoint directory `dir`: `build` fills a temporary directory with the new
+/// files, which are then published. A new (or empty) `dir` is built beside it and renamed into
+/// place in one step, so it appears whole or not at all. An existing `dir` (callers check
+/// `--force` first with [`check_out_dir`]) is never replaced as a directory — its inode, mode,
+/// mounts and every other entry stay — : the new files are built in a hidden temporary
+/// directory inside it (same file system even when `dir` is a mount point), then each is
+/// renamed over its old version (every file is replaced atomically; `config.json` last), and the
+/// old files of the HF checkpoint layout that the build did not write again
+/// ([`is_replaced_file`]: a stale weight shard or index) are removed, so no stale shard mixes
+/// with the new files. A process killed during those renames can leave new weights beside the
+/// old `config.json`; rerunning the command replaces both. When `dir` held no checkpoint as the
+/// build started but holds one when it ends (another process wrote it meanwhile), nothing is
+/// published and an error says so. On an error or a panic before publishing, `dir` is untouched
+/// and the temporary is removed. A symbolic link `dir` is followed: the directory it names is
+/// written, the link stays.
 pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) {
         let target = std::fs::canonicalize(dir).map_err(|e| Error::file(dir, format!("is a symbolic link whose target cannot be resolved: {e}")))?;
         return publish_dir(&target, build);
     }
-    let held_before = holds_model(dir);
-    let mut tmp = create_temp_dir(dir, "tmp")?;
-    build(&tmp.path)?;
-    if !held_before && holds_model(dir) {
-        return Err(Error::file(
-            dir,
-            "another process wrote a checkpoint here while this one was building it; nothing was replaced (rerun with --force to replace it)",
-        ));
-    }
-    let empty = !dir.exists() || std::fs::read_dir(dir).is_ok_and(|mut r| r.next().is_none());
-    if empty && std::fs::rename(&tmp.path, dir).is_ok() {
-        tmp.keep = true;
-        return Ok(());
-    }
-    if !dir.is_dir() {
+    if dir.exists() && !dir.is_dir() {
         return Err(Error::file(dir, "exists and is not a directory"));
     }
-    carry_over(dir, &tmp.path, true)?;
-    if exchange(&tmp.path, dir).is_ok() {
-        // `tmp.path` now holds the old directory: removed on drop.
-        return Ok(());
+    let held_before = holds_model(dir);
+    let raced =
+        || Error::file(dir, "another process wrote a checkpoint here while this one was building it; nothing was replaced (rerun with --force to replace it)");
+    let existing = std::fs::read_dir(dir).is_ok_and(|mut r| r.next().is_some());
+    if !existing {
+        let mut tmp = create_temp_dir(dir, "tmp")?;
+        build(&tmp.path)?;
+        if !held_before && holds_model(dir) {
+            return Err(raced());
+        }
+        // Renaming over an empty directory is one atomic step; it fails if `dir` was filled
+        // meanwhile (with files that are not a checkpoint): then publish file by file.
+        if std::fs::rename(&tmp.path, dir).is_ok() {
+            tmp.keep = true;
+            return Ok(());
+        }
+        return install_files(&tmp.path, dir);
     }
-    let aside = sibling(dir, "old");
-    std::fs::rename(dir, &aside).map_err(|e| Error::file(dir, format!("cannot replace the directory (moving the old one aside failed): {e}")))?;
-    if let Err(e) = std::fs::rename(&tmp.path, dir) {
-        let _ = std::fs::rename(&aside, dir);
-        return Err(Error::file(dir, format!("cannot replace the directory: {e}")));
+    let tmp = create_temp_dir(&dir.join("checkpoint"), "tmp")?;
+    build(&tmp.path)?;
+    if !held_before && holds_model(dir) {
+        return Err(raced());
     }
-    tmp.keep = true;
-    drop(Temp { path: aside, keep: false });
+    install_files(&tmp.path, dir)
+}
+
+/// Move every entry of the built directory `from` into `dir` (each rename atomic, `config.json`
+/// last), then remove the files of the HF checkpoint layout in `dir` that `from` did not hold.
+fn install_files(from: &Path, dir: &Path) -> Result<()> {
+    let read = |d: &Path| -> Result<Vec<String>> {
+        let rd = std::fs::read_dir(d).map_err(|e| Error::file(d, format!("cannot read the directory: {e}")))?;
+        Ok(rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+    };
+    let mut built = read(from)?;
+    built.sort_by_key(|n| (n == "config.json", n.clone()));
+    for name in &built {
+        let dst = dir.join(name);
+        if dst.is_dir() {
+            return Err(Error::file(&dst, "is a directory: cannot replace it with the new file of the same name"));
+        }
+        std::fs::rename(from.join(name), &dst).map_err(|e| Error::file(&dst, format!("cannot write (rename of the completed file failed): {e}")))?;
+    }
+    for name in read(dir)? {
+        if is_replaced_file(&name) && !built.contains(&name) {
+            let p = dir.join(&name);
+            std::fs::remove_file(&p).map_err(|e| Error::file(&p, format!("cannot remove the stale file of the old checkpoint: {e}")))?;
+        }
+    }
     Ok(())
 }
 
@@ -302,58 +323,6 @@ pub fn is_replaced_file(name: &str) -> bool {
     let Some(mid) = name.strip_prefix("model-").and_then(|r| r.strip_suffix(".safetensors")) else { return false };
     let mut parts = mid.split("-of-");
     matches!((parts.next(), parts.next(), parts.next()), (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty() && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit()))
-}
-
-/// Copy into `to` every entry of `from` that `to` lacks (skipping the replaced checkpoint files
-/// at the top level when `top`, [`is_replaced_file`]): files as hard links (else copies), folders recursively, symbolic links
-/// as links. Errors name the entry.
-fn carry_over(from: &Path, to: &Path, top: bool) -> Result<()> {
-    let rd = std::fs::read_dir(from).map_err(|e| Error::file(from, format!("cannot read the directory: {e}")))?;
-    for e in rd {
-        let e = e.map_err(|e| Error::file(from, format!("cannot read the directory: {e}")))?;
-        let name = e.file_name();
-        let (src, dst) = (e.path(), to.join(&name));
-        if (top && is_replaced_file(&name.to_string_lossy())) || std::fs::symlink_metadata(&dst).is_ok() {
-            continue;
-        }
-        let err = |x: std::io::Error| Error::file(&src, format!("cannot carry it into the new directory: {x}"));
-        let ty = e.file_type().map_err(err)?;
-        if ty.is_dir() {
-            std::fs::create_dir(&dst).map_err(err)?;
-            carry_over(&src, &dst, false)?;
-        } else if ty.is_symlink() {
-            #[cfg(unix)]
-            std::os::unix::fs::symlink(std::fs::read_link(&src).map_err(err)?, &dst).map_err(err)?;
-            #[cfg(not(unix))]
-            std::fs::copy(&src, &dst).map(|_| ()).map_err(err)?;
-        } else if std::fs::hard_link(&src, &dst).is_err() {
-            std::fs::copy(&src, &dst).map(|_| ()).map_err(err)?;
-        }
-    }
-    Ok(())
-}
-
-/// Swap the two existing paths `a` and `b` in one step (`renameat2` with `RENAME_EXCHANGE`,
-/// Linux ≥ 3.15 on most file systems). Errors: unsupported here, or the call failed.
-#[cfg(target_os = "linux")]
-fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput));
-    let (a, b) = (c(a)?, c(b)?);
-    // SAFETY: both paths are valid NUL-terminated strings that outlive the call; AT_FDCWD
-    // resolves relative paths against the working directory, as `std::fs::rename` does.
-    let r = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// No atomic exchange of two paths here: [`publish_dir`] falls back to rename aside + rename.
-#[cfg(not(target_os = "linux"))]
-fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
-    Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
 }
 
 /// Write the safetensors file `path` from `tensors` (+ header `metadata`) atomically, streamed
@@ -625,28 +594,31 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
-    /// `exchange` swaps two directories in one step, or (unsupported here) leaves both as they
-    /// were, so `publish_dir` can fall back to renaming aside.
+    /// An existing output directory is written in place, never replaced as a directory (issue
+    /// 15 trial: rebuilding it lost files other processes wrote meanwhile, its setgid mode and
+    /// the mounts inside it): same inode and mode afterwards, foreign entries untouched.
+    #[cfg(unix)]
     #[test]
-    fn exchange_swaps_two_directories() {
+    fn an_existing_directory_keeps_its_inode_mode_and_foreign_entries() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let d = tmpdir();
-        let (a, b) = (d.join("a"), d.join("b"));
-        std::fs::create_dir(&a).unwrap();
-        std::fs::create_dir(&b).unwrap();
-        std::fs::write(a.join("x"), "a").unwrap();
-        std::fs::write(b.join("y"), "b").unwrap();
-        match exchange(&a, &b) {
-            Ok(()) => {
-                assert_eq!(listing(&a), vec!["y"]);
-                assert_eq!(listing(&b), vec!["x"]);
-            }
-            // Not supported here (e.g. a file system without it): left as they were.
-            Err(e) => {
-                eprintln!("RENAME_EXCHANGE unsupported: {e}");
-                assert!(!cfg!(target_os = "linux") || e.raw_os_error().is_some());
-                assert_eq!(listing(&a), vec!["x"]);
-            }
-        }
+        let out = d.join("ckpt");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o2770)).unwrap();
+        std::fs::write(out.join("config.json"), "old").unwrap();
+        std::fs::write(out.join("notes.txt"), "mine").unwrap();
+        let before = std::fs::metadata(&out).unwrap();
+        publish_dir(&out, |t| {
+            // A file another process writes into the directory while the build runs survives.
+            std::fs::write(out.join("written-meanwhile"), "x").unwrap();
+            std::fs::write(t.join("config.json"), "new").map_err(|e| Error::Input(e.to_string()))?;
+            std::fs::write(t.join("model.safetensors"), "w").map_err(|e| Error::Input(e.to_string()))
+        })
+        .unwrap();
+        let after = std::fs::metadata(&out).unwrap();
+        assert_eq!((after.ino(), after.mode() & 0o7777), (before.ino(), 0o2770));
+        assert_eq!(listing(&out), vec!["config.json", "model.safetensors", "notes.txt", "written-meanwhile"]);
+        assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "new");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -544,6 +544,20 @@ fn absurd_sizes_are_clamped_or_refused_naming_the_argument() {
         let o = run(d.path(), &["generate", "--target", s(&fifo), "--prompt-ids", "1,2", "--max-new-tokens", "2"]);
         no_panic(&o);
         assert!(!o.status.success() && stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+        // …and so is a pipe standing in for a file inside a model directory (config, weights,
+        // tokenizer), instead of blocking the loader forever.
+        for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+            let m = d.path().join(format!("m-{name}"));
+            std::fs::create_dir(&m).unwrap();
+            for f in ["config.json", "model.safetensors"] {
+                std::fs::copy(t.join(f), m.join(f)).unwrap();
+            }
+            let _ = std::fs::remove_file(m.join(name));
+            assert!(Command::new("mkfifo").arg(m.join(name)).status().unwrap().success());
+            let o = sparkling(d.path()).args(["generate", "--target", s(&m), "--prompt-ids", "1,2", "--max-new-tokens", "2"]).output().unwrap();
+            no_panic(&o);
+            assert!(!o.status.success() && stderr(&o).contains(name) && stderr(&o).contains("not a regular file"), "{name}: {}", stderr(&o));
+        }
     }
 }
 
@@ -789,4 +803,10 @@ fn writer_options_the_mode_does_not_read_are_refused() {
         assert!(!o.status.success() && stderr(&o).contains(want), "{a:?}: {}", stderr(&o));
     }
     assert!(!out.exists(), "nothing was written");
+    // An output that is the input model is refused even with --force.
+    let before = std::fs::read(t.join("model.safetensors")).unwrap();
+    let o = run(d.path(), &["init-drafter", "--target", s(&t), "--out", s(&t), "--force"]);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("is the --target"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(t.join("model.safetensors")).unwrap(), before);
 }

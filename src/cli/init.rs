@@ -107,6 +107,9 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
         }
     }
     let tpath = target_path(&a.model)?;
+    if sparkling::fsio::same_file(&tpath, &a.out) {
+        return Err(Error::Input(format!("--out {} is the --target: the drafter would replace the target model; choose another directory", a.out.display())));
+    }
     let cfg = if tpath.extension().is_some_and(|e| e == "gguf") {
         TargetConfig::from_gguf(&GgufSource::open(&tpath)?.file)?
     } else {

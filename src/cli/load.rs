@@ -365,14 +365,19 @@ fn tokenizer_arg(t: &Path) -> Result<TextTokenizer> {
     if t.is_dir() {
         return TextTokenizer::from_dir(t);
     }
-    if !t.is_file() {
+    if !t.exists() {
         return Err(Error::file(t, "--tokenizer: no such file or directory"));
     }
+    sparkling::loader::bytes::regular_file(t, "--tokenizer: a tokenizer.json, a .gguf file or a directory")?;
     if t.extension().is_some_and(|e| e == "gguf") {
         return TextTokenizer::from_gguf(&GgufSource::open(t)?.file);
     }
     let json = std::fs::read_to_string(t).map_err(|e| Error::file(t, format!("--tokenizer: cannot read: {e}")))?;
-    let config = t.parent().and_then(|d| std::fs::read_to_string(d.join("tokenizer_config.json")).ok());
+    let config = t
+        .parent()
+        .map(|d| d.join("tokenizer_config.json"))
+        .filter(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file()))
+        .and_then(|c| std::fs::read_to_string(c).ok());
     TextTokenizer::from_json(&json, config.as_deref()).map_err(|e| Error::file(t, e.to_string()))
 }
 

@@ -81,7 +81,9 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
         }
         out.push(Row {
             method: r["method"].as_str().ok_or_else(|| bad(&format!("row {i} has no `method`")))?.to_string(),
-            budget: num("budget")? as usize,
+            budget: Some(num("budget")?)
+                .filter(|b| *b >= 1.0 && b.fract() == 0.0)
+                .ok_or_else(|| bad(&format!("row {i}: `budget` {} is not a tree budget (an integer ≥ 1)", r["budget"])))? as usize,
             tau: num("tau")?,
             tokens_per_s: num("tokens_per_s")?,
             acceptance: r["conditional_acceptance"].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default(),
@@ -374,7 +376,11 @@ mod tests {
         assert!(!dir.path().join("p").exists(), "a failed run must not leave an empty output directory");
         // Values no bench produces are refused, not drawn.
         std::fs::write(&input, r#"{"rows": [{"method": "ar", "budget": 1, "tau": -1e308, "tokens_per_s": 9}]}"#).unwrap();
-        let e = run(PlotArgs { input: vec![input], out: dir.path().join("p"), budget: None }).unwrap_err().to_string();
+        let e = run(PlotArgs { input: vec![input.clone()], out: dir.path().join("p"), budget: None }).unwrap_err().to_string();
         assert!(e.contains("`tau`") && e.contains("0..1e9"), "{e}");
+        // A budget below 1 used to spin forever drawing the budget axis.
+        std::fs::write(&input, r#"{"rows": [{"method": "sparkling", "budget": 0, "tau": 1.5, "tokens_per_s": 9}]}"#).unwrap();
+        let e = run(PlotArgs { input: vec![input.clone()], out: dir.path().join("p"), budget: None }).unwrap_err().to_string();
+        assert!(e.contains("`budget` 0 is not a tree budget"), "{e}");
     }
 }

@@ -214,10 +214,13 @@ pub fn run(a: ReduceVocabArgs) -> Result<()> {
         }
     }
     if !a.count_only {
-        let (Some(_), Some(out)) = (&a.from, &a.out) else {
+        let (Some(from), Some(out)) = (&a.from, &a.out) else {
             return Err(Error::Input("reduce-vocab needs --from (the full drafter) and --out, or --count-only".into()));
         };
         check_out_dir(out, a.force, "--out")?;
+        if sparkling::fsio::same_file(from, out) {
+            return Err(Error::Input(format!("--out {} is the --from drafter: write the reduced drafter to another directory", out.display())));
+        }
         if a.draft_vocab == 0 {
             return Err(Error::Input("--draft-vocab must be ≥ 1".into()));
         }

@@ -5,6 +5,19 @@
 use crate::error::{Error, Result};
 use std::path::Path;
 
+/// Check that `path` is a regular file (after following links) before opening it: opening a
+/// named pipe blocks until a writer appears, and a device never ends (issue 15: a pipe named
+/// `model.safetensors` or `config.json` inside a model directory hung the loader). `what`
+/// names the expected file in the error.
+pub fn regular_file(path: &Path, what: &str) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) if m.is_dir() => Err(Error::file(path, format!("is a directory: expected {what}"))),
+        Ok(_) => Err(Error::file(path, format!("is not a regular file (a pipe or device?): expected {what}"))),
+        Err(e) => Err(Error::file(path, format!("cannot open: {e}"))),
+    }
+}
+
 /// Read-only bytes of one checkpoint file; derefs to `[u8]`.
 pub enum FileBytes {
     /// A read-only memory map of a file (native targets only; `wasm32` has no file system).
@@ -21,6 +34,7 @@ impl FileBytes {
     pub fn open(path: &Path) -> Result<FileBytes> {
         #[cfg(not(target_arch = "wasm32"))]
         {
+            regular_file(path, "a model file")?;
             let f = std::fs::File::open(path).map_err(|e| Error::file(path, format!("cannot open: {e}")))?;
             let meta = f.metadata().map_err(|e| Error::file(path, format!("cannot stat: {e}")))?;
             if meta.is_dir() {

@@ -27,10 +27,16 @@ impl SafetensorsSource {
             if single.exists() {
                 paths.push(single);
             } else if index.exists() {
+                super::bytes::regular_file(&index, "a safetensors index")?;
                 let text = std::fs::read_to_string(&index).map_err(|e| Error::file(&index, e.to_string()))?;
                 let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&index, format!("invalid JSON: {e}")))?;
                 let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::config(&index, "weight_map", "missing or not an object"))?;
                 let mut shard_names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+                // Shards live in the model directory: a path elsewhere (`../x`, `/etc/passwd`)
+                // is not a shard of this model.
+                if let Some(bad) = shard_names.iter().find(|f| f.is_empty() || f.contains('/') || f.contains('\\') || f.starts_with('.')) {
+                    return Err(Error::config(&index, "weight_map", format!("shard `{bad}` is not a file name in the model directory")));
+                }
                 shard_names.sort();
                 shard_names.dedup();
                 paths.extend(shard_names.into_iter().map(|f| path.join(f)));

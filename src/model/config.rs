@@ -154,6 +154,8 @@ pub fn default_target_layer_ids(num_target_layers: usize, num_draft_layers: usiz
 /// Read `config.json` of an HF checkpoint directory.
 pub fn read_json(dir: &Path) -> Result<(std::path::PathBuf, Value)> {
     let path = if dir.is_dir() { dir.join("config.json") } else { dir.to_path_buf() };
+    #[cfg(not(target_arch = "wasm32"))]
+    crate::loader::bytes::regular_file(&path, "a config.json")?;
     let text = std::fs::read_to_string(&path).map_err(|e| Error::file(&path, format!("cannot read config: {e}")))?;
     let v = serde_json::from_str(&text).map_err(|e| Error::file(&path, format!("invalid JSON: {e}")))?;
     Ok((path, v))

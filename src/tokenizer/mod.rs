@@ -84,8 +84,11 @@ impl TextTokenizer {
     /// Errors: [`Error::File`] naming `tokenizer.json` when it is missing or invalid.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let tj = dir.join("tokenizer.json");
+        #[cfg(not(target_arch = "wasm32"))]
+        crate::loader::bytes::regular_file(&tj, "a tokenizer.json")?;
         let json = std::fs::read_to_string(&tj).map_err(|e| Error::file(&tj, format!("cannot read tokenizer: {e}")))?;
-        let config = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok();
+        let tc = dir.join("tokenizer_config.json");
+        let config = if std::fs::metadata(&tc).is_ok_and(|m| m.is_file()) { std::fs::read_to_string(&tc).ok() } else { None };
         TextTokenizer::from_json(&json, config.as_deref()).map_err(|e| Error::file(&tj, e.to_string()))
     }
 

@@ -17,6 +17,16 @@
 
 #![warn(missing_docs)]
 
+/// `eprintln!` that never panics: a closed or full stderr (`2>/dev/full`, `2>&1 | head`) must
+/// not abort a run or lose its results (issue 15); a message that cannot be written is dropped.
+/// Shadows the standard macro for this crate (textual scope: defined before the modules).
+macro_rules! eprintln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 pub mod cache;
 pub mod checkpoint;
 pub mod error;

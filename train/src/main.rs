@@ -2,6 +2,16 @@
 //! in `lib.rs` and `train/README.md`). Every failure is an error message naming the file or
 //! argument at fault, with exit status 1.
 
+/// `eprintln!` that never panics: a closed or full stderr (`2>/dev/full`, `2>&1 | head`) must
+/// not abort a run or lose its results (issue 15); a message that cannot be written is dropped.
+/// Shadows the standard macro for this crate (textual scope: defined before the modules).
+macro_rules! eprintln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 use clap::{Parser, Subcommand};
 use sparkling::model::config::default_target_layer_ids;
 use sparkling_train::checkpoint::{fold_ctx_scale, latest_checkpoint, load_checkpoint, load_checkpoint_scale, read_draft_vocab, read_run_config};
@@ -354,6 +364,11 @@ fn run(cli: Cli) -> Result<()> {
 fn export(run: &Path, out: &Path, step: Option<usize>, f32: bool, force: bool) -> Result<()> {
     sparkling::fsio::check_out_dir(out, force, "--out")?;
     let rc = read_run_config(run)?;
+    for (input, what) in [(run, "the --run directory"), (Path::new(&rc.target), "the run's target")] {
+        if sparkling::fsio::same_file(input, out) {
+            return Err(Error::arg("out", format!("{} is {what}: export the drafter to another directory", out.display())));
+        }
+    }
     let (meta, _head, tcfg, dcfg) = run_context(&rc)?;
     let step = match step {
         Some(s) => s,
