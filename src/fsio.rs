@@ -279,6 +279,17 @@ pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Resul
     if !held_before && holds_model(dir) {
         return Err(raced());
     }
+    if !held_before {
+        // No checkpoint here, so no `--force` was asked for: a file of the user's with the name
+        // of one we write (a `training.json`, a `draft_vocab.json`) is not ours to replace.
+        let clash = std::fs::read_dir(&tmp.path).ok().and_then(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name()).find(|n| dir.join(n).exists()));
+        if let Some(n) = clash {
+            return Err(Error::file(
+                &dir.join(&n),
+                "exists in the output directory and is not part of a checkpoint there; refusing to replace it (move it, or choose another directory)",
+            ));
+        }
+    }
     install_files(&tmp.path, dir)
 }
 
@@ -619,6 +630,20 @@ mod tests {
         assert_eq!((after.ino(), after.mode() & 0o7777), (before.ino(), 0o2770));
         assert_eq!(listing(&out), vec!["config.json", "model.safetensors", "notes.txt", "written-meanwhile"]);
         assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "new");
+        // A directory without a checkpoint (so no --force was needed): a user's file with the
+        // name of one the build writes is refused, not replaced.
+        let plain = d.join("plain");
+        std::fs::create_dir(&plain).unwrap();
+        std::fs::write(plain.join("training.json"), "mine").unwrap();
+        let e = publish_dir(&plain, |t| {
+            std::fs::write(t.join("config.json"), "c").map_err(|e| Error::Input(e.to_string()))?;
+            std::fs::write(t.join("training.json"), "t").map_err(|e| Error::Input(e.to_string()))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("training.json") && e.contains("refusing to replace"), "{e}");
+        assert_eq!(listing(&plain), vec!["training.json"]);
+        assert_eq!(std::fs::read_to_string(plain.join("training.json")).unwrap(), "mine");
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -238,3 +238,20 @@ fn non_finite_weights_are_an_error() {
     assert!(e.contains("model.safetensors") || e.contains(&d.path().display().to_string()), "{e}");
     assert!(e.contains("not finite") && e.contains("index 3"), "{e}");
 }
+
+/// Issue 15 trial: a BPE merge whose parts or result are not in the vocabulary made the
+/// `tokenizers` crate panic while encoding; it is an error at load, naming the merge.
+#[test]
+fn tokenizer_with_a_merge_outside_the_vocabulary_is_an_error() {
+    let vocab: serde_json::Map<String, serde_json::Value> = (32u8..127).map(|c| ((c as char).to_string(), serde_json::json!(c - 32))).collect();
+    let tok = |merges: serde_json::Value| {
+        serde_json::json!({"version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+            "model": {"type": "BPE", "vocab": vocab.clone(), "merges": merges}})
+        .to_string()
+    };
+    let e =
+        sparkling::tokenizer::TextTokenizer::from_json(&tok(serde_json::json!(["a b"])), None).err().expect("merge `ab` is not in the vocabulary").to_string();
+    assert!(e.contains("merge 0") && e.contains("`ab`"), "{e}");
+    let t = sparkling::tokenizer::TextTokenizer::from_json(&tok(serde_json::json!([])), None).unwrap();
+    assert_eq!(t.encode_raw("hi").unwrap(), vec![72, 73]);
+}

@@ -74,6 +74,9 @@ pub fn read_prompts(path: &Path, limit: usize) -> Result<Vec<String>> {
     read_prompts_with(path, limit, |_| None)
 }
 
+/// Longest prompt line accepted from a prompt file, bytes (a 1 M-token context is ~4 MB).
+const MAX_PROMPT_BYTES: usize = 8 << 20;
+
 /// [`read_prompts`], with `fallback` giving the prompt of a JSON line in none of the bench
 /// formats (`None`: the line is an error naming the expected fields). Plain-text files (one
 /// prompt per line) and gzip (`.gz`) are read as by `bench`.
@@ -91,6 +94,14 @@ pub fn read_prompts_with(path: &Path, limit: usize, fallback: impl Fn(&serde_jso
     for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
         if out.len() >= limit {
             break;
+        }
+        // No context holds a prompt this long, and tokenizing one allocates many times its size
+        // (issue 15: a 200 MB line, 200 KB gzipped, aborted on allocation).
+        if line.len() > MAX_PROMPT_BYTES {
+            return Err(Error::file(
+                path,
+                format!("line {}: {} bytes, more than any context holds (at most {MAX_PROMPT_BYTES} bytes a prompt)", i + 1, line.len()),
+            ));
         }
         if !line.trim_start().starts_with('{') {
             out.push(line.to_string());

@@ -39,6 +39,8 @@ fn engine_build() -> String {
 
 /// The cached model at `path` when it exists, parses and covers trees of `n_max` nodes.
 pub fn load(path: &Path, n_max: usize) -> Option<CostModel> {
+    // A pipe or device here would block (issue 15 trial): only a regular file is a cache entry.
+    sparkling::loader::bytes::regular_file(path, "a cost-cache file").ok()?;
     let text = std::fs::read_to_string(path).ok()?;
     let c: CostModel = serde_json::from_str(&text).ok()?;
     (c.is_valid() && c.max_rows() > n_max).then_some(c)

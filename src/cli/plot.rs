@@ -71,8 +71,15 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
         if r["budget"].as_str() == Some("auto") {
             // `--budgets auto` rows have no fixed budget to place on the budget axis; their
             // calibration gets its own chart.
-            let nums = |k: &str| -> Vec<f64> { r["stats"][k].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default() };
-            let (predicted, accepted) = (nums("calib_predicted"), nums("calib_accepted"));
+            // Calibration masses are probabilities (a huge value spun the chart's axis forever).
+            let nums = |k: &str| -> Result<Vec<f64>> {
+                let v: Vec<f64> = r["stats"][k].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default();
+                match v.iter().find(|x| !(x.is_finite() && (0.0..=1e6).contains(*x))) {
+                    Some(x) => Err(bad(&format!("row {i}: `stats.{k}` holds {x}, not a probability mass"))),
+                    None => Ok(v),
+                }
+            };
+            let (predicted, accepted) = (nums("calib_predicted")?, nums("calib_accepted")?);
             if !predicted.is_empty() {
                 let method = r["method"].as_str().unwrap_or("?").to_string();
                 calib.push(CalibRow { method, predicted, accepted });
@@ -81,8 +88,9 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
         }
         out.push(Row {
             method: r["method"].as_str().ok_or_else(|| bad(&format!("row {i} has no `method`")))?.to_string(),
+            // `ar` rows carry budget 0 (no tree); every other method's is a tree budget ≥ 1.
             budget: Some(num("budget")?)
-                .filter(|b| *b >= 1.0 && b.fract() == 0.0)
+                .filter(|b| b.fract() == 0.0 && (*b >= 1.0 || r["method"].as_str() == Some("ar")))
                 .ok_or_else(|| bad(&format!("row {i}: `budget` {} is not a tree budget (an integer ≥ 1)", r["budget"])))? as usize,
             tau: num("tau")?,
             tokens_per_s: num("tokens_per_s")?,

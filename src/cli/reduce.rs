@@ -236,6 +236,16 @@ pub fn run(a: ReduceVocabArgs) -> Result<()> {
     }
     if let Some(s) = &a.save_counts {
         check_writable(s, "--save-counts")?;
+        // The counts never replace one of the run's inputs (issue 15 trial: prompts, counts, a
+        // cache's files and the --from drafter's files were overwritten).
+        let mut files = a.prompts.iter().chain(&a.tiebreak_prompts).chain(&a.counts).chain(&a.coverage_of);
+        if let Some(p) = files.find(|p| sparkling::fsio::same_file(p, s)) {
+            return Err(Error::Input(format!("--save-counts {} is an input of this run ({}); choose another file", s.display(), p.display())));
+        }
+        let mut dirs = a.cache.iter().chain(a.from.iter());
+        if let Some(d) = dirs.find(|d| s.parent().is_some_and(|p| sparkling::fsio::same_file(p, d))) {
+            return Err(Error::Input(format!("--save-counts {} is inside the input directory {}; choose another place", s.display(), d.display())));
+        }
     }
     let s = select(&a.model)?;
     match s.backend {

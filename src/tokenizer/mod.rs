@@ -98,6 +98,7 @@ impl TextTokenizer {
     /// the vocabulary has them.
     /// Errors: [`Error::Tokenizer`] when `tokenizer_json` is not a valid tokenizer.
     pub fn from_json(tokenizer_json: &str, tokenizer_config_json: Option<&str>) -> Result<Self> {
+        check_bpe_merges(tokenizer_json)?;
         let inner: tokenizers::Tokenizer = tokenizer_json.parse().map_err(|e| Error::Tokenizer(format!("cannot load tokenizer.json: {e}")))?;
         let jinja = tokenizer_config_json
             .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
@@ -190,6 +191,37 @@ impl TextStream {
         }
         Ok(String::new())
     }
+}
+
+/// A BPE model's merges must join tokens of its vocabulary into a token of its vocabulary: the
+/// `tokenizers` crate accepts other merges at load and then panics while encoding (issue 15
+/// trial). Checked on the JSON before loading; errors name the merge.
+fn check_bpe_merges(tokenizer_json: &str) -> Result<()> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(tokenizer_json) else { return Ok(()) }; // the loader reports bad JSON
+    let model = &v["model"];
+    if model["type"].as_str() != Some("BPE") {
+        return Ok(());
+    }
+    let Some(vocab) = model["vocab"].as_object() else { return Ok(()) };
+    let Some(merges) = model["merges"].as_array() else { return Ok(()) };
+    for (i, m) in merges.iter().enumerate() {
+        let (a, b) = match m {
+            serde_json::Value::String(s) => match s.split_once(' ') {
+                Some((a, b)) => (a.to_string(), b.to_string()),
+                None => return Err(Error::Tokenizer(format!("cannot load tokenizer.json: merge {i} `{s}` is not two tokens"))),
+            },
+            serde_json::Value::Array(p) if p.len() == 2 => (p[0].as_str().unwrap_or_default().to_string(), p[1].as_str().unwrap_or_default().to_string()),
+            _ => return Err(Error::Tokenizer(format!("cannot load tokenizer.json: merge {i} is not a pair of tokens"))),
+        };
+        let joined = format!("{a}{b}");
+        for t in [&a, &b, &joined] {
+            if !vocab.contains_key(t.as_str()) {
+                let msg = format!("cannot load tokenizer.json: merge {i} (`{a}` + `{b}`) uses `{t}`, which is not in the vocabulary");
+                return Err(Error::Tokenizer(msg));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@ impl CacheMeta {
         if !p.exists() {
             return Ok(None);
         }
+        sparkling::loader::bytes::regular_file(&p, "a run or cache file")?;
         let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
         serde_json::from_str(&text).map(Some).map_err(|e| Error::file(&p, format!("invalid cache meta: {e}")))
     }
@@ -194,6 +195,7 @@ impl Sequence {
 
     /// Read one sequence file.
     pub fn read(path: &Path) -> Result<Self> {
+        sparkling::loader::bytes::regular_file(path, "a cache file")?;
         let b = std::fs::read(path).map_err(|e| io(path, e))?;
         Sequence::from_bytes(path, &b)
     }

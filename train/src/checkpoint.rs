@@ -26,6 +26,7 @@ pub const DRAFT_VOCAB_FILE: &str = "draft_vocab.json";
 pub fn read_draft_vocab(out: &Path, rc: &RunConfig, vocab: usize) -> Result<Option<DraftVocab>> {
     let Some(vd) = rc.draft_vocab else { return Ok(None) };
     let p = out.join(DRAFT_VOCAB_FILE);
+    sparkling::loader::bytes::regular_file(&p, "a run or cache file")?;
     let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
     let ids: Vec<i64> = v
@@ -68,6 +69,7 @@ pub const CTX_SCALE: &str = "precond.ctx_scale";
 /// [`load_checkpoint_scale`] for the preconditioner.
 pub fn load_checkpoint(out: &Path, step: usize, cfg: &DrafterConfig, n_feat: usize, opt: Option<&mut AdamW>) -> Result<Params> {
     let (st, js) = ckpt_paths(out, step);
+    sparkling::loader::bytes::regular_file(&st, "a checkpoint file")?;
     let all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
     let mut params = BTreeMap::new();
     let mut m = BTreeMap::new();
@@ -83,7 +85,11 @@ pub fn load_checkpoint(out: &Path, step: usize, cfg: &DrafterConfig, n_feat: usi
     }
     let p = Params::from_tensors(cfg, n_feat, params, &st.display().to_string())?;
     if let Some(o) = opt {
-        let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&js).map_err(|e| io(&js, e))?).map_err(|e| Error::file(&js, e))?;
+        let state: serde_json::Value = serde_json::from_str(&{
+            sparkling::loader::bytes::regular_file(&js, "a checkpoint file")?;
+            std::fs::read_to_string(&js).map_err(|e| io(&js, e))?
+        })
+        .map_err(|e| Error::file(&js, e))?;
         o.t = state.get("adam_t").and_then(|x| x.as_u64()).ok_or_else(|| Error::file(&js, "missing `adam_t`"))?;
         for n in p.vars.keys() {
             let (Some(a), Some(b)) = (m.remove(n), v.remove(n)) else {
@@ -145,6 +151,7 @@ pub(crate) fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, 
 /// Read `run.json` of a run directory.
 pub fn read_run_config(out: &Path) -> Result<RunConfig> {
     let p = out.join("run.json");
+    sparkling::loader::bytes::regular_file(&p, "a run or cache file")?;
     let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
     serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid run config: {e}")))
 }
@@ -156,6 +163,7 @@ pub fn read_run_config(out: &Path) -> Result<RunConfig> {
 pub fn frozen_file_list(rc: &RunConfig, out: &Path) -> Result<Vec<String>> {
     let p = out.join(DATA_FILE);
     if p.exists() {
+        sparkling::loader::bytes::regular_file(&p, "a run or cache file")?;
         let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
         return v

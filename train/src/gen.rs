@@ -359,7 +359,16 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
             return Err(Error::file(&o.out, format!("holds answers to other prompt files ({}); use another --out", m.source)));
         }
         Some(_) => {}
-        None => meta.write(&o.out)?,
+        None => {
+            // A new cache goes into a new or empty directory, never over a user's files.
+            if o.out.exists() && !o.out.is_dir() {
+                return Err(Error::file(&o.out, "--out: exists and is not a directory (expected a training-cache directory)"));
+            }
+            if std::fs::read_dir(&o.out).is_ok_and(|mut r| r.next().is_some()) {
+                return Err(Error::file(&o.out, "--out: not empty and not a training cache (no meta.json); choose a new directory"));
+            }
+            meta.write(&o.out)?
+        }
     }
     if o.start >= prompts.len() {
         return Err(Error::arg("start", format!("{} is past the {} prompts of --prompts", o.start, prompts.len())));

@@ -487,8 +487,11 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     if ctl.ckpt_every == 0 {
         return Err(Error::arg("ckpt-every", "must be ≥ 1"));
     }
-    std::fs::create_dir_all(&ctl.out).map_err(|e| io(&ctl.out, e))?;
     let run_json = ctl.out.join("run.json");
+    if !run_json.exists() && std::fs::read_dir(&ctl.out).is_ok_and(|mut r| r.next().is_some()) {
+        return Err(Error::file(&ctl.out, "--out: not empty and not a training run (no run.json); choose a new directory"));
+    }
+    std::fs::create_dir_all(&ctl.out).map_err(|e| io(&ctl.out, e))?;
     if run_json.exists() {
         let old = read_run_config(&ctl.out)?;
         // `--steps` may change on resume (the cosine schedule then follows the new length).
@@ -560,7 +563,11 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         let mut opt = AdamW::new(ocfg, &init)?;
         let p = load_checkpoint(&ctl.out, start, &dcfg, n_feat, Some(&mut opt))?;
         let (_, js) = ckpt_paths(&ctl.out, start);
-        let st: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&js).map_err(|e| io(&js, e))?).map_err(|e| Error::file(&js, e))?;
+        let st: serde_json::Value = serde_json::from_str(&{
+            sparkling::loader::bytes::regular_file(&js, "a checkpoint file")?;
+            std::fs::read_to_string(&js).map_err(|e| io(&js, e))?
+        })
+        .map_err(|e| Error::file(&js, e))?;
         eprintln!("resuming from step {start}");
         (p, opt, st.get("elapsed_s").and_then(|x| x.as_f64()).unwrap_or(0.0))
     } else {
