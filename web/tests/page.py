@@ -324,7 +324,7 @@ def main():
         d.js("window.__ticks = 0; window.__tick = setInterval(() => { window.__ticks++; }, 20);")
         r, st = generate(d, "ar", 2)
         ticks = d.js("clearInterval(window.__tick); return window.__ticks")
-        check(r is not None and len(r["tokens"]) == 2 and ticks >= 10,
+        check(r is not None and 1 <= len(r["tokens"]) <= 2 and ticks >= 10,
               f"the page keeps running while a 600-word message is read ({ticks} timer turns during the run)")
         set_value(d, "prompt", default_prompt)
         # A fixed tree size: `auto` chooses from measured timings, so a second run (the tree-view

@@ -59,6 +59,15 @@ function clearMessages() { for (const id of ["error", "warn", "loaderror", "load
 
 function setBusy(kind) {
   const focused = document.activeElement;
+  if (kind === null && treeFrame) {
+    // The last round's tree and chart were waiting for the next animation frame: draw them now,
+    // so the finished run's view is complete the moment the page is idle (a hidden or busy
+    // page may delay that frame for long).
+    cancelAnimationFrame(treeFrame);
+    treeFrame = 0;
+    renderTree();
+    renderAccept();
+  }
   state.busy = kind;
   document.body.dataset.busy = kind ?? "";
   const loading = kind === "load", generating = kind === "gen";
