@@ -9,6 +9,24 @@ use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Write `s` to stdout and flush. A closed pipe (`sparkling … | head`) ends the program quietly
+/// with status 0: the reader has what it wanted, and results meant for files were written
+/// before stdout was touched. Other errors (`> /dev/full`) are returned, naming stdout.
+pub fn write_stdout(s: &str) -> Result<()> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    o.write_all(s.as_bytes()).and_then(|_| o.flush()).map_err(stdout_error)
+}
+
+/// The error for a failed write to stdout; a broken pipe exits quietly instead (see
+/// [`write_stdout`]).
+pub fn stdout_error(e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    Error::Input(format!("cannot write to standard output: {e}"))
+}
+
 /// Files whose presence marks a directory as holding a checkpoint or model.
 pub fn holds_model(dir: &Path) -> bool {
     let Ok(rd) = std::fs::read_dir(dir) else { return false };

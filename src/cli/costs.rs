@@ -47,10 +47,18 @@ pub fn load(path: &Path, n_max: usize) -> Option<CostModel> {
 }
 
 /// Write `c` to `path` atomically (creating `costs/`); failures are a note, not an error.
+/// A symbolic link found at `path` is replaced, never written through: the cache names its own
+/// files, and a link planted there must not turn a cache update into a write elsewhere (issue 15).
 pub fn save(path: &Path, c: &CostModel) {
     let r = path
         .parent()
         .map_or(Ok(()), |d| std::fs::create_dir_all(d).map_err(|e| sparkling::Error::file(d, e.to_string())))
+        .and_then(|_| match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                std::fs::remove_file(path).map_err(|e| sparkling::Error::file(path, format!("a symbolic link in the cost cache cannot be removed: {e}")))
+            }
+            _ => Ok(()),
+        })
         .and_then(|_| sparkling::fsio::write_bytes(path, serde_json::to_string_pretty(c).unwrap_or_default().as_bytes()));
     match r {
         Ok(()) => eprintln!("budget auto: cost model measured in {:.0} ms, cached in {}", c.measure_ms, path.display()),
@@ -64,5 +72,28 @@ pub fn attach(p: &mut GenParams, path: &Path) {
         if a.cost.is_none() {
             a.cost = load(path, p.tree.budget);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 15 trial: a symbolic link planted in the cost cache is replaced by the entry; the
+    /// file it pointed to is untouched.
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_in_the_cost_cache_is_replaced_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim.txt");
+        std::fs::write(&victim, "keep me").unwrap();
+        let entry = dir.path().join("costs").join("entry.json");
+        std::fs::create_dir_all(entry.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&victim, &entry).unwrap();
+        let c = CostModel::from_points(vec![1, 2, 3], vec![1.0, 1.5, 2.0], 0.5);
+        save(&entry, &c);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+        assert!(std::fs::symlink_metadata(&entry).unwrap().file_type().is_file());
+        assert_eq!(load(&entry, 2).map(|m| m.max_rows()), Some(c.max_rows()));
     }
 }

@@ -23,7 +23,6 @@ mod reduce;
 
 use clap::{Parser, Subcommand};
 use sparkling::{Error, Result};
-use std::io::Write;
 
 /// SparklingTree: lossless speculative decoding with block-diffusion draft trees.
 #[derive(Parser)]
@@ -93,22 +92,7 @@ pub fn run() -> Result<()> {
     })
 }
 
-/// Write `s` to stdout and flush. A closed pipe (`sparkling … | head`) ends the program quietly
-/// with status 0: the reader has what it wanted, and results meant for files were written
-/// before stdout was touched. Other errors (`> /dev/full`) are returned, naming stdout.
-pub fn write_stdout(s: &str) -> Result<()> {
-    let mut o = std::io::stdout().lock();
-    o.write_all(s.as_bytes()).and_then(|_| o.flush()).map_err(stdout_error)
-}
-
-/// The error for a failed write to stdout; a broken pipe exits quietly instead (see
-/// [`write_stdout`]).
-pub fn stdout_error(e: std::io::Error) -> Error {
-    if e.kind() == std::io::ErrorKind::BrokenPipe {
-        std::process::exit(0);
-    }
-    Error::Input(format!("cannot write to standard output: {e}"))
-}
+pub use sparkling::fsio::{stdout_error, write_stdout};
 
 /// Bound the tree knobs by what they can mean (issue 15): more candidates per depth than the
 /// vocabulary holds, a fan-out above the candidates or a TreeSpark k above the vocabulary only

@@ -148,6 +148,57 @@ pub(crate) fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, 
     Ok(())
 }
 
+/// Make `out` ready for run `rc` (issue 15): a new or empty directory is created; an existing
+/// run directory must hold the same run (`--steps` may change on `resume`), except that a run
+/// which stopped before its first checkpoint is started afresh there (its `run.json`, frozen
+/// file list, draft vocabulary and log are removed). Errors: a non-empty directory that is not
+/// a run, a different run (naming the options that differ when resuming), I/O (naming the path).
+pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<()> {
+    let run_json = out.join("run.json");
+    if !run_json.exists() && std::fs::read_dir(out).is_ok_and(|mut r| r.next().is_some()) {
+        return Err(Error::file(out, "--out: not empty and not a training run (no run.json); choose a new directory"));
+    }
+    std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
+    if run_json.exists() && latest_checkpoint(out)?.is_none() {
+        // A run that stopped before its first checkpoint (an error or an interrupt after
+        // `run.json` was written) has nothing to resume: its frozen files are replaced, so a
+        // rerun with other options is not refused forever (issue 15).
+        if read_run_config(out).map_or(true, |old| old != *rc) {
+            eprintln!("note: {} holds a run that never reached a checkpoint; starting this run there afresh", out.display());
+            for f in ["run.json", DATA_FILE, DRAFT_VOCAB_FILE, "log.jsonl"] {
+                match std::fs::remove_file(out.join(f)) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&out.join(f), e)),
+                    _ => {}
+                }
+            }
+        }
+    }
+    if run_json.exists() {
+        let old = read_run_config(out)?;
+        // `--steps` may change on resume (the cosine schedule then follows the new length).
+        let same = RunConfig { steps: rc.steps, ..old.clone() } == *rc;
+        if !same || (!resume && old.steps != rc.steps) {
+            if resume {
+                let (a, b) = (serde_json::to_value(&old).unwrap_or_default(), serde_json::to_value(rc).unwrap_or_default());
+                let differ: Vec<String> = match (a.as_object(), b.as_object()) {
+                    (Some(a), Some(b)) => a
+                        .iter()
+                        .filter(|(k, v)| k.as_str() != "steps" && b.get(k.as_str()) != Some(*v))
+                        .map(|(k, v)| format!("{k}: run {v}, now {}", b.get(k.as_str()).cloned().unwrap_or_default()))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                return Err(Error::file(
+                    &run_json,
+                    format!("the run's options differ from this invocation's ({}); resume with the same options", differ.join("; ")),
+                ));
+            }
+            return Err(Error::file(&run_json, "a different run lives here; pass another --out (or --resume with the same options)"));
+        }
+    }
+    Ok(())
+}
+
 /// Read `run.json` of a run directory.
 pub fn read_run_config(out: &Path) -> Result<RunConfig> {
     let p = out.join("run.json");

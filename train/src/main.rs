@@ -201,7 +201,19 @@ fn default_target() -> PathBuf {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        // `--help` / `--version` through the engine's stdout writer, so a full disk is an error
+        // (clap's own printer ignores write failures and exits 0); usage errors exit 2 as usual.
+        Err(e) if !e.use_stderr() => match sparkling::fsio::write_stdout(&e.render().to_string()) {
+            Ok(()) => return,
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        },
+        Err(e) => e.exit(),
+    };
     if let Err(e) = run(cli) {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -18,7 +18,7 @@
 //! deterministic for a fixed thread count; `--resume` restores parameters and AdamW moments.
 
 use crate::cache::{load_files, CacheMeta, Sequence};
-use crate::checkpoint::{ckpt_paths, frozen_draft_vocab, frozen_file_list, latest_checkpoint, load_checkpoint, read_run_config, save_checkpoint};
+use crate::checkpoint::{ckpt_paths, frozen_draft_vocab, frozen_file_list, latest_checkpoint, load_checkpoint, prepare_run_dir, save_checkpoint};
 use crate::error::{io, Error, Result};
 use crate::eval::{evaluate, Metrics};
 use crate::gen::load_lm_head;
@@ -487,34 +487,8 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     if ctl.ckpt_every == 0 {
         return Err(Error::arg("ckpt-every", "must be ≥ 1"));
     }
+    prepare_run_dir(&ctl.out, rc, ctl.resume)?;
     let run_json = ctl.out.join("run.json");
-    if !run_json.exists() && std::fs::read_dir(&ctl.out).is_ok_and(|mut r| r.next().is_some()) {
-        return Err(Error::file(&ctl.out, "--out: not empty and not a training run (no run.json); choose a new directory"));
-    }
-    std::fs::create_dir_all(&ctl.out).map_err(|e| io(&ctl.out, e))?;
-    if run_json.exists() {
-        let old = read_run_config(&ctl.out)?;
-        // `--steps` may change on resume (the cosine schedule then follows the new length).
-        let same = RunConfig { steps: rc.steps, ..old.clone() } == *rc;
-        if !same || (!ctl.resume && old.steps != rc.steps) {
-            if ctl.resume {
-                let (a, b) = (serde_json::to_value(&old).unwrap_or_default(), serde_json::to_value(rc).unwrap_or_default());
-                let differ: Vec<String> = match (a.as_object(), b.as_object()) {
-                    (Some(a), Some(b)) => a
-                        .iter()
-                        .filter(|(k, v)| k.as_str() != "steps" && b.get(k.as_str()) != Some(*v))
-                        .map(|(k, v)| format!("{k}: run {v}, now {}", b.get(k.as_str()).cloned().unwrap_or_default()))
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                return Err(Error::file(
-                    &run_json,
-                    format!("the run's options differ from this invocation's ({}); resume with the same options", differ.join("; ")),
-                ));
-            }
-            return Err(Error::file(&run_json, "a different run lives here; pass another --out (or --resume with the same options)"));
-        }
-    }
     let (meta, head, tcfg, dcfg) = run_context(rc)?;
     let n_feat = meta.width();
     let t_load = Instant::now();
@@ -738,19 +712,12 @@ mod tests {
         assert_eq!((dv.draft_id(9), dv.draft_id(4)), (Some(3), None));
     }
 
-    /// The first start freezes the cache's file list (`--max-seqs` keeps the first N by name);
-    /// files `gen-data` appends later do not enter a resumed run.
-    #[test]
-    fn file_list_is_frozen_at_the_first_start() {
-        let cache = tempfile::tempdir().unwrap();
-        let out = tempfile::tempdir().unwrap();
-        for id in [3u32, 1, 2] {
-            seq(id, &[1], &[2, 3]).write(cache.path()).unwrap();
-        }
-        let rc = RunConfig {
+    /// A small run over `cache` for the run-directory tests.
+    fn test_run(cache: &Path) -> RunConfig {
+        RunConfig {
             kind: "dspark".into(),
             target: String::new(),
-            cache: cache.path().display().to_string(),
+            cache: cache.display().to_string(),
             layers: 1,
             block_size: 4,
             markov_rank: 0,
@@ -773,7 +740,46 @@ mod tests {
             init_from_target: None,
             draft_vocab: None,
             max_seqs: Some(2),
-        };
+        }
+    }
+
+    /// Issue 15: a run that failed before its first checkpoint leaves `run.json` + `data.json`;
+    /// a rerun with other options starts afresh there instead of being refused forever, while
+    /// a run with a checkpoint is still protected.
+    #[test]
+    fn a_run_without_a_checkpoint_is_restarted_with_new_options() {
+        let cache = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        for id in [1u32, 2] {
+            seq(id, &[1], &[2, 3]).write(cache.path()).unwrap();
+        }
+        let rc = test_run(cache.path());
+        prepare_run_dir(out.path(), &rc, false).unwrap();
+        sparkling::fsio::write_bytes(&out.path().join("run.json"), serde_json::to_string(&rc).unwrap().as_bytes()).unwrap();
+        assert_eq!(frozen_file_list(&rc, out.path()).unwrap().len(), 2);
+        let other = RunConfig { lr: 2e-3, max_seqs: Some(1), ..rc.clone() };
+        prepare_run_dir(out.path(), &other, false).unwrap();
+        assert!(!out.path().join("run.json").exists() && !out.path().join(DATA_FILE).exists());
+        assert_eq!(frozen_file_list(&other, out.path()).unwrap(), vec!["seq-00001.bin".to_string()]);
+        // With a checkpoint the run exists: other options are refused, the same ones pass.
+        sparkling::fsio::write_bytes(&out.path().join("run.json"), serde_json::to_string(&other).unwrap().as_bytes()).unwrap();
+        std::fs::write(out.path().join("ckpt-000001.json"), "{}").unwrap();
+        let e = prepare_run_dir(out.path(), &rc, false).unwrap_err().to_string();
+        assert!(e.contains("a different run lives here"), "{e}");
+        prepare_run_dir(out.path(), &other, true).unwrap();
+        assert!(out.path().join("run.json").exists() && out.path().join(DATA_FILE).exists());
+    }
+
+    /// The first start freezes the cache's file list (`--max-seqs` keeps the first N by name);
+    /// files `gen-data` appends later do not enter a resumed run.
+    #[test]
+    fn file_list_is_frozen_at_the_first_start() {
+        let cache = tempfile::tempdir().unwrap();
+        let out = tempfile::tempdir().unwrap();
+        for id in [3u32, 1, 2] {
+            seq(id, &[1], &[2, 3]).write(cache.path()).unwrap();
+        }
+        let rc = test_run(cache.path());
         let first = frozen_file_list(&rc, out.path()).unwrap();
         assert_eq!(first, vec!["seq-00001.bin".to_string(), "seq-00002.bin".into()]);
         seq(0, &[1], &[2, 3]).write(cache.path()).unwrap();
