@@ -92,22 +92,64 @@ fn sweep_stale(path: &Path) {
     let _ = path;
 }
 
-/// A temporary file or directory removed on drop unless kept.
+/// A temporary file or directory removed on drop unless kept. While it lives its path is in
+/// [`LIVE`], so an interrupt removes it too ([`install_interrupt_cleanup`]).
 struct Temp {
     path: PathBuf,
     keep: bool,
 }
 
+/// The temporaries of this process that exist now (see [`Temp`]).
+static LIVE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+impl Temp {
+    fn new(path: PathBuf) -> Temp {
+        if let Ok(mut l) = LIVE.lock() {
+            l.push(path.clone());
+        }
+        Temp { path, keep: false }
+    }
+}
+
+fn remove_path(p: &Path) {
+    if p.is_dir() {
+        let _ = std::fs::remove_dir_all(p);
+    } else {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 impl Drop for Temp {
     fn drop(&mut self) {
         if !self.keep {
-            if self.path.is_dir() {
-                let _ = std::fs::remove_dir_all(&self.path);
-            } else {
-                let _ = std::fs::remove_file(&self.path);
+            remove_path(&self.path);
+        }
+        if let Ok(mut l) = LIVE.lock() {
+            if let Some(i) = l.iter().rposition(|p| *p == self.path) {
+                l.swap_remove(i);
             }
         }
     }
+}
+
+/// On SIGINT, SIGTERM or SIGHUP, remove this process's half-written temporaries (files and
+/// directories being built, see [`write_with`] and [`publish_dir`]) and exit with status 130, so
+/// an interrupted run leaves no hidden multi-gigabyte leftovers (issue 15). A run killed with
+/// SIGKILL cannot clean up: its temporaries are swept by the next run writing the same output.
+/// Call once at start-up; a second call (or a host that already handles these signals) is a
+/// no-op. Native only.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn install_interrupt_cleanup() {
+    let _ = ctrlc::set_handler(|| {
+        let live: Vec<PathBuf> = match LIVE.lock() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        for p in &live {
+            remove_path(p);
+        }
+        std::process::exit(130);
+    });
 }
 
 fn parent_of(path: &Path) -> &Path {
@@ -132,7 +174,7 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result
         // `/dev/stdout` resolves to whatever fd 1 is (a pipe, or a file the shell opened with
         // `>>`): reopening or renaming over it would truncate or replace that file. Write to a
         // private temporary, then copy it to this process's standard output.
-        let tmp = Temp { path: std::env::temp_dir().join(sibling(path, "tmp").file_name().unwrap_or_default()), keep: false };
+        let tmp = Temp::new(std::env::temp_dir().join(sibling(path, "tmp").file_name().unwrap_or_default()));
         fill(&tmp.path)?;
         let bytes = std::fs::read(&tmp.path).map_err(|e| Error::file(path, format!("cannot write: {e}")))?;
         use std::io::Write;
@@ -160,7 +202,7 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result
         return Err(Error::file(path, format!("cannot write: directory {} does not exist", parent.display())));
     }
     sweep_stale(path);
-    let tmp = Temp { path: sibling(path, "tmp"), keep: false };
+    let tmp = Temp::new(sibling(path, "tmp"));
     fill(&tmp.path)?;
     if let Ok(f) = std::fs::File::open(&tmp.path) {
         let _ = f.sync_all();
@@ -238,7 +280,7 @@ pub fn check_writable(path: &Path, arg: &str) -> Result<()> {
             ));
         }
     }
-    let t = Temp { path: sibling(path, "probe"), keep: false };
+    let t = Temp::new(sibling(path, "probe"));
     std::fs::OpenOptions::new().write(true).create_new(true).open(&t.path).map(|_| ()).map_err(|e| Error::file(path, format!("{arg}: cannot write here: {e}")))
 }
 
@@ -246,7 +288,7 @@ fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
     let parent = parent_of(dir);
     std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, format!("cannot create directory: {e}")))?;
     sweep_stale(dir);
-    let tmp = Temp { path: sibling(dir, tag), keep: false };
+    let tmp = Temp::new(sibling(dir, tag));
     std::fs::create_dir(&tmp.path).map_err(|e| Error::file(dir, format!("cannot create a temporary directory next to it: {e}")))?;
     Ok(tmp)
 }
@@ -399,7 +441,7 @@ pub fn ensure_cached_dir(dir: &Path, complete: impl Fn(&Path) -> bool, build: im
         }
         // Move it aside first (atomic), so a concurrent user never sees it half-deleted;
         // losing this race to another process is fine.
-        let mut aside = Temp { path: sibling(dir, "broken"), keep: false };
+        let mut aside = Temp::new(sibling(dir, "broken"));
         if std::fs::rename(dir, &aside.path).is_ok() {
             if complete(&aside.path) {
                 // A concurrent user published a complete entry in between: put it back.

@@ -450,6 +450,72 @@ fn bench_into_a_closed_pipe_writes_its_json_first() {
     assert_eq!(std::fs::read_to_string(&prompts).unwrap(), "Say hi.\n");
 }
 
+/// Issue 15 trial: a JSON file that cannot be written (a full disk) must not lose the computed
+/// results: the table is printed, then the error names the file.
+#[test]
+fn bench_json_into_a_full_disk_still_prints_the_table() {
+    let Some(target) = smollm2() else { return };
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipping: no /dev/full");
+        return;
+    }
+    let d = tmpdir("cli-bench-full");
+    let prompts = d.path().join("p.txt");
+    std::fs::write(&prompts, "Say hi.\n").unwrap();
+    let o = run(
+        d.path(),
+        &["bench", "--target", s(&target), "--prompts", s(&prompts), "--limit", "1", "--methods", "ar", "--max-new-tokens", "4", "--json", "/dev/full"],
+    );
+    no_panic(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("| ar |"), "table lost: {}", String::from_utf8_lossy(&o.stdout));
+    assert!(stderr(&o).contains("/dev/full"), "{}", stderr(&o));
+}
+
+/// Issue 15 trial: `synth-target --config X --out X --force` rewrote the input config.json.
+#[test]
+fn synth_target_never_replaces_its_own_config() {
+    let d = tmpdir("cli-synth-config");
+    let t = tiny_target(d.path(), "t", 2);
+    let cfg = t.join("config.json");
+    let before = std::fs::read(&cfg).unwrap();
+    for args in [vec!["synth-target", "--config", s(&t), "--out", s(&t), "--force"], vec!["synth-target", "--config", s(&cfg), "--out", s(&t), "--force"]] {
+        let o = run(d.path(), &args);
+        no_panic(&o);
+        assert!(!o.status.success() && stderr(&o).contains("copy it elsewhere first"), "{}", stderr(&o));
+        assert_eq!(std::fs::read(&cfg).unwrap(), before);
+    }
+}
+
+/// Issue 15 trial: an interrupted `synth` left a 269 MB hidden temporary behind. SIGINT now
+/// removes the process's temporaries and exits 130. (The interrupt is sent once the temporary
+/// exists, so the test does not depend on timing.)
+#[cfg(target_os = "linux")]
+#[test]
+fn an_interrupted_synth_leaves_no_temporaries() {
+    let d = tmpdir("cli-sigint");
+    let out = d.path().join("big");
+    let mut child = sparkling(d.path()).args(["synth", "--preset", "smollm2-135m", "--out", s(&out)]).stderr(Stdio::null()).spawn().unwrap();
+    // Hidden entries anywhere below `dir` (the temporaries are built inside `--out`).
+    fn hidden(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
+            .map(|r| {
+                r.flatten().map(|e| usize::from(e.file_name().to_string_lossy().starts_with('.')) + if e.path().is_dir() { hidden(&e.path()) } else { 0 }).sum()
+            })
+            .unwrap_or(0)
+    }
+    let t0 = std::time::Instant::now();
+    while hidden(d.path()) == 0 && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(hidden(d.path()) > 0, "synth made no temporary within 60 s");
+    let k = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(k.success());
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(130), "{st:?}");
+    assert_eq!(hidden(d.path()), 0, "{:?}", listing(&out));
+}
+
 // ---- 3. malformed model files ----------------------------------------------------------------
 
 /// A copy of `src` with the u32/u64 value of GGUF metadata key `key` replaced by `value`.

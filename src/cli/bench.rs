@@ -3,7 +3,6 @@
 
 use super::generate::{gen_params, GenerateArgs};
 use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
-use super::write_stdout;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
@@ -334,11 +333,6 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             "conditional_acceptance": s.conditional_acceptance(), "outputs_differing_from_first_run": mism, "stats": s,
         }));
     }
-    if let Some(j) = &a.json {
-        let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "rows": json_rows});
-        sparkling::fsio::write_bytes(j, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
-        eprintln!("wrote {}", j.display());
-    }
-    // The table after the JSON file: a closed stdout must not lose the results.
-    write_stdout(&table)
+    let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "rows": json_rows});
+    super::save_json_then_print(a.json.as_deref(), &v, &table)
 }

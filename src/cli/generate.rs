@@ -313,10 +313,10 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
         },
         &mut show,
     )?;
-    if let Some(p) = &a.stats_json {
+    let saved = a.stats_json.as_ref().map(|p| {
         let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": g.stats.tau(), "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
-        sparkling::fsio::write_bytes(p, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
-    }
+        sparkling::fsio::write_bytes(p, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())
+    });
     if let Some(c) = &g.cost_model {
         super::costs::save(&cost_path, c);
     }
@@ -324,7 +324,9 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
         return Err(super::stdout_error(e));
     }
     outln!()?;
+    // The statistics reach stderr even when the --stats-json write failed (then its error).
     print_stats(method, &g.stats);
     eprintln!("  kernels: {} | target matmuls: {}", m.backend.name(), m.models.target.kernel_paths(&m.backend));
+    saved.transpose()?;
     Ok(())
 }

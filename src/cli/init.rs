@@ -142,6 +142,18 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
     Ok(())
 }
 
+/// Refuse a `--config` file that the run would replace: the `config.json` of the model written
+/// to `out` (issue 15: an output never replaces one of the run's inputs).
+fn refuse_config_in_out(config: &std::path::Path, out: &std::path::Path) -> Result<()> {
+    if sparkling::fsio::same_file(config, &out.join("config.json")) {
+        return Err(Error::file(
+            config,
+            format!("--config is the config.json this run writes into {}: copy it elsewhere first, or choose another --out", out.display()),
+        ));
+    }
+    Ok(())
+}
+
 /// Run `synth-target`.
 pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
     check_out_dir(&a.out, a.force, "--out")?;
@@ -151,6 +163,7 @@ pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
     let cfg = match &a.config {
         Some(p) => {
             let (cp, v) = read_json(p)?;
+            refuse_config_in_out(&cp, &a.out)?;
             TargetConfig::from_hf_json(&cp, &v)?
         }
         None => {
@@ -214,6 +227,7 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
         (Some(p), _) => preset_target_config(p).ok_or_else(|| Error::Input(format!("--preset `{p}`: expected one of {}", PRESETS.join(", "))))?,
         (None, Some(c)) => {
             let (cp, v) = read_json(c)?;
+            refuse_config_in_out(&cp, &a.out.join("target"))?;
             TargetConfig::from_hf_json(&cp, &v)?
         }
         (None, None) => return Err(Error::Input(format!("synth needs --preset ({}) or --config <config.json>", PRESETS.join(", ")))),

@@ -94,6 +94,23 @@ pub fn run() -> Result<()> {
 
 pub use sparkling::fsio::{stdout_error, write_stdout};
 
+/// Write a command's results: the JSON file first (so a closed stdout cannot lose them), then
+/// `text` to stdout. When the JSON write fails (a full disk, a bad path), the text is still
+/// printed before the error is returned, so computed results are never lost (issue 15).
+pub fn save_json_then_print(json: Option<&std::path::Path>, value: &serde_json::Value, text: &str) -> Result<()> {
+    if let Some(path) = json {
+        if let Err(e) = sparkling::fsio::write_bytes(path, serde_json::to_string_pretty(value).unwrap_or_default().as_bytes()) {
+            use std::io::Write;
+            // Best effort: the JSON error is the one to report.
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(text.as_bytes()).and_then(|_| o.flush());
+            return Err(e);
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    write_stdout(text)
+}
+
 /// Bound the tree knobs by what they can mean (issue 15): more candidates per depth than the
 /// vocabulary holds, a fan-out above the candidates or a TreeSpark k above the vocabulary only
 /// add work (or allocations that abort); they are clamped, with a note when `method` uses them.

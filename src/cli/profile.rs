@@ -419,7 +419,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         t.kernel_paths(b),
         gb / (get("ar_step") / 1e3)
     );
-    if let Some(path) = &a.json {
+    {
         let parts: serde_json::Map<String, serde_json::Value> =
             rows.iter().map(|(n, what, (med, min))| (n.to_string(), serde_json::json!({"what": what, "median_ms": med, "min_ms": min}))).collect();
         let v = serde_json::json!({
@@ -437,11 +437,8 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             "check": check,
             "budget_auto_cost_curve": curve,
         });
-        sparkling::fsio::write_bytes(path, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
-        eprintln!("wrote {}", path.display());
+        super::save_json_then_print(a.json.as_deref(), &v, &report)?;
     }
-    // The report after the JSON file: a closed stdout must not lose the results.
-    super::write_stdout(&report)?;
     if check.as_ref().is_some_and(|c| c["equal"] == false) {
         return Err(Error::Input("profile --check-tokens: sparkling's greedy tokens differ from ar's (the engine invariant is broken on this backend)".into()));
     }

@@ -128,9 +128,8 @@ pub(crate) fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, 
         all.insert(format!("adam.m.{n}"), opt.m[n].clone());
         all.insert(format!("adam.v.{n}"), opt.v[n].clone());
     }
-    let tmp = st.with_extension("tmp");
-    candle_core::safetensors::save(&all, &tmp).map_err(|e| Error::file(&tmp, e))?;
-    std::fs::rename(&tmp, &st).map_err(|e| io(&st, e))?;
+    // Through the engine's atomic writer: an interrupt removes the half-written temporary.
+    sparkling::fsio::write_with(&st, |tmp| candle_core::safetensors::save(&all, tmp).map_err(|e| sparkling::Error::file(tmp, e.to_string())))?;
     sparkling::fsio::write_bytes(&js, serde_json::to_string_pretty(&state).map_err(|e| Error::file(&js, e))?.as_bytes())?;
     // Keep the two newest checkpoints.
     if let Ok(rd) = std::fs::read_dir(out) {
@@ -148,22 +147,54 @@ pub(crate) fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, 
     Ok(())
 }
 
+/// The lock file of a run directory: held (an advisory exclusive lock) by the process training
+/// into it, released when that process ends however it ends.
+pub const LOCK_FILE: &str = ".run.lock";
+
+/// Exclusive use of a run directory by one `train` process (issue 15: two runs into one
+/// `--out` mixed their checkpoints and logs). Dropping it releases the lock.
+#[derive(Debug)]
+pub struct RunLock(#[allow(dead_code)] std::fs::File);
+
+impl RunLock {
+    /// Lock `out/.run.lock`. Errors: another process holds it (naming the directory), I/O.
+    pub fn take(out: &Path) -> Result<RunLock> {
+        let p = out.join(LOCK_FILE);
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(|e| io(&p, e))?;
+        match f.try_lock() {
+            Ok(()) => Ok(RunLock(f)),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                Err(Error::file(out, "another sparkling-train process is training into this run directory; wait for it to finish or choose another --out"))
+            }
+            Err(std::fs::TryLockError::Error(e)) => Err(io(&p, e)),
+        }
+    }
+}
+
+/// `rc` with its cache and target paths canonical (when they exist), for comparing runs.
+fn canonical_paths(rc: &RunConfig) -> RunConfig {
+    let canon = |p: &str| std::fs::canonicalize(p).map(|c| c.display().to_string()).unwrap_or_else(|_| p.to_string());
+    RunConfig { cache: canon(&rc.cache), target: canon(&rc.target), ..rc.clone() }
+}
+
 /// Make `out` ready for run `rc` (issue 15): a new or empty directory is created; an existing
 /// run directory must hold the same run (`--steps` may change on `resume`), except that a run
 /// which stopped before its first checkpoint is started afresh there (its `run.json`, frozen
 /// file list, draft vocabulary and log are removed). Errors: a non-empty directory that is not
-/// a run, a different run (naming the options that differ when resuming), I/O (naming the path).
-pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<()> {
+/// a run, a different run (naming the options that differ when resuming), another process
+/// training into `out` (the returned [`RunLock`] is held for the whole run), I/O (naming the path).
+pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<RunLock> {
     let run_json = out.join("run.json");
-    if !run_json.exists() && std::fs::read_dir(out).is_ok_and(|mut r| r.next().is_some()) {
+    if !run_json.exists() && std::fs::read_dir(out).is_ok_and(|r| r.flatten().any(|e| e.file_name() != LOCK_FILE)) {
         return Err(Error::file(out, "--out: not empty and not a training run (no run.json); choose a new directory"));
     }
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
+    let lock = RunLock::take(out)?;
     if run_json.exists() && latest_checkpoint(out)?.is_none() {
         // A run that stopped before its first checkpoint (an error or an interrupt after
         // `run.json` was written) has nothing to resume: its frozen files are replaced, so a
         // rerun with other options is not refused forever (issue 15).
-        if read_run_config(out).map_or(true, |old| old != *rc) {
+        if read_run_config(out).map_or(true, |old| canonical_paths(&old) != canonical_paths(rc)) {
             eprintln!("note: {} holds a run that never reached a checkpoint; starting this run there afresh", out.display());
             for f in ["run.json", DATA_FILE, DRAFT_VOCAB_FILE, "log.jsonl"] {
                 match std::fs::remove_file(out.join(f)) {
@@ -175,8 +206,9 @@ pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<()> {
     }
     if run_json.exists() {
         let old = read_run_config(out)?;
-        // `--steps` may change on resume (the cosine schedule then follows the new length).
-        let same = RunConfig { steps: rc.steps, ..old.clone() } == *rc;
+        // `--steps` may change on resume (the cosine schedule then follows the new length);
+        // the cache and target may be named by another path to the same file.
+        let same = RunConfig { steps: rc.steps, ..canonical_paths(&old) } == canonical_paths(rc);
         if !same || (!resume && old.steps != rc.steps) {
             if resume {
                 let (a, b) = (serde_json::to_value(&old).unwrap_or_default(), serde_json::to_value(rc).unwrap_or_default());
@@ -196,7 +228,7 @@ pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<()> {
             return Err(Error::file(&run_json, "a different run lives here; pass another --out (or --resume with the same options)"));
         }
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// Read `run.json` of a run directory.

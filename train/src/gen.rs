@@ -209,6 +209,8 @@ pub struct GenSummary {
     pub cached_tokens: usize,
     /// Broken cache files (a size that does not match their header) removed to be redone.
     pub removed: usize,
+    /// Prompts skipped because prompt + `--max-new-tokens` exceed the target's context.
+    pub too_long: usize,
     /// Wall time in seconds.
     pub seconds: f64,
 }
@@ -333,6 +335,16 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
         return Err(Error::arg("taps", format!("layer {bad} is not tappable in a {}-layer target (never the last layer)", tcfg.layers)));
     }
     let tok = lt.tokenizer.as_ref().ok_or_else(|| Error::file(&o.target, "no tokenizer found next to the target"))?;
+    // Checked before anything is written: an answer that cannot fit would skip every prompt.
+    if o.max_new_tokens + 3 > tcfg.max_positions {
+        return Err(Error::arg(
+            "max-new-tokens",
+            format!("{} leaves no room for a prompt in the target's context of {} tokens", o.max_new_tokens, tcfg.max_positions),
+        ));
+    }
+    if o.start >= prompts.len() {
+        return Err(Error::arg("start", format!("{} is past the {} prompts of --prompts", o.start, prompts.len())));
+    }
     let source = files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(",");
     let meta = CacheMeta {
         target: o.target.display().to_string(),
@@ -369,9 +381,6 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
             }
             meta.write(&o.out)?
         }
-    }
-    if o.start >= prompts.len() {
-        return Err(Error::arg("start", format!("{} is past the {} prompts of --prompts", o.start, prompts.len())));
     }
     let chosen: Vec<&(u32, String)> = prompts.iter().skip(o.start).take(o.limit).collect();
     let mut s = GenSummary::default();
@@ -447,7 +456,11 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
             next += 1;
             let prompt = tok.encode_chat(q, None)?;
             if prompt.len() + o.max_new_tokens + 2 > tcfg.max_positions {
-                pb.println(format!("prompt {id}: {} tokens + {} new exceed the context; skipped", prompt.len(), o.max_new_tokens));
+                s.too_long += 1;
+                crate::train::say(
+                    &pb,
+                    format!("prompt {id}: {} tokens + {} new exceed the context of {}; skipped", prompt.len(), o.max_new_tokens, tcfg.max_positions),
+                );
                 continue;
             }
             let sid = batch.add(&prompt, &params).map_err(|e| Error::from(e).context(format!("prompt {id}")))?;

@@ -201,6 +201,7 @@ fn default_target() -> PathBuf {
 }
 
 fn main() {
+    sparkling::fsio::install_interrupt_cleanup();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         // `--help` / `--version` through the engine's stdout writer, so a full disk is an error
@@ -283,6 +284,9 @@ fn run(cli: Cli) -> Result<()> {
             });
             let o = GenOptions { target, prompts, out: out.clone(), start, limit, max_new_tokens, topk, tap_layers, max_minutes, batch, max_tokens, weights };
             let s = gen::run(&o)?;
+            if s.too_long > 0 {
+                eprintln!("note: {} prompts did not fit the target's context with --max-new-tokens {} and were skipped", s.too_long, o.max_new_tokens);
+            }
             eprintln!(
                 "gen-data: {} written, {} already cached ({} answer tokens), {} new answer tokens in {:.1}s ({:.1} tok/s), top-1 mismatches {} → {}",
                 s.written,

@@ -473,12 +473,33 @@ pub fn run_context(rc: &RunConfig) -> Result<(CacheMeta, Tensor, TargetConfig, D
 
 /// Print a line above the progress bar, or to stderr when the bar is hidden (not a terminal:
 /// a background run's log file), where `println` on the bar would drop it.
-fn say(pb: &ProgressBar, line: String) {
+pub(crate) fn say(pb: &ProgressBar, line: String) {
     if pb.is_hidden() {
         eprintln!("{line}");
     } else {
         pb.println(line);
     }
+}
+
+/// Largest number of logits (loss rows × output vocabulary) one optimizer step may hold:
+/// 2^28 f32 = 1 GiB before the head's gradient buffers (the default step: 512 rows × V_d).
+pub const MAX_STEP_LOGITS: usize = 1 << 28;
+
+/// Refuse a step whose logits would not fit in memory (issue 15: `--seqs-per-step 1000` grew
+/// without bound and aborted): `seqs_per_step × anchors × block_size` loss rows over `vocab`
+/// output columns must stay within [`MAX_STEP_LOGITS`].
+pub fn check_step_size(rc: &RunConfig, vocab: usize) -> Result<()> {
+    let rows = rc.seqs_per_step * rc.anchors * rc.block_size;
+    if rows.saturating_mul(vocab) > MAX_STEP_LOGITS {
+        return Err(Error::arg(
+            "seqs-per-step",
+            format!(
+                "{} sequences × {} anchors × block {} = {rows} loss rows over {vocab} output tokens is more than one step can hold ({} logits); lower --seqs-per-step or --anchors",
+                rc.seqs_per_step, rc.anchors, rc.block_size, MAX_STEP_LOGITS
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Run (or resume) training. Returns the final holdout metrics.
@@ -487,9 +508,10 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     if ctl.ckpt_every == 0 {
         return Err(Error::arg("ckpt-every", "must be ≥ 1"));
     }
-    prepare_run_dir(&ctl.out, rc, ctl.resume)?;
+    let _lock = prepare_run_dir(&ctl.out, rc, ctl.resume)?;
     let run_json = ctl.out.join("run.json");
     let (meta, head, tcfg, dcfg) = run_context(rc)?;
+    check_step_size(rc, dcfg.draft_vocab)?;
     let n_feat = meta.width();
     let t_load = Instant::now();
     let seqs = load_files(Path::new(&rc.cache), &meta, &frozen_file_list(rc, &ctl.out)?)?;
@@ -768,6 +790,26 @@ mod tests {
         assert!(e.contains("a different run lives here"), "{e}");
         prepare_run_dir(out.path(), &other, true).unwrap();
         assert!(out.path().join("run.json").exists() && out.path().join(DATA_FILE).exists());
+        // The same cache named by another path is the same run.
+        let rel = RunConfig { cache: format!("{}/.", other.cache), ..other.clone() };
+        prepare_run_dir(out.path(), &rel, true).unwrap();
+        // A second process cannot train into a directory another one holds.
+        let held = prepare_run_dir(out.path(), &other, true).unwrap();
+        let e = crate::checkpoint::RunLock::take(out.path()).unwrap_err().to_string();
+        assert!(e.contains("another sparkling-train process"), "{e}");
+        drop(held);
+        crate::checkpoint::RunLock::take(out.path()).unwrap();
+    }
+
+    /// Issue 15 trial: `--seqs-per-step 1000` grew memory without bound; a step's logits are
+    /// bounded, the default step is far inside the bound.
+    #[test]
+    fn step_size_is_bounded_by_its_logits() {
+        let rc = test_run(Path::new("/nonexistent"));
+        let big = RunConfig { seqs_per_step: 1000, anchors: 16, block_size: 16, ..rc.clone() };
+        let e = check_step_size(&big, 8192).unwrap_err().to_string();
+        assert!(e.contains("--seqs-per-step") && e.contains("256000 loss rows"), "{e}");
+        check_step_size(&RunConfig { seqs_per_step: 2, anchors: 16, block_size: 16, ..rc }, 49152).unwrap();
     }
 
     /// The first start freezes the cache's file list (`--max-seqs` keeps the first N by name);
