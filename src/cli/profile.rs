@@ -61,8 +61,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         // Worded as generate's and bench's (`BudgetChoice::parse`); profile times fixed trees.
         return Err(Error::Input("--budget `0`: expected a positive tree budget (non-root nodes, ≥ 1); profile times fixed trees, not `auto`".into()));
     }
-    if a.reps == 0 || a.prefill == 0 || a.candidates == 0 || a.max_fanout == 0 || a.ctx_rows == 0 {
-        return Err(Error::Input("--reps, --prefill, --candidates, --max-fanout and --ctx-rows must be ≥ 1".into()));
+    for (v, arg) in [(a.reps, "--reps"), (a.prefill, "--prefill"), (a.candidates, "--candidates"), (a.max_fanout, "--max-fanout"), (a.ctx_rows, "--ctx-rows")] {
+        if v == 0 {
+            return Err(Error::Input(format!("{arg} 0: must be ≥ 1")));
+        }
     }
     // A profile is a few hundred timed forwards: huge counts only hang (or abort allocating).
     if a.reps > 100_000 || a.warmup > 100_000 {

@@ -164,8 +164,10 @@ impl GenParams {
             return Err(Error::Input(format!("top-p {} must be in (0, 1]", s.top_p)));
         }
         let t = &self.tree;
-        if t.candidates == 0 || t.max_fanout == 0 || t.treespark_k == 0 {
-            return Err(Error::Input("candidates, max-fanout and treespark-k must be ≥ 1".into()));
+        for (v, arg) in [(t.candidates, "candidates"), (t.max_fanout, "max-fanout"), (t.treespark_k, "treespark-k")] {
+            if v == 0 {
+                return Err(Error::Input(format!("{arg} 0: must be ≥ 1")));
+            }
         }
         if t.budget == 0 && self.method.drafter_kind().is_some() {
             return Err(Error::Input(format!(
@@ -220,6 +222,10 @@ pub struct RoundView<'t> {
     pub accepted: &'t [usize],
     /// The target's own token after the accepted path (committed with it).
     pub bonus: u32,
+    /// Whether the drafter ran this round. `false` for `ar` and for rounds `--budget auto`
+    /// skipped (counted in `Stats::drafts_skipped`); a drafted round may still verify the root
+    /// alone when no guess was worth its cost.
+    pub drafted: bool,
 }
 
 /// Target + optional drafter on one backend.
@@ -416,6 +422,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                 None => true,
             };
             let mut decision = None;
+            let mut drafted = false;
             let prop = match (drafter, dcache.as_mut()) {
                 (Some(d), Some(dc)) if run_drafter && !pending.is_empty() => {
                     let ctx = if pending.len() == 1 {
@@ -443,6 +450,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                     };
                     let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
                     stats.draft_ms += forward_ms;
+                    drafted = true;
                     if let Some(a) = auto.as_mut() {
                         let tp = Instant::now();
                         let dec = a.choose(&prop.tree, ms(t));
@@ -484,12 +492,16 @@ impl<'a, B: Backend> Engine<'a, B> {
             if drafter.is_some() {
                 stats.record_size(tree.len() - 1);
             }
-            on_round(&RoundView { round: stats.rounds - 1, root_pos, tree, accepted: &accepted, bonus });
+            on_round(&RoundView { round: stats.rounds - 1, root_pos, tree, accepted: &accepted, bonus, drafted });
 
             // 4. Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
             let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
             new.push(bonus);
+            let before = out.len();
             stopped = self.push(&mut out, &new, p, on_tokens);
+            // τ counts the tokens kept: a last round cut by a stop token or the length limit
+            // commits fewer than it accepted (so τ × rounds + 1 = the tokens generated).
+            stats.committed -= new.len() - (out.len() - before);
 
             // 5. Compact the target KV to the accepted path; carry the accepted rows' taps.
             let t = Instant::now();

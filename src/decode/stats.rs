@@ -15,7 +15,8 @@ pub struct Stats {
     pub decode_tokens: usize,
     /// Verify rounds (prefill excluded).
     pub rounds: usize,
-    /// Tokens committed by the rounds, including each round's bonus token (Σ τ).
+    /// Tokens committed by the rounds, including each round's bonus token (Σ τ); a last round
+    /// cut by a stop token or `max_new_tokens` counts only the tokens it kept.
     pub committed: usize,
     /// Target prefill, ms.
     pub prefill_ms: f64,

@@ -342,6 +342,9 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
             format!("{} leaves no room for a prompt in the target's context of {} tokens", o.max_new_tokens, tcfg.max_positions),
         ));
     }
+    if prompts.is_empty() {
+        return Err(Error::arg("prompts", "the files hold no prompts (one JSON object or line of text per prompt)"));
+    }
     if o.start >= prompts.len() {
         return Err(Error::arg("start", format!("{} is past the {} prompts of --prompts", o.start, prompts.len())));
     }

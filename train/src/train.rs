@@ -158,9 +158,13 @@ impl RunConfig {
         if self.max_seqs == Some(0) {
             return Err(Error::arg("max-seqs", "must be ≥ 1"));
         }
-        let weights = [self.w_ce, self.w_kl, self.w_l1, self.w_conf];
-        if weights.iter().any(|w| !w.is_finite() || *w < 0.0) || self.w_ce + self.w_kl + self.w_l1 <= 0.0 {
-            return Err(Error::arg("ce/kl/l1", "loss weights must be ≥ 0 and not all zero"));
+        for (w, arg) in [(self.w_ce, "ce"), (self.w_kl, "kl"), (self.w_l1, "l1"), (self.w_conf, "conf")] {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(Error::arg(arg, format!("{w}: a loss weight must be a finite number ≥ 0")));
+            }
+        }
+        if self.w_ce + self.w_kl + self.w_l1 <= 0.0 {
+            return Err(Error::arg("ce/kl/l1", "the loss weights --ce, --kl and --l1 are all zero: nothing would be trained"));
         }
         Ok(())
     }
@@ -844,7 +848,7 @@ mod tests {
             (RunConfig { clip: -1.0, ..rc.clone() }, "clip"),
             (RunConfig { weight_decay: f64::INFINITY, ..rc.clone() }, "weight-decay"),
             (RunConfig { warmup: 100, steps: 2, ..rc.clone() }, "warmup"),
-            (RunConfig { w_conf: f64::NAN, ..rc.clone() }, "ce/kl/l1"),
+            (RunConfig { w_conf: f64::NAN, ..rc.clone() }, "--conf"),
         ] {
             let e = bad.validate().unwrap_err().to_string();
             assert!(e.contains(arg), "{arg}: {e}");

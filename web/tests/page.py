@@ -399,22 +399,23 @@ def main():
         check(d.js("return document.querySelectorAll('#runs tbody tr').length") == 1, "the comparison table was cleared for the new model")
 
         print("page test: rounds that skipped the drafter are not counted as misses")
-        fake = [{"tokens": [5], "accepted": [0]}, {"tokens": [5, 6, 7], "accepted": [0, 1, 2]}, {"tokens": [5], "accepted": [0]},
-                {"tokens": [5, 6], "accepted": [0]}]
+        fake = [{"tokens": [5], "accepted": [0], "drafted": False}, {"tokens": [5, 6, 7], "accepted": [0, 1, 2], "drafted": True},
+                {"tokens": [5], "accepted": [0], "drafted": True}, {"tokens": [5, 6], "accepted": [0], "drafted": True}]
         a = d.js("return demo.acceptance(arguments[0])", fake)
-        check(a == {"acc": [2, 0], "skipped": 2}, f"two skipped rounds apart, two checked rounds with 2 and 0 accepted ({a})")
+        check(a == {"acc": [2, 0], "skipped": 1, "empty": 1},
+              f"a skipped round and a drafted root-only round apart, two checked rounds with 2 and 0 accepted ({a})")
         r, st = generate(d, "sparkling", 24)  # tree size auto
-        trees = d.js("return demo.trees.map(t => t.tokens.length)")
-        skipped = sum(1 for n in trees if n == 1)
+        trees = d.js("return demo.trees.map(t => [t.tokens.length, t.drafted])")
+        skipped = sum(1 for n, dr in trees if not dr)
+        checked = sum(1 for n, dr in trees if n > 1)
         steps = d.js("return [+document.getElementById('accept').dataset.steps, +document.getElementById('accept').dataset.skipped]")
         axis = d.js("return document.getElementById('acceptaxis').textContent")
-        check(r is not None and steps == [len(trees) - skipped, skipped] and (skipped == 0 or "skipped the drafter" in axis),
-              f"with tree size auto the chart counts {steps[0]} steps with guesses, {steps[1]} skipped apart ({axis!r})")
-        # Diagnostic only (seen to differ once on a loaded machine: 13 trees for 18 rounds, 15
-        # skipped by the engine's count); to be investigated, see the branch's report.
-        print(f"  engine: {r and r.get('rounds')} rounds, {r and r.get('drafts_skipped')} skipped; page: {len(trees)} trees, {skipped} without guesses")
+        # The page's count of skipped steps is the engine's (the trial saw 56 against 57 when
+        # root-only drafted rounds were counted as skipped).
+        check(r is not None and steps == [checked, skipped] and skipped == r["drafts_skipped"] and (skipped == 0 or "skipped the drafter" in axis),
+              f"with tree size auto the chart counts {steps[0]} steps with guesses, {steps[1]} skipped apart = the engine's {r and r.get('drafts_skipped')} ({axis!r})")
         if skipped:
-            k = next(i for i, n in enumerate(trees) if n == 1)
+            k = next(i for i, (n, dr) in enumerate(trees) if not dr)
             d.js("demo.showTree(arguments[0])", k)
             check("drafter skipped" in d.js("return document.getElementById('treesum').textContent"), "a skipped step's tree view says the drafter was skipped")
 

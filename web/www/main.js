@@ -39,6 +39,7 @@ const state = {
   running: null,       // the promise of the running generation
   runs: [],            // runs of this model: { key, method, budget, tokens, tau, tps, stopped }
   prefillRate: null,   // message tokens read per millisecond, measured by the last finished run
+  prefillTokens: 0,    // … and that run's message length (tokens)
   softwareGpu: false,
   gpuDesc: "",
   lastResult: null,
@@ -310,7 +311,7 @@ async function load() {
     ui.budget.max = backend === "cpu" ? 64 : 512;
     showRanges();
     const on = backend === "cpu" ? "the processor" : "the graphics card";
-    say(ui.loadinfo, `Ready in ${secs(t0)} s: ${targetName}${kinds.length ? ` with the ${kinds.join(" and ")} drafters` : ""}, on ${on} (${state.loaded.backend}).`);
+    say(ui.loadinfo, `Ready in ${secs(t0)} s: ${targetName}${kinds.length ? ` with the ${kinds.join(" and ")} drafter${kinds.length > 1 ? "s" : ""}` : ""}, on ${on} (${state.loaded.backend}).`);
     $("loadwarn").textContent = warnings.join("\n");
   } catch (e) {
     s?.free();
@@ -370,20 +371,24 @@ function liveStats(t0, first) {
 // The acceptance chart's data from a run's verified rounds: rounds that checked guesses give
 // how many were accepted; rounds where `auto` skipped the drafter (the root alone: a plain
 // step was cheaper) checked no guess, so they are counted apart, not as misses.
+// `skipped` counts what the engine counts (`drafts_skipped`: the drafter did not run), `empty`
+// the drafted rounds whose best tree was the root alone (no guess worth its cost).
 function acceptance(trees) {
-  const drafted = trees.filter((t) => t.tokens.length > 1);
-  return { acc: drafted.map((t) => t.accepted.length - 1), skipped: trees.length - drafted.length };
+  const checked = trees.filter((t) => t.tokens.length > 1);
+  const skipped = trees.filter((t) => t.drafted === false).length;
+  return { acc: checked.map((t) => t.accepted.length - 1), skipped, empty: trees.length - checked.length - skipped };
 }
 state.acceptance = acceptance;  // for the browser tests
-const skippedText = (n) => `${n} step${n === 1 ? "" : "s"} skipped the drafter (a plain step was cheaper there) and ${n === 1 ? "is" : "are"} not counted`;
+const skippedText = (n, empty = 0) => `${n} step${n === 1 ? "" : "s"} skipped the drafter (a plain step was cheaper there)` +
+  (empty ? ` and ${empty} drafted but found no guess worth checking;` : "") + ` ${n + empty === 1 ? "it is" : "they are"} not counted`;
 
 function renderAccept() {
-  const { acc, skipped } = acceptance(state.trees);
+  const { acc, skipped, empty } = acceptance(state.trees);
   ui.accept.textContent = "";
   ui.accept.dataset.steps = acc.length;
   ui.accept.dataset.skipped = skipped;
   if (acc.length === 0) {
-    $("acceptaxis").textContent = skipped ? `No guesses checked yet: ${skippedText(skipped)}.` : "(drawn while a method with a drafter runs)";
+    $("acceptaxis").textContent = skipped + empty ? `No guesses checked yet: ${skippedText(skipped, empty)}.` : "(drawn while a method with a drafter runs)";
     return;
   }
   const maxD = Math.max(8, ...acc);
@@ -398,13 +403,13 @@ function renderAccept() {
     ui.accept.append(bar);
   }
   $("acceptaxis").textContent = `guessed token 1 (left) to ${maxD} (right), over ${acc.length} step${acc.length === 1 ? "" : "s"} that checked guesses` +
-    (skipped ? `; ${skippedText(skipped)}` : "");
+    (skipped + empty ? `; ${skippedText(skipped, empty)}` : "");
   ui.accept.setAttribute("aria-label", `acceptance by depth: ${[...ui.accept.children].map((b) => b.title).join("; ")}`);
 }
 
 // ---------------------------------------------------------------- the draft tree of a round
 // A round (Session on_round): { round, root_pos, tokens, parents, depths, accepted, bonus,
-// committed, texts, bonus_text }; node 0 is the anchor (the last committed token).
+// drafted, committed, texts, bonus_text }; node 0 is the anchor (the last committed token).
 const SVGNS = "http://www.w3.org/2000/svg";
 const T = { w: 70, h: 20, col: 88, row: 26, pad: 8, top: 18, chars: 7 };
 let treeFrame = 0;
@@ -456,7 +461,8 @@ function summary(r, k, total) {
   const drafted = r.tokens.length - 1;
   const kept = path.length + 1;
   let s = `Step ${r.round + 1}${k === total - 1 ? " (latest)" : ""}: `;
-  s += drafted === 0 ? "drafter skipped: a plain step was cheaper here (tree size auto), no guesses checked; " :
+  s += drafted === 0 ? (r.drafted === false ? "drafter skipped: a plain step was cheaper here (tree size auto), no guesses checked; "
+    : "no guess was worth checking (tree size auto): the root alone was verified; ") :
     `${drafted} guessed token${drafted > 1 ? "s" : ""} checked, ${path.length} accepted${words.length ? ` (${words.join(" ")})` : ""}, `;
   s += `then the model's own ${quoted(r.bonus_text ?? null, r.bonus)}: ${kept} token${kept > 1 ? "s" : ""} kept`;
   if (r.committed !== undefined && r.committed < kept) s += ` (the answer ends after ${r.committed}: length limit or end of answer)`;
@@ -586,9 +592,12 @@ function runRequest(method) {
 function longMessageWarning(n) {
   const rate = state.prefillRate;
   const est = rate ? n / rate / 1000 : null;
-  if (est !== null ? est < 3 : n < 400) return "";
+  if (n < 200 || (est !== null ? est < 3 : n < 400)) return "";
+  // Reading cost grows faster than the length (every token attends to all before it): from a
+  // much shorter last message the estimate is only a lower bound.
+  const atLeast = state.prefillTokens && n > 2 * state.prefillTokens ? "at least " : "";
   return `Your message is ${n} tokens long: the model reads it before it answers` +
-    `${est !== null ? `, about ${est < 10 ? est.toFixed(1) : est.toFixed(0)} s here` : ""} (Stop takes effect once it has read it).`;
+    `${est !== null ? `, ${atLeast}about ${est < 10 ? est.toFixed(1) : est.toFixed(0)} s here` : ""} (Stop works meanwhile).`;
 }
 
 async function generate(method) {
@@ -616,7 +625,11 @@ async function generate(method) {
   resetRunView(method);
   const t0 = performance.now();
   let first = null;
-  const tick = setInterval(() => { if (id === state.runId) say(ui.stats, `${method}: ${liveStats(t0, first)}`); }, 200);
+  const tick = setInterval(() => {
+    if (id !== state.runId) return;
+    // Until the first token the model is still reading the message: say so, not zero rates.
+    say(ui.stats, `${method}: ${state.rounds.length === 0 ? `reading the message (${req.tokens} tokens)… ${secs(t0)} s` : liveStats(t0, first)}`);
+  }, 200);
   say(ui.stats, `${method}: reading the message (${req.tokens} tokens)…`);
   const key = runKey();
   let result = null;
@@ -666,7 +679,10 @@ async function generate(method) {
       say(ui.stats, `${method}${method !== "ar" ? ` (tree size ${r.budget})` : ""}: ${r.tokens.length} tokens in ${secs(t0)} s · ` +
         `τ ${r.tau.toFixed(2)} tokens per model step · ${r.tokens_per_s.toFixed(1)} tokens/s · ${r.rounds} steps${skipped} · ` +
         `reading the message ${r.prefill_ms.toFixed(0)} ms${r.stopped ? "" : " · stopped at the length limit"}`);
-      if (r.prefill_ms > 0) state.prefillRate = req.tokens / r.prefill_ms;
+      if (r.prefill_ms > 0) {
+        state.prefillRate = req.tokens / r.prefill_ms;
+        state.prefillTokens = req.tokens;
+      }
       state.runs.push({ key, method, budget: method === "ar" ? null : r.budget, tokens: r.tokens, tau: r.tau, tps: r.tokens_per_s, stopped: false });
     }
     renderRuns();
