@@ -123,6 +123,17 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     if p.saturating_add(a.budget).saturating_add(bk + 4) > tc.max_positions {
         return Err(Error::Input(format!("--prefill {p} + --budget {} exceeds the target context of {}", a.budget, tc.max_positions)));
     }
+    // The exactness check runs after the timing: refuse a length it cannot run before timing.
+    let check_len = p.min(64) + a.check_tokens + a.budget.max(bk) + 2;
+    if a.check_tokens > 0 && check_len > tc.max_positions {
+        return Err(Error::Input(format!(
+            "--check-tokens {}: with its {}-token prompt and --budget {} it exceeds the target context of {}",
+            a.check_tokens,
+            p.min(64),
+            a.budget,
+            tc.max_positions
+        )));
+    }
     let taps = d.cfg.target_layer_ids.clone();
     let tiny = b.upload(&[0.0], 1, 1)?;
     let sync = || -> Result<()> {

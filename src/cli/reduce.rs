@@ -218,6 +218,10 @@ pub fn run(a: ReduceVocabArgs) -> Result<()> {
             return Err(Error::Input("reduce-vocab needs --from (the full drafter) and --out, or --count-only".into()));
         };
         check_out_dir(out, a.force, "--out")?;
+        // Before the prompts are answered (minutes): a --from that cannot be a drafter.
+        if !from.join("config.json").is_file() {
+            return Err(Error::file(from, "--from: expected the full drafter's directory (config.json + model.safetensors)"));
+        }
         if sparkling::fsio::same_file(from, out) {
             return Err(Error::Input(format!("--out {} is the --from drafter: write the reduced drafter to another directory", out.display())));
         }

@@ -373,7 +373,14 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
         Some(m) if canonical_sources(&m.source) != canonical_sources(&meta.source) => {
             return Err(Error::file(&o.out, format!("holds answers to other prompt files ({}); use another --out", m.source)));
         }
-        Some(_) => {}
+        Some(m) => {
+            if m.max_new_tokens != meta.max_new_tokens {
+                eprintln!(
+                    "note: this cache was made with --max-new-tokens {}; cached answers keep their length, new ones get {}",
+                    m.max_new_tokens, meta.max_new_tokens
+                );
+            }
+        }
         None => {
             // A new cache goes into a new or empty directory, never over a user's files.
             if o.out.exists() && !o.out.is_dir() {
