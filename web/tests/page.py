@@ -351,6 +351,13 @@ def main():
         print(f"  {time.time() - t:.0f} s; runs: {rows}")
         check(len(rows) == 2 and rows[1][0] == "ar" and rows[0][5] == "yes", "the comparison lists ar and sparkling gives ar's tokens")
         d.shot("3-compare-with-ar")
+        # Another tree size is another run to compare (the trial saw the old run compared).
+        set_value(d, "budget", "2")
+        click(d, "compare")
+        d.wait("return demo.busy === null && document.querySelectorAll('#runs tbody tr').length >= 3", "the tree size 2 run", 600)
+        rows = d.js("return [...document.querySelectorAll('#runs tbody tr')].map(r => [...r.cells].map(c => c.textContent))")
+        check(len(rows) == 3 and rows[2][0] == "sparkling (tree size 2)" and rows[2][5] == "yes",
+              f"Compare after changing the tree size runs that size, and ar is not rerun ({rows})")
 
         print("page test: Stop mid-run")
         set_value(d, "method", "sparkling")

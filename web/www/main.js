@@ -733,7 +733,9 @@ function renderRuns() {
 async function compare() {
   const m = ui.method.value;
   const key = runKey();
-  const have = (method) => state.runs.some((r) => r.key === key && r.method === method && !r.stopped);
+  // A run of the method at the tree size set now (empty: auto); ar has none.
+  const size = ui.budget.value.trim() === "" ? "auto" : String(Number(ui.budget.value));
+  const have = (method) => state.runs.some((r) => r.key === key && r.method === method && !r.stopped && (method === "ar" || String(r.budget) === size));
   if (m !== "ar" && !have(m)) {
     const r = await generate(m);
     if (!r || r.cancelled) return;
