@@ -516,6 +516,20 @@ fn an_interrupted_synth_leaves_no_temporaries() {
     assert_eq!(hidden(d.path()), 0, "{:?}", listing(&out));
 }
 
+/// Issue 15/16 trials: a drafter directory given as the target said "the checkpoint holds
+/// only 0 layers"; it is named as a drafter now.
+#[test]
+fn a_drafter_given_as_the_target_is_named_as_a_drafter() {
+    let d = tmpdir("cli-drafter-as-target");
+    let dr = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-dspark-b16");
+    if !dr.join("config.json").exists() {
+        return;
+    }
+    let o = run(d.path(), &["generate", "--target", s(&dr), "--method", "ar", "--prompt-ids", "1", "--max-new-tokens", "1"]);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("this is a drafter checkpoint, not a target model"), "{}", stderr(&o));
+}
+
 // ---- 3. malformed model files ----------------------------------------------------------------
 
 /// A copy of `src` with the u32/u64 value of GGUF metadata key `key` replaced by `value`.

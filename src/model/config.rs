@@ -344,6 +344,16 @@ impl TargetConfig {
     /// Parse an HF `config.json` (`model_type` llama / qwen2 / qwen3).
     pub fn from_hf_json(path: &Path, v: &Value) -> Result<Self> {
         let k = Keys { path, v };
+        // A drafter checkpoint given as the target (issue 15/16 trials: the error spoke of a
+        // layer count) says what it is.
+        let archs: Vec<&str> = v.get("architectures").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        if v.get("dflash_config").is_some() || archs.iter().any(|a| a.contains("DSpark") || a.contains("DFlash")) {
+            return Err(Error::config(
+                path,
+                "architectures",
+                format!("{archs:?}: this is a drafter checkpoint, not a target model (pass it as the drafter, and a target model as the target)"),
+            ));
+        }
         let mt = v.get("model_type").and_then(Value::as_str).ok_or_else(|| Error::config(path, "model_type", "missing"))?;
         let arch = Arch::parse(mt).ok_or_else(|| Error::config(path, "model_type", format!("`{mt}` is not supported (llama, qwen2, qwen3)")))?;
         let hidden = k.usize("hidden_size")?;
