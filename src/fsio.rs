@@ -111,6 +111,30 @@ impl Temp {
     }
 }
 
+impl Temp {
+    /// Rename this temporary to `dest` as one step an interrupt cannot split (see
+    /// [`exclusive`]); on success it is no longer a temporary (kept, unlisted).
+    fn publish_to(&mut self, dest: &Path) -> std::io::Result<()> {
+        exclusive(|live| {
+            std::fs::rename(&self.path, dest)?;
+            self.keep = true;
+            if let Some(i) = live.iter().rposition(|p| *p == self.path) {
+                live.swap_remove(i);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Run `f` with the list of live temporaries locked, so an interrupt's cleanup
+/// ([`install_interrupt_cleanup`]) happens entirely before or entirely after it: a rename that
+/// publishes a temporary is never interleaved with the removal of that temporary (a fifth
+/// trial saw a `config.json` published without its weights).
+fn exclusive<T>(f: impl FnOnce(&mut Vec<PathBuf>) -> T) -> T {
+    let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+    f(&mut l)
+}
+
 fn remove_path(p: &Path) {
     if p.is_dir() {
         let _ = std::fs::remove_dir_all(p);
@@ -141,11 +165,9 @@ impl Drop for Temp {
 #[cfg(not(target_arch = "wasm32"))]
 pub fn install_interrupt_cleanup() {
     let _ = ctrlc::set_handler(|| {
-        let live: Vec<PathBuf> = match LIVE.lock() {
-            Ok(l) => l.clone(),
-            Err(p) => p.into_inner().clone(),
-        };
-        for p in &live {
+        // The lock is held until the process exits: no publishing rename can start meanwhile.
+        let live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        for p in live.iter() {
             remove_path(p);
         }
         std::process::exit(130);
@@ -202,12 +224,12 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result
         return Err(Error::file(path, format!("cannot write: directory {} does not exist", parent.display())));
     }
     sweep_stale(path);
-    let tmp = Temp::new(sibling(path, "tmp"));
+    let mut tmp = Temp::new(sibling(path, "tmp"));
     fill(&tmp.path)?;
     if let Ok(f) = std::fs::File::open(&tmp.path) {
         let _ = f.sync_all();
     }
-    std::fs::rename(&tmp.path, path).map_err(|e| Error::file(path, format!("cannot write (rename of the completed temporary file failed): {e}")))?;
+    tmp.publish_to(path).map_err(|e| Error::file(path, format!("cannot write (rename of the completed temporary file failed): {e}")))?;
     Ok(())
 }
 
@@ -302,8 +324,9 @@ fn create_temp_dir(dir: &Path, tag: &str) -> Result<Temp> {
 /// renamed over its old version (every file is replaced atomically; `config.json` last), and the
 /// old files of the HF checkpoint layout that the build did not write again
 /// ([`is_replaced_file`]: a stale weight shard or index) are removed, so no stale shard mixes
-/// with the new files. A process killed during those renames can leave new weights beside the
-/// old `config.json`; rerunning the command replaces both. When `dir` held no checkpoint as the
+/// with the new files. An interrupt (SIGINT, SIGTERM, SIGHUP) waits until those renames are
+/// done; a process killed with SIGKILL during them can leave new weights beside the old
+/// `config.json`, and rerunning the command replaces both. When `dir` held no checkpoint as the
 /// build started but holds one when it ends (another process wrote it meanwhile), nothing is
 /// published and an error says so. On an error or a panic before publishing, `dir` is untouched
 /// and the temporary is removed. A symbolic link `dir` is followed: the directory it names is
@@ -328,11 +351,10 @@ pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Resul
         }
         // Renaming over an empty directory is one atomic step; it fails if `dir` was filled
         // meanwhile (with files that are not a checkpoint): then publish file by file.
-        if std::fs::rename(&tmp.path, dir).is_ok() {
-            tmp.keep = true;
+        if tmp.publish_to(dir).is_ok() {
             return Ok(());
         }
-        return install_files(&tmp.path, dir);
+        return exclusive(|_| install_files(&tmp.path, dir));
     }
     let tmp = create_temp_dir(&dir.join("checkpoint"), "tmp")?;
     build(&tmp.path)?;
@@ -350,7 +372,9 @@ pub fn publish_dir(dir: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Resul
             ));
         }
     }
-    install_files(&tmp.path, dir)
+    // All renames under the interrupt lock: an interrupt never leaves new weights beside an
+    // old config.json.
+    exclusive(|_| install_files(&tmp.path, dir))
 }
 
 /// Move every entry of the built directory `from` into `dir` (each rename atomic, `config.json`
@@ -445,8 +469,7 @@ pub fn ensure_cached_dir(dir: &Path, complete: impl Fn(&Path) -> bool, build: im
         if std::fs::rename(dir, &aside.path).is_ok() {
             if complete(&aside.path) {
                 // A concurrent user published a complete entry in between: put it back.
-                if std::fs::rename(&aside.path, dir).is_ok() {
-                    aside.keep = true;
+                if aside.publish_to(dir).is_ok() {
                     return Ok(false);
                 }
             } else {
@@ -457,11 +480,8 @@ pub fn ensure_cached_dir(dir: &Path, complete: impl Fn(&Path) -> bool, build: im
     }
     let mut tmp = create_temp_dir(dir, "tmp")?;
     build(&tmp.path)?;
-    match std::fs::rename(&tmp.path, dir) {
-        Ok(()) => {
-            tmp.keep = true;
-            Ok(true)
-        }
+    match tmp.publish_to(dir) {
+        Ok(()) => Ok(true),
         // Another process published the entry first (rename onto a non-empty directory fails):
         // use theirs; `tmp` is removed on drop.
         Err(_) if complete(dir) => Ok(false),

@@ -218,6 +218,9 @@ pub fn size_histogram(s: &Stats) -> Option<String> {
 pub fn run(a: GenerateArgs) -> Result<()> {
     let method = Method::parse(&a.method)?;
     super::refuse_unused_options(&a.tree_options("--budget", a.budget.is_some()), &[method], &format!("--method {}", method.name()))?;
+    if let Some(p) = &a.stats_json {
+        sparkling::fsio::check_writable(p, "--stats-json")?; // fail before the generation, not after
+    }
     if a.system.is_some() && a.chat.is_none() {
         // Not clap's `requires`: clap drops it when a conflicting prompt option is given.
         return Err(Error::Input("--system is a system message for --chat: give --chat TEXT, or leave --system out".into()));

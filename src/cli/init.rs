@@ -235,7 +235,7 @@ pub fn run_synth(a: SynthArgs) -> Result<()> {
     if a.block_size < 2 || a.block_size >= cfg.max_positions {
         return Err(Error::Input(format!("--block-size {} must be in 2..{} (the target's context)", a.block_size, cfg.max_positions)));
     }
-    if a.drafter_layers == 0 || a.drafter_layers > cfg.layers {
+    if !a.no_drafters && (a.drafter_layers == 0 || a.drafter_layers > cfg.layers) {
         return Err(Error::Input(format!("--drafter-layers {} must be in 1..={} (the target's layer count)", a.drafter_layers, cfg.layers)));
     }
     if a.no_drafters {

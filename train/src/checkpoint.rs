@@ -128,7 +128,13 @@ pub(crate) fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, 
         all.insert(format!("adam.m.{n}"), opt.m[n].clone());
         all.insert(format!("adam.v.{n}"), opt.v[n].clone());
     }
-    // Through the engine's atomic writer: an interrupt removes the half-written temporary.
+    // Through the engine's atomic writer: an interrupt removes the half-written temporary. The
+    // `.json` is written last and marks a checkpoint complete: a `.safetensors` without it was
+    // left by an interrupt between the two and is ours to replace (else a resume that redoes
+    // this step would be refused forever).
+    if st.exists() && !js.exists() {
+        std::fs::remove_file(&st).map_err(|e| io(&st, e))?;
+    }
     sparkling::fsio::write_with(&st, |tmp| candle_core::safetensors::save(&all, tmp).map_err(|e| sparkling::Error::file(tmp, e.to_string())))?;
     sparkling::fsio::write_bytes(&js, serde_json::to_string_pretty(&state).map_err(|e| Error::file(&js, e))?.as_bytes())?;
     // Keep the two newest checkpoints.
@@ -163,9 +169,10 @@ impl RunLock {
         let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).map_err(|e| io(&p, e))?;
         match f.try_lock() {
             Ok(()) => Ok(RunLock(f)),
-            Err(std::fs::TryLockError::WouldBlock) => {
-                Err(Error::file(out, "another sparkling-train process is training into this run directory; wait for it to finish or choose another --out"))
-            }
+            Err(std::fs::TryLockError::WouldBlock) => Err(Error::file(
+                out,
+                "another sparkling-train process is writing this directory (a training run or a gen-data cache); wait for it to finish or choose another --out",
+            )),
             Err(std::fs::TryLockError::Error(e)) => Err(io(&p, e)),
         }
     }
@@ -190,6 +197,13 @@ pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<RunLo
     }
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
     let lock = RunLock::take(out)?;
+    if latest_checkpoint(out)?.is_none() {
+        // A run without a checkpoint starts at step 0: an earlier attempt's log goes.
+        match std::fs::remove_file(out.join("log.jsonl")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&out.join("log.jsonl"), e)),
+            _ => {}
+        }
+    }
     if run_json.exists() && latest_checkpoint(out)?.is_none() {
         // A run that stopped before its first checkpoint (an error or an interrupt after
         // `run.json` was written) has nothing to resume: its frozen files are replaced, so a
@@ -229,6 +243,23 @@ pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<RunLo
         }
     }
     Ok(lock)
+}
+
+/// Keep only the records of steps ≤ `step` in `out/log.jsonl` (a resumed run redoes the steps
+/// after its checkpoint; their earlier lines would appear twice). Unparseable lines are kept.
+pub fn truncate_log(out: &Path, step: usize) -> Result<()> {
+    let p = out.join("log.jsonl");
+    let Ok(text) = std::fs::read_to_string(&p) else { return Ok(()) };
+    let keep: Vec<&str> = text
+        .lines()
+        .filter(|l| serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v.get("step").and_then(|s| s.as_u64())).is_none_or(|s| s as usize <= step))
+        .collect();
+    if keep.len() != text.lines().count() {
+        let mut body = keep.join("\n");
+        body.push('\n');
+        sparkling::fsio::write_bytes(&p, body.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// Read `run.json` of a run directory.

@@ -392,6 +392,9 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
             meta.write(&o.out)?
         }
     }
+    // One writer per cache (a fifth trial: two runs into one cache redid the same prompts and
+    // one's answers silently replaced the other's).
+    let _lock = crate::checkpoint::RunLock::take(&o.out)?;
     let chosen: Vec<&(u32, String)> = prompts.iter().skip(o.start).take(o.limit).collect();
     let mut s = GenSummary::default();
     // What is cached already (headers only); broken files are removed and redone.

@@ -580,6 +580,7 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         })
         .map_err(|e| Error::file(&js, e))?;
         eprintln!("resuming from step {start}");
+        crate::checkpoint::truncate_log(&ctl.out, start)?;
         (p, opt, st.get("elapsed_s").and_then(|x| x.as_f64()).unwrap_or(0.0))
     } else {
         let p = Params::init(&dcfg, n_feat, rc.seed, Some(&final_norm))?;
@@ -814,6 +815,23 @@ mod tests {
         assert!(e.contains("another sparkling-train process"), "{e}");
         drop(held);
         crate::checkpoint::RunLock::take(out.path()).unwrap();
+    }
+
+    /// Issue 15 fifth trial: a resumed run redoes the steps after its checkpoint; their lines
+    /// of the interrupted attempt leave the log (eval records too), other lines stay.
+    #[test]
+    fn resume_truncates_the_log_to_the_checkpoint() {
+        let out = tempfile::tempdir().unwrap();
+        let lines = ["{\"step\":1,\"loss\":3}", "{\"step\":2,\"loss\":2}", "{\"eval\":{},\"step\":2}", "{\"step\":3,\"loss\":1}", "not json"];
+        std::fs::write(out.path().join("log.jsonl"), lines.join("\n") + "\n").unwrap();
+        crate::checkpoint::truncate_log(out.path(), 2).unwrap();
+        let kept = std::fs::read_to_string(out.path().join("log.jsonl")).unwrap();
+        assert_eq!(kept, [lines[0], lines[1], lines[2], lines[4]].join("\n") + "\n");
+        // A run without a checkpoint starts its log afresh.
+        let rc = test_run(out.path());
+        sparkling::fsio::write_bytes(&out.path().join("run.json"), serde_json::to_string(&rc).unwrap().as_bytes()).unwrap();
+        prepare_run_dir(out.path(), &rc, false).unwrap();
+        assert!(!out.path().join("log.jsonl").exists());
     }
 
     /// Issue 15 trial: `--seqs-per-step 1000` grew memory without bound; a step's logits are
