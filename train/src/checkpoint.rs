@@ -153,12 +153,13 @@ pub(crate) fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, 
     Ok(())
 }
 
-/// The lock file of a run directory: held (an advisory exclusive lock) by the process training
-/// into it, released when that process ends however it ends.
+/// The lock file of a run directory or training cache: held (an advisory exclusive lock) by the
+/// process writing it, released when that process ends however it ends.
 pub const LOCK_FILE: &str = ".run.lock";
 
-/// Exclusive use of a run directory by one `train` process (issue 15: two runs into one
-/// `--out` mixed their checkpoints and logs). Dropping it releases the lock.
+/// Exclusive use of a run directory (`train`) or training cache (`gen-data`) by one process
+/// (issue 15: two runs into one `--out` mixed their checkpoints and logs, two gen-data runs
+/// replaced each other's answers). Dropping it releases the lock.
 #[derive(Debug)]
 pub struct RunLock(#[allow(dead_code)] std::fs::File);
 
@@ -197,24 +198,20 @@ pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<RunLo
     }
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
     let lock = RunLock::take(out)?;
+    let remove = |f: &str| match std::fs::remove_file(out.join(f)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&out.join(f), e)),
+        _ => Ok(()),
+    };
     if latest_checkpoint(out)?.is_none() {
         // A run without a checkpoint starts at step 0: an earlier attempt's log goes.
-        match std::fs::remove_file(out.join("log.jsonl")) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&out.join("log.jsonl"), e)),
-            _ => {}
-        }
-    }
-    if run_json.exists() && latest_checkpoint(out)?.is_none() {
+        remove("log.jsonl")?;
         // A run that stopped before its first checkpoint (an error or an interrupt after
         // `run.json` was written) has nothing to resume: its frozen files are replaced, so a
         // rerun with other options is not refused forever (issue 15).
-        if read_run_config(out).map_or(true, |old| canonical_paths(&old) != canonical_paths(rc)) {
+        if run_json.exists() && read_run_config(out).map_or(true, |old| canonical_paths(&old) != canonical_paths(rc)) {
             eprintln!("note: {} holds a run that never reached a checkpoint; starting this run there afresh", out.display());
-            for f in ["run.json", DATA_FILE, DRAFT_VOCAB_FILE, "log.jsonl"] {
-                match std::fs::remove_file(out.join(f)) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&out.join(f), e)),
-                    _ => {}
-                }
+            for f in ["run.json", DATA_FILE, DRAFT_VOCAB_FILE] {
+                remove(f)?;
             }
         }
     }
