@@ -109,9 +109,7 @@ impl Temp {
         }
         Temp { path, keep: false }
     }
-}
 
-impl Temp {
     /// Rename this temporary to `dest` as one step an interrupt cannot split (see
     /// [`exclusive`]); on success it is no longer a temporary (kept, unlisted).
     fn publish_to(&mut self, dest: &Path) -> std::io::Result<()> {
