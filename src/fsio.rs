@@ -164,9 +164,19 @@ impl Drop for Temp {
 pub fn install_interrupt_cleanup() {
     let _ = ctrlc::set_handler(|| {
         // The lock is held until the process exits: no publishing rename can start meanwhile.
+        // The main thread may still be writing into a temporary directory (a file it creates
+        // after a removal pass makes that directory's removal fail), so the removal repeats
+        // until two passes in a row find nothing left, for at most about a second.
         let live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
-        for p in live.iter() {
-            remove_path(p);
+        let mut clean = 0;
+        for _ in 0..50 {
+            let left = live.iter().filter(|p| std::fs::symlink_metadata(p).is_ok()).count();
+            clean = if left == 0 { clean + 1 } else { 0 };
+            if clean == 2 {
+                break;
+            }
+            live.iter().for_each(|p| remove_path(p));
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
         std::process::exit(130);
     });
