@@ -38,6 +38,9 @@ fn every_method_matches_ar_at_temperature_zero() {
                         for budget in [1usize, 4, 32, 64] {
                             let g = e.generate(prompt, &params(method, budget, 0.0, 0, max_new, vec![]), &mut |_| {}).unwrap();
                             assert_eq!(g.tokens, want.tokens, "{arch:?} block {block} {} budget {budget} prompt {prompt:?} max_new {max_new}", method.name());
+                            // τ counts kept tokens: the rounds' tokens plus the prefill's first are
+                            // the output, also when max_new_tokens cut the last round.
+                            assert_eq!(g.stats.committed + 1, g.tokens.len(), "{} budget {budget} max_new {max_new}", method.name());
                             if budget == 64 && matches!(method, Method::DDTree | Method::Sparkling | Method::TreeSpark) {
                                 tree_tau_sum += g.stats.tau();
                                 tree_runs += 1;
