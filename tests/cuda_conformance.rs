@@ -108,7 +108,7 @@ fn target_logits_match_cpu() {
 #[test]
 fn every_method_gives_the_cpu_greedy_tokens() {
     let Some(g) = cuda(WeightDtype::F32, "every_method_gives_the_cpu_greedy_tokens") else { return };
-    conf::every_method_gives_the_cpu_greedy_tokens(&g);
+    conf::every_method_gives_the_cpu_greedy_tokens(&g, conf::Prompts::Both);
 }
 
 #[test]
@@ -124,5 +124,5 @@ fn every_method_is_exact_with_a_reduced_draft_vocabulary() {
     // Issue 12: device top-k, Markov table and device tree over V_d columns, the virtual anchor
     // column, gathered lm_head rows (bf16): every method equals the device's own ar.
     let Some(g) = cuda(WeightDtype::Bf16, "every_method_is_exact_with_a_reduced_draft_vocabulary") else { return };
-    conf::reduced_vocab_methods_match_ar(&g, &[1, 8, 32]);
+    conf::reduced_vocab_methods_match_ar(&g, &[1, 8, 32], conf::Prompts::Both);
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::conformance::{reduced_vocab_methods_match_ar, write_reduced_drafter};
+use common::conformance::{reduced_vocab_methods_match_ar, write_reduced_drafter, Prompts};
 use common::*;
 use safetensors::tensor::{Dtype, TensorView};
 use sparkling::core::Backend;
@@ -22,7 +22,7 @@ use std::path::Path;
 
 #[test]
 fn every_method_matches_ar_with_a_reduced_draft_vocabulary_on_cpu() {
-    reduced_vocab_methods_match_ar(&CpuBackend::new(), &[1, 8, 32]);
+    reduced_vocab_methods_match_ar(&CpuBackend::new(), &[1, 8, 32], Prompts::Both);
 }
 
 #[test]

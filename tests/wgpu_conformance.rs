@@ -47,7 +47,7 @@ fn gpu(dtype: WeightDtype, test: &str) -> Option<WgpuBackend> {
 #[test]
 fn every_method_gives_the_cpu_greedy_tokens_on_wgpu() {
     let Some(g) = gpu(WeightDtype::F32, "every_method_gives_the_cpu_greedy_tokens_on_wgpu") else { return };
-    common::conformance::every_method_gives_the_cpu_greedy_tokens(&g);
+    common::conformance::every_method_gives_the_cpu_greedy_tokens(&g, common::conformance::Prompts::Alternate);
 }
 
 /// Reduced draft vocabulary (issue 12): every method, host and device tree prep (top-k, Markov
@@ -56,7 +56,7 @@ fn every_method_gives_the_cpu_greedy_tokens_on_wgpu() {
 #[test]
 fn every_method_matches_ar_with_a_reduced_draft_vocabulary_on_wgpu() {
     let Some(g) = gpu(WeightDtype::F32, "every_method_matches_ar_with_a_reduced_draft_vocabulary_on_wgpu") else { return };
-    common::conformance::reduced_vocab_methods_match_ar(&g, &[1, 32]);
+    common::conformance::reduced_vocab_methods_match_ar(&g, &[1, 32], common::conformance::Prompts::Alternate);
 }
 
 #[test]

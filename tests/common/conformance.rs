@@ -510,10 +510,30 @@ pub fn agreed_prefix(cpu: &CpuBackend, ct: &Target<CpuBackend>, prompt: &[u32], 
     i
 }
 
+/// Which of a matrix's two prompts a case runs. A case's generations on a slow device
+/// (lavapipe, SwiftShader: tens of ms per round) dominate the test suite's time, and the two
+/// prompts exercise the same kernels, so a device test may run one prompt per case, taking
+/// turns across the cases so that both prompts stay covered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prompts {
+    /// Every case runs both prompts.
+    Both,
+    /// Case `c` runs prompt `c % 2` only.
+    Alternate,
+}
+
+impl Prompts {
+    /// Does case `case` run prompt `prompt` (0 or 1)?
+    pub fn runs(self, prompt: usize, case: usize) -> bool {
+        self == Prompts::Both || prompt == case % 2
+    }
+}
+
 /// Every method's greedy tokens on `g` equal the CPU's on the exactness-matrix models (three
 /// archs, DFlash and DSpark drafters, blocks 7 and 16, budgets 1 and 32), and equal `g`'s own
 /// `ar` exactly. Near-ties between the two backends' `ar` runs are reported, not hidden.
-pub fn every_method_gives_the_cpu_greedy_tokens<B: Backend>(g: &B) {
+/// `prompts_per_case`: see [`Prompts`] (cases: architecture × block).
+pub fn every_method_gives_the_cpu_greedy_tokens<B: Backend>(g: &B, prompts_per_case: Prompts) {
     let cpu = CpuBackend::new();
     let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
     let (vocab, max_new) = (48, 32);
@@ -523,13 +543,16 @@ pub fn every_method_gives_the_cpu_greedy_tokens<B: Backend>(g: &B) {
         let cfg = tiny_target_config(arch, vocab);
         write_random_target(tdir.path(), &cfg, 11 + ai as u64, StoreDtype::F32).unwrap();
         let (ct, gt) = (load_target(&cpu, tdir.path()), load_target(g, tdir.path()));
-        for block in [7usize, 16] {
+        for (bi, block) in [7usize, 16].into_iter().enumerate() {
             let (d1, d2) = (tmpdir("conf-dflash"), tmpdir("conf-dspark"));
             write_drafter(d1.path(), &cfg, DrafterKind::DFlash, block, 5);
             write_drafter(d2.path(), &cfg, DrafterKind::DSpark, block, 6);
             let (cdf, gdf) = (load_drafter(&cpu, d1.path(), &cfg), load_drafter(g, d1.path(), &cfg));
             let (cds, gds) = (load_drafter(&cpu, d2.path(), &cfg), load_drafter(g, d2.path(), &cfg));
-            for prompt in prompts {
+            for (pi, prompt) in prompts.into_iter().enumerate() {
+                if !prompts_per_case.runs(pi, ai + bi) {
+                    continue;
+                }
                 let p_ar = params(Method::Ar, 1, 0.0, 0, max_new, vec![]);
                 let c_ar = Engine { backend: &cpu, target: &ct, drafter: None }.generate(prompt, &p_ar, &mut |_| {}).unwrap().tokens;
                 let g_ar = Engine { backend: g, target: &gt, drafter: None }.generate(prompt, &p_ar, &mut |_| {}).unwrap().tokens;
@@ -728,7 +751,8 @@ pub fn write_reduced_drafter(full: &Path, out: &Path, target: &TargetConfig, kin
 /// target tokens (so anchors fall outside the draft vocabulary in many rounds), every method,
 /// host and device tree prep, every budget of `budgets`, emits exactly `g`'s own `ar` tokens at
 /// T = 0 and at T = 1 (same seed), and the drafted trees do accept tokens.
-pub fn reduced_vocab_methods_match_ar<B: Backend>(g: &B, budgets: &[usize]) {
+/// `prompts_per_case`: see [`Prompts`] (cases: architecture × temperature).
+pub fn reduced_vocab_methods_match_ar<B: Backend>(g: &B, budgets: &[usize], prompts_per_case: Prompts) {
     use sparkling::decode::propose::TreePrep;
     let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
     let (mut runs, mut accepted_rounds) = (0usize, 0usize);
@@ -743,8 +767,11 @@ pub fn reduced_vocab_methods_match_ar<B: Backend>(g: &B, budgets: &[usize]) {
         let (gdf, gds) = (load_drafter(g, r1.path(), &cfg), load_drafter(g, r2.path(), &cfg));
         assert_eq!((gdf.draft_vocab(), gds.draft_vocab()), (20, 20));
         assert_eq!(gdf.vocab_map.as_ref().unwrap().draft_to_target(), &m1[..]);
-        for prompt in prompts {
-            for temperature in [0.0f32, 1.0] {
+        for (pi, prompt) in prompts.into_iter().enumerate() {
+            for (ti, temperature) in [0.0f32, 1.0].into_iter().enumerate() {
+                if !prompts_per_case.runs(pi, ai + ti) {
+                    continue;
+                }
                 let p_ar = params(Method::Ar, 1, temperature, 3, 40, vec![]);
                 let ar = Engine { backend: g, target: &gt, drafter: None }.generate(prompt, &p_ar, &mut |_| {}).unwrap().tokens;
                 assert_eq!(ar.len(), 40);
