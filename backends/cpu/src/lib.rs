@@ -615,9 +615,10 @@ impl Backend for CpuBackend {
         if uniforms.len() != logits.rows {
             return Err(shape_err("sample", format!("{} uniforms for {} rows", uniforms.len(), logits.rows)));
         }
-        // Each row's draw is independent of the others (its own logits and uniform), so the rows
-        // of a T > 0 verify run on all threads: a row costs ~0.3 ms at a 49 152-token vocabulary
-        // (one exp per logit), ~20 ms for a 65-row tree on one thread.
+        // Each row's draw is independent of the others (its own logits and uniform), so rows run
+        // on all threads: a row costs ~0.3 ms at a 49 152-token vocabulary (one exp per logit).
+        // Many rows come from batch decoding (one per sequence) and from device-style callers;
+        // the single-sequence decode loop draws one row at a time on host-memory backends.
         let rows = logits.data.par_chunks(logits.cols.max(1)).zip(uniforms.par_iter());
         Ok(rows.map(|(row, &u)| kernels::sample_row(row, params, u)).collect())
     }
