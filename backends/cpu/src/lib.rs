@@ -348,9 +348,10 @@ impl Backend for CpuBackend {
 
     fn weight_kernel(&self, w: &CpuWeight) -> String {
         let path = match (&w.data, isa::active()) {
+            (WeightData::Quant(_), isa::Isa::Avx512Vnni) => "avx512 int8 (vpdpbusd)",
             (WeightData::Quant(_), isa::Isa::Avx2) => "avx2 int8 (maddubs)",
             (WeightData::Quant(_), isa::Isa::Scalar) => "scalar int8",
-            (WeightData::Panels(_), isa::Isa::Avx2) => "avx2+fma f32",
+            (WeightData::Panels(_), isa::Isa::Avx2 | isa::Isa::Avx512Vnni) => "avx2+fma f32",
             (WeightData::Panels(_), isa::Isa::Scalar) => "scalar f32",
         };
         format!("{path}, {} weights", w.format_name())

@@ -1,0 +1,206 @@
+//! AVX2 path of the quantized matmul: int8 dot products with `vpmaddubsw` / `vpmaddwd` on
+//! 256-bit registers (8 columns of one interleaved group per register), the float epilogue in the
+//! order the module docs of [`super`] define.
+
+#![allow(clippy::needless_range_loop)] // register tiles are indexed by row and column group
+use super::{QActs, QFormat, QWeight, GC, QK};
+use std::arch::x86_64::*;
+
+const F_Q8_0: u8 = 0;
+const F_Q4_0: u8 = 1;
+const F_Q4_1: u8 = 2;
+
+/// [`super::quantize_block`] on AVX2 (same exactly rounded steps: |x| max, `amax/127`,
+/// `1/d`, `x·id` rounded to nearest even, saturating narrowing) plus the code sum.
+/// Caller guarantees avx2 and 32-value slices.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, i32) {
+    let p = x.as_ptr();
+    let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let mut mx = _mm256_and_ps(v[0], abs);
+    for vi in &v[1..] {
+        mx = _mm256_max_ps(mx, _mm256_and_ps(*vi, abs));
+    }
+    let m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let mut iv = [_mm256_setzero_si256(); 4];
+    for (o, vi) in iv.iter_mut().zip(&v) {
+        *o = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(*vi, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    let sum4 = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+    let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
+    let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+    let sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01)));
+    // packs work per 128-bit lane: restore value order with a lane permutation.
+    let p16a = _mm256_packs_epi32(iv[0], iv[1]);
+    let p16b = _mm256_packs_epi32(iv[2], iv[3]);
+    let p8 = _mm256_packs_epi16(p16a, p16b);
+    let ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ordered);
+    (d, sum)
+}
+
+/// The 8 columns' f16 values at `p` widened to f32 (exact).
+#[inline(always)]
+unsafe fn load_f16x8(p: *const half::f16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// 4 activation codes at `p` broadcast to every 32-bit lane.
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m256i {
+    _mm256_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// Register tile: rows `i0..i0+MR` × column groups `g0..g0+NG` (8 columns each). Each
+/// weight chunk is loaded once and used for all `MR` rows. Writes `out[r·stride + 8q + c]`.
+#[inline(always)]
+unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: usize, a: &QActs, i0: usize, out: *mut f32, stride: usize) {
+    let ones = _mm256_set1_epi16(1);
+    let low4 = _mm256_set1_epi8(0x0F);
+    let cb = w.format.code_bytes() * GC;
+    let mut acc = [[_mm256_setzero_ps(); NG]; MR];
+    for b in 0..w.nb {
+        if MR == 1 || i0 == 0 {
+            // The first pass over a task's weights (a decode's one row, or a verify's first
+            // row tile) streams them from memory: ask for the same block of the next NG
+            // groups now, so it arrives while these are computed; later row tiles find them
+            // in cache. Only an address is formed (`wrapping_add`; a prefetch never faults).
+            for q in 0..NG {
+                let next = w.qs.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * cb);
+                for line in (0..cb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+                }
+                _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
+                if F == F_Q4_1 {
+                    _mm_prefetch::<_MM_HINT_T0>(w.m.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
+                }
+            }
+        }
+        let mut isum = [[_mm256_setzero_si256(); NG]; MR];
+        if F == F_Q8_0 {
+            for g in 0..8 {
+                let mut wv = [_mm256_setzero_si256(); NG];
+                let mut wa = [_mm256_setzero_si256(); NG];
+                for q in 0..NG {
+                    wv[q] = _mm256_loadu_si256(w.qs.as_ptr().add(((g0 + q) * w.nb + b) * cb + 32 * g) as *const __m256i);
+                    wa[q] = _mm256_sign_epi8(wv[q], wv[q]);
+                }
+                for r in 0..MR {
+                    let xb = bcast4(a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g));
+                    for q in 0..NG {
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[q], _mm256_sign_epi8(xb, wv[q])), ones);
+                        isum[r][q] = _mm256_add_epi32(isum[r][q], p);
+                    }
+                }
+            }
+        } else {
+            // 16-bit sums of 16 products each: |Σ| ≤ 16·15·127 = 30480 < 2^15, exact.
+            let mut s16 = [[_mm256_setzero_si256(); NG]; MR];
+            for g in 0..4 {
+                let mut lo = [_mm256_setzero_si256(); NG];
+                let mut hi = [_mm256_setzero_si256(); NG];
+                for q in 0..NG {
+                    let v = _mm256_loadu_si256(w.qs.as_ptr().add(((g0 + q) * w.nb + b) * cb + 32 * g) as *const __m256i);
+                    lo[q] = _mm256_and_si256(v, low4);
+                    hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                }
+                for r in 0..MR {
+                    let xp = a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g);
+                    let (xl, xh) = (bcast4(xp), bcast4(xp.add(16)));
+                    for q in 0..NG {
+                        s16[r][q] = _mm256_add_epi16(s16[r][q], _mm256_maddubs_epi16(lo[q], xl));
+                        s16[r][q] = _mm256_add_epi16(s16[r][q], _mm256_maddubs_epi16(hi[q], xh));
+                    }
+                }
+            }
+            for r in 0..MR {
+                for q in 0..NG {
+                    isum[r][q] = _mm256_madd_epi16(s16[r][q], ones);
+                    if F == F_Q4_0 {
+                        // Σ(q−8)·x = Σq·x − 8·Σx.
+                        let off = _mm256_set1_epi32(8 * *a.sq.get_unchecked((i0 + r) * a.nb + b));
+                        isum[r][q] = _mm256_sub_epi32(isum[r][q], off);
+                    }
+                }
+            }
+        }
+        let mut dw = [_mm256_setzero_ps(); NG];
+        let mut mw = [_mm256_setzero_ps(); NG];
+        for q in 0..NG {
+            let at = ((g0 + q) * w.nb + b) * GC;
+            dw[q] = load_f16x8(w.d.as_ptr().add(at));
+            if F == F_Q4_1 {
+                mw[q] = load_f16x8(w.m.as_ptr().add(at));
+            }
+        }
+        for r in 0..MR {
+            let dx = _mm256_broadcast_ss(a.d.get_unchecked((i0 + r) * a.nb + b));
+            for q in 0..NG {
+                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r][q]), _mm256_mul_ps(dw[q], dx));
+                acc[r][q] = _mm256_add_ps(acc[r][q], t);
+                if F == F_Q4_1 {
+                    let sx = _mm256_broadcast_ss(a.s.get_unchecked((i0 + r) * a.nb + b));
+                    acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(mw[q], sx));
+                }
+            }
+        }
+    }
+    for r in 0..MR {
+        for q in 0..NG {
+            _mm256_storeu_ps(out.add(r * stride + q * GC), acc[r][q]);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
+    let out = buf.as_mut_ptr();
+    let width = gn * GC;
+    let mut i = 0;
+    while i + 4 <= a.m {
+        for q in 0..gn {
+            tile::<F, 4, 1>(w, g0 + q, a, i, out.add(i * width + q * GC), width);
+        }
+        i += 4;
+    }
+    // 2 or 3 leftover rows share each weight load too.
+    let rest = a.m - i;
+    if rest >= 2 {
+        for q in 0..gn {
+            let o = out.add(i * width + q * GC);
+            if rest == 3 {
+                tile::<F, 3, 1>(w, g0 + q, a, i, o, width);
+            } else {
+                tile::<F, 2, 1>(w, g0 + q, a, i, o, width);
+            }
+        }
+        i += rest;
+    }
+    while i < a.m {
+        let mut q = 0;
+        while q + 2 <= gn {
+            tile::<F, 1, 2>(w, g0 + q, a, i, out.add(i * width + q * GC), width);
+            q += 2;
+        }
+        while q < gn {
+            tile::<F, 1, 1>(w, g0 + q, a, i, out.add(i * width + q * GC), width);
+            q += 1;
+        }
+        i += 1;
+    }
+}
+
+/// AVX2 path of `compute_groups`. Caller guarantees avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
+    match w.format {
+        QFormat::Q8_0 => run::<F_Q8_0>(w, a, g0, gn, buf),
+        QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, buf),
+        QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, buf),
+    }
+}

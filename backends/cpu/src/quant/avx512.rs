@@ -1,0 +1,214 @@
+//! AVX-512 VNNI path of the quantized matmul: `vpdpbusd` (64 unsigned × signed byte products
+//! summed into 16 int32 lanes per instruction) on 512-bit registers holding two interleaved
+//! column groups (16 columns: group `G` in lanes 0–7, group `G+1` in lanes 8–15).
+//!
+//! `vpdpbusd` multiplies an unsigned byte by a signed one, so each format puts its unsigned
+//! operand where it has one:
+//! - Q4_0 / Q4_1: the nibbles (0–15) are unsigned, the activation codes signed; Q4_0's offset
+//!   is `Σ(q−8)·x = Σq·x − 8·Σx` as on the AVX2 path;
+//! - Q8_0: both are signed, so the activation codes are shifted to `x+128` (a sign-bit flip)
+//!   and the shift taken back with the weights' own sum: `Σw·x = Σw·(x+128) − Σ128·w`, the last
+//!   term one more `vpdpbusd` per weight chunk, shared by every row of the tile.
+//!
+//! Every integer sum is exact (|Σ| ≤ 32·255·128 < 2³¹), and the float epilogue is the one the
+//! module docs of [`super`] define (multiply, multiply, add; blocks in order), so this path
+//! equals the scalar reference and the AVX2 path bit for bit, for every row count.
+
+#![allow(clippy::needless_range_loop)] // register tiles are indexed by row
+use super::{QActs, QFormat, QWeight, GC, QK};
+use std::arch::x86_64::*;
+
+const F_Q8_0: u8 = 0;
+const F_Q4_0: u8 = 1;
+const F_Q4_1: u8 = 2;
+
+/// Chunk bytes (32) of group `gq` at `p` and of group `gq+1` at `p + gstride` in one register;
+/// with `HALF` the upper half is zero (the matrix's last, unpaired group).
+#[inline(always)]
+unsafe fn load_pair<const HALF: bool>(p: *const u8, gstride: usize) -> __m512i {
+    let lo = _mm256_loadu_si256(p as *const __m256i);
+    let hi = if HALF { _mm256_setzero_si256() } else { _mm256_loadu_si256(p.add(gstride) as *const __m256i) };
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// The two groups' 8 f16 values at `p` and `p + gstride` widened to 16 f32 lanes (exact).
+#[inline(always)]
+unsafe fn load_f16_pair<const HALF: bool>(p: *const half::f16, gstride: usize) -> __m512 {
+    let lo = _mm_loadu_si128(p as *const __m128i);
+    let hi = if HALF { _mm_setzero_si128() } else { _mm_loadu_si128(p.add(gstride) as *const __m128i) };
+    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+}
+
+/// 4 activation codes at `p` broadcast to every 32-bit lane.
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m512i {
+    _mm512_set1_epi32((p as *const i32).read_unaligned())
+}
+
+/// Register tile: rows `i0..i0+MR` × `NP` pairs of column groups from `g0` (16 columns each;
+/// with `HALF`, `NP` = 1 and only group `g0`). Each weight chunk is loaded once for all `MR`
+/// rows. Writes `out[r·stride + 16p + c]` (`c < 8` with `HALF`).
+#[inline(always)]
+unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
+    w: &QWeight,
+    g0: usize,
+    a: &QActs,
+    i0: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let c128 = _mm512_set1_epi8(-128);
+    let cb = w.format.code_bytes() * GC;
+    let gstride = w.nb * cb;
+    let sstride = w.nb * GC;
+    let groups = if HALF { 1 } else { 2 * NP };
+    let mut acc = [[_mm512_setzero_ps(); NP]; MR];
+    for b in 0..w.nb {
+        if MR == 1 || i0 == 0 {
+            // First pass over these weights (as on the AVX2 path): fetch the same block of the
+            // next groups while this one is computed. Only addresses are formed.
+            for q in 0..groups {
+                let next = w.qs.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * cb);
+                for line in (0..cb).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
+                }
+                _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
+                if F == F_Q4_1 {
+                    _mm_prefetch::<_MM_HINT_T0>(w.m.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
+                }
+            }
+        }
+        let mut isum = [[_mm512_setzero_si512(); NP]; MR];
+        if F == F_Q8_0 {
+            let mut wsum = [_mm512_setzero_si512(); NP];
+            for g in 0..8 {
+                let mut wv = [_mm512_setzero_si512(); NP];
+                for p in 0..NP {
+                    wv[p] = load_pair::<HALF>(w.qs.as_ptr().add(((g0 + 2 * p) * w.nb + b) * cb + 32 * g), gstride);
+                    wsum[p] = _mm512_dpbusd_epi32(wsum[p], c128, wv[p]);
+                }
+                for r in 0..MR {
+                    let xu = _mm512_xor_si512(bcast4(a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g)), c128);
+                    for p in 0..NP {
+                        isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], xu, wv[p]);
+                    }
+                }
+            }
+            for r in 0..MR {
+                for p in 0..NP {
+                    isum[r][p] = _mm512_sub_epi32(isum[r][p], wsum[p]);
+                }
+            }
+        } else {
+            for g in 0..4 {
+                let mut lo = [_mm512_setzero_si512(); NP];
+                let mut hi = [_mm512_setzero_si512(); NP];
+                for p in 0..NP {
+                    let v = load_pair::<HALF>(w.qs.as_ptr().add(((g0 + 2 * p) * w.nb + b) * cb + 32 * g), gstride);
+                    lo[p] = _mm512_and_si512(v, low4);
+                    hi[p] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
+                }
+                for r in 0..MR {
+                    let xp = a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g);
+                    let (xl, xh) = (bcast4(xp), bcast4(xp.add(16)));
+                    for p in 0..NP {
+                        isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], lo[p], xl);
+                        isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], hi[p], xh);
+                    }
+                }
+            }
+            if F == F_Q4_0 {
+                for r in 0..MR {
+                    // Σ(q−8)·x = Σq·x − 8·Σx.
+                    let off = _mm512_set1_epi32(8 * *a.sq.get_unchecked((i0 + r) * a.nb + b));
+                    for p in 0..NP {
+                        isum[r][p] = _mm512_sub_epi32(isum[r][p], off);
+                    }
+                }
+            }
+        }
+        let mut dw = [_mm512_setzero_ps(); NP];
+        let mut mw = [_mm512_setzero_ps(); NP];
+        for p in 0..NP {
+            let at = ((g0 + 2 * p) * w.nb + b) * GC;
+            dw[p] = load_f16_pair::<HALF>(w.d.as_ptr().add(at), sstride);
+            if F == F_Q4_1 {
+                mw[p] = load_f16_pair::<HALF>(w.m.as_ptr().add(at), sstride);
+            }
+        }
+        for r in 0..MR {
+            let dx = _mm512_set1_ps(*a.d.get_unchecked((i0 + r) * a.nb + b));
+            for p in 0..NP {
+                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][p]), _mm512_mul_ps(dw[p], dx));
+                acc[r][p] = _mm512_add_ps(acc[r][p], t);
+                if F == F_Q4_1 {
+                    let sx = _mm512_set1_ps(*a.s.get_unchecked((i0 + r) * a.nb + b));
+                    acc[r][p] = _mm512_add_ps(acc[r][p], _mm512_mul_ps(mw[p], sx));
+                }
+            }
+        }
+    }
+    for r in 0..MR {
+        for p in 0..NP {
+            let o = out.add(r * stride + p * 2 * GC);
+            if HALF {
+                _mm512_mask_storeu_ps(o, 0x00FF, acc[r][p]);
+            } else {
+                _mm512_storeu_ps(o, acc[r][p]);
+            }
+        }
+    }
+}
+
+/// Rows `i0..i0+MR` over every group of the task: pairs, then the unpaired last group.
+#[inline(always)]
+unsafe fn rows<const F: u8, const MR: usize>(w: &QWeight, a: &QActs, g0: usize, gn: usize, i0: usize, out: *mut f32, width: usize) {
+    let mut q = 0;
+    while q + 2 <= gn {
+        tile::<F, MR, 1, false>(w, g0 + q, a, i0, out.add(i0 * width + q * GC), width);
+        q += 2;
+    }
+    if q < gn {
+        tile::<F, MR, 1, true>(w, g0 + q, a, i0, out.add(i0 * width + q * GC), width);
+    }
+}
+
+#[inline(always)]
+unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
+    let out = buf.as_mut_ptr();
+    let width = gn * GC;
+    let mut i = 0;
+    while i + 8 <= a.m {
+        rows::<F, 8>(w, a, g0, gn, i, out, width);
+        i += 8;
+    }
+    if a.m - i >= 4 {
+        rows::<F, 4>(w, a, g0, gn, i, out, width);
+        i += 4;
+    }
+    if a.m - i >= 2 {
+        rows::<F, 2>(w, a, g0, gn, i, out, width);
+        i += 2;
+    }
+    if i < a.m {
+        // One row (a decode step): two pairs per tile, two independent dot-product chains.
+        let mut q = 0;
+        while q + 4 <= gn {
+            tile::<F, 1, 2, false>(w, g0 + q, a, i, out.add(i * width + q * GC), width);
+            q += 4;
+        }
+        rows::<F, 1>(w, a, g0 + q, gn - q, i, out.add(q * GC), width);
+    }
+}
+
+/// AVX-512 VNNI path of `compute_groups`. Caller guarantees avx512f, avx512bw, avx512vnni
+/// (and the AVX2 set).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
+    match w.format {
+        QFormat::Q8_0 => run::<F_Q8_0>(w, a, g0, gn, buf),
+        QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, buf),
+        QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, buf),
+    }
+}
