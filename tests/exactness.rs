@@ -87,14 +87,14 @@ fn stop_token_inside_an_accepted_path_ends_generation_there() {
     assert_eq!(checked, 24);
 }
 
-/// Issue 10: the exactness matrix with quantized targets (Q8_0 quantized at load, Q4_0 and
-/// Q4_1 kept in their ggml blocks): the int8 kernels' rows do not depend on the verify's row
+/// Issue 10: the exactness matrix with quantized targets (Q8_0 quantized at load, Q4_0,
+/// Q4_1 and Q5_0 kept in their ggml blocks): the int8 kernels' rows do not depend on the verify's row
 /// count, so every method still emits the `ar` tokens at temperature zero.
 #[test]
 fn every_method_matches_ar_with_quantized_targets() {
     let vocab = 48;
     // The f16 KV cache (the CLI's default on the CPU) with every format; the f32 one with Q4_1.
-    for (weights, kv) in [("q8_0", KvDtype::F16), ("q4_0", KvDtype::F16), ("q4_1", KvDtype::F16), ("q4_1", KvDtype::F32)] {
+    for (weights, kv) in [("q8_0", KvDtype::F16), ("q4_0", KvDtype::F16), ("q4_1", KvDtype::F16), ("q5_0", KvDtype::F16), ("q4_1", KvDtype::F32)] {
         let b = CpuBackend::new().with_kv_dtype(kv);
         for (ai, arch) in ARCHS.into_iter().enumerate() {
             let tdir = tmpdir("qtarget");

@@ -96,13 +96,26 @@ pub struct Quant4Source {
     pub ggml_type: u32,
 }
 
-/// ggml's reference 4-bit quantization of one row (`x.len()` a multiple of 32) into blocks.
+/// ggml's reference 4- or 5-bit quantization of one row (`x.len()` a multiple of 32) into
+/// blocks (`quantize_row_q4_0_ref`, `_q4_1_ref`, `_q5_0_ref`).
 pub fn quantize_row_q4(ggml_type: u32, x: &[f32]) -> Vec<u8> {
     use half::f16;
     let mut out = Vec::new();
     for blk in x.chunks_exact(32) {
         let mut codes = [0u8; 32];
-        if ggml_type == sparkling::core::ggml::Q4_1 {
+        if ggml_type == sparkling::core::ggml::Q5_0 {
+            let max = blk.iter().copied().fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+            let d = max / -16.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut qh = 0u32;
+            for (t, (c, &v)) in codes.iter_mut().zip(blk).enumerate() {
+                let q = ((v * id + 16.5) as i8).clamp(0, 31) as u8;
+                *c = q & 15;
+                qh |= ((q >> 4) as u32) << t;
+            }
+            out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+            out.extend_from_slice(&qh.to_le_bytes());
+        } else if ggml_type == sparkling::core::ggml::Q4_1 {
             let min = blk.iter().copied().fold(f32::INFINITY, f32::min);
             let max = blk.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let d = (max - min) / 15.0;
@@ -156,7 +169,7 @@ impl sparkling::loader::TensorSource for Quant4Source {
 }
 
 /// Write a random target of `arch` and load it on `b` with its matrices as `weights`:
-/// `"q8_0"` (the backend quantizes at upload) or `"q4_0"` / `"q4_1"` (ggml blocks from
+/// `"q8_0"` (the backend quantizes at upload) or `"q4_0"` / `"q4_1"` / `"q5_0"` (ggml blocks from
 /// [`Quant4Source`], kept as stored).
 pub fn random_quant_target(dir: &Path, arch: Arch, vocab: usize, seed: u64, weights: &str) -> Target<CpuBackend> {
     use sparkling::cpu::WeightDtype;
@@ -169,6 +182,7 @@ pub fn random_quant_target(dir: &Path, arch: Arch, vocab: usize, seed: u64, weig
         "q8_0" => (WeightDtype::Q8_0, None),
         "q4_0" => (WeightDtype::Native, Some(sparkling::core::ggml::Q4_0)),
         "q4_1" => (WeightDtype::Native, Some(sparkling::core::ggml::Q4_1)),
+        "q5_0" => (WeightDtype::Native, Some(sparkling::core::ggml::Q5_0)),
         other => panic!("random_quant_target: unknown weights {other}"),
     };
     let b = CpuBackend::with_weight_dtype(dtype);

@@ -124,6 +124,9 @@ pub mod ggml {
     pub const Q4_0: u32 = 2;
     /// 4-bit, 32-value blocks of 20 bytes: f16 `d`, f16 min `m`, 16 nibble bytes; `x = d·q + m`.
     pub const Q4_1: u32 = 3;
+    /// 5-bit, 32-value blocks of 22 bytes: f16 `d`, 32-bit `qh` (bit `t` = fifth bit of value
+    /// `t`), 16 nibble bytes (value `t` and `t+16` in byte `t`); `x = d·(q − 16)`.
+    pub const Q5_0: u32 = 6;
     /// 8-bit, 32-value blocks of 34 bytes: f16 `d`, 32 signed bytes; `x = d·q`.
     pub const Q8_0: u32 = 8;
 }

@@ -59,7 +59,7 @@ pub struct CpuWeight {
 pub enum WeightData {
     /// f32 or f16 values packed into column panels ([`gemm`]).
     Panels(gemm::Packed),
-    /// ggml 32-value blocks ([`quant`]): Q8_0, Q4_0, Q4_1.
+    /// ggml 32-value blocks ([`quant`]): Q8_0, Q4_0, Q4_1, Q5_0.
     Quant(quant::QWeight),
 }
 
@@ -101,11 +101,11 @@ pub enum WeightDtype {
     /// Round to f16 at upload (halves memory and decode bandwidth; llama.cpp's F16 format).
     F16,
     /// Quantize float weights (f32 uploads, GGUF F16/F32) to Q8_0 blocks (ggml's quantizer;
-    /// matrices whose K is not a multiple of 32 stay f16). GGUF Q8_0/Q4_0/Q4_1 blocks are kept
+    /// matrices whose K is not a multiple of 32 stay f16). GGUF Q8_0/Q4_0/Q4_1/Q5_0 blocks are kept
     /// as stored, as with [`WeightDtype::Native`].
     Q8_0,
     /// Keep GGUF tensors in their stored format where the CPU has a kernel for it (Q8_0,
-    /// Q4_0, Q4_1 blocks; F16; F32); f32 uploads (other formats, dequantized by the
+    /// Q4_0, Q4_1, Q5_0 blocks; F16; F32); f32 uploads (other formats, dequantized by the
     /// loader) are stored as f16.
     Native,
 }

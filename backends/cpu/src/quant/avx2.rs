@@ -3,12 +3,23 @@
 //! order the module docs of [`super`] define.
 
 #![allow(clippy::needless_range_loop)] // register tiles are indexed by row and column group
-use super::{QActs, QFormat, QWeight, GC, QK};
+use super::{QActs, QFormat, QWeight, GC, H_BYTES, QK};
 use std::arch::x86_64::*;
 
 const F_Q8_0: u8 = 0;
 const F_Q4_0: u8 = 1;
 const F_Q4_1: u8 = 2;
+const F_Q5_0: u8 = 3;
+
+/// Q5_0's fifth bits: byte `i` of the result is 0x10 where bit `i` of `mask` is set, else 0.
+#[inline(always)]
+unsafe fn fifth_bits(mask: u32) -> __m256i {
+    let m = _mm256_set1_epi32(mask as i32);
+    let idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let hit = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(m, idx), sel), sel);
+    _mm256_and_si256(hit, _mm256_set1_epi8(0x10))
+}
 
 /// [`super::quantize_block`] on AVX2 (same exactly rounded steps: |x| max, `amax/127`,
 /// `1/d`, `x·id` rounded to nearest even, saturating narrowing) plus the code sum.
@@ -99,7 +110,9 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
                 }
             }
         } else {
-            // 16-bit sums of 16 products each: |Σ| ≤ 16·15·127 = 30480 < 2^15, exact.
+            // 4-bit codes: 16-bit sums of 16 products each, |Σ| ≤ 16·15·127 = 30480 < 2^15,
+            // exact. Q5_0's 5-bit codes (≤ 31) widen to 32 bits after every chunk instead
+            // (4 products: ≤ 15748).
             let mut s16 = [[_mm256_setzero_si256(); NG]; MR];
             for g in 0..4 {
                 let mut lo = [_mm256_setzero_si256(); NG];
@@ -108,22 +121,34 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
                     let v = _mm256_loadu_si256(w.qs.as_ptr().add(((g0 + q) * w.nb + b) * cb + 32 * g) as *const __m256i);
                     lo[q] = _mm256_and_si256(v, low4);
                     hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                    if F == F_Q5_0 {
+                        let hp = w.qh.as_ptr().add(((g0 + q) * w.nb + b) * H_BYTES + 8 * g) as *const u32;
+                        lo[q] = _mm256_or_si256(lo[q], fifth_bits(hp.read_unaligned()));
+                        hi[q] = _mm256_or_si256(hi[q], fifth_bits(hp.add(1).read_unaligned()));
+                    }
                 }
                 for r in 0..MR {
                     let xp = a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g);
                     let (xl, xh) = (bcast4(xp), bcast4(xp.add(16)));
                     for q in 0..NG {
-                        s16[r][q] = _mm256_add_epi16(s16[r][q], _mm256_maddubs_epi16(lo[q], xl));
-                        s16[r][q] = _mm256_add_epi16(s16[r][q], _mm256_maddubs_epi16(hi[q], xh));
+                        let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[q], xl), _mm256_maddubs_epi16(hi[q], xh));
+                        if F == F_Q5_0 {
+                            isum[r][q] = _mm256_add_epi32(isum[r][q], _mm256_madd_epi16(p, ones));
+                        } else {
+                            s16[r][q] = _mm256_add_epi16(s16[r][q], p);
+                        }
                     }
                 }
             }
             for r in 0..MR {
                 for q in 0..NG {
-                    isum[r][q] = _mm256_madd_epi16(s16[r][q], ones);
-                    if F == F_Q4_0 {
-                        // Σ(q−8)·x = Σq·x − 8·Σx.
-                        let off = _mm256_set1_epi32(8 * *a.sq.get_unchecked((i0 + r) * a.nb + b));
+                    if F != F_Q5_0 {
+                        isum[r][q] = _mm256_madd_epi16(s16[r][q], ones);
+                    }
+                    // Σ(q−o)·x = Σq·x − o·Σx (offset o = 8 for Q4_0, 16 for Q5_0).
+                    if F == F_Q4_0 || F == F_Q5_0 {
+                        let o = if F == F_Q4_0 { 8 } else { 16 };
+                        let off = _mm256_set1_epi32(o * *a.sq.get_unchecked((i0 + r) * a.nb + b));
                         isum[r][q] = _mm256_sub_epi32(isum[r][q], off);
                     }
                 }
@@ -202,5 +227,6 @@ pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize
         QFormat::Q8_0 => run::<F_Q8_0>(w, a, g0, gn, buf),
         QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, buf),
         QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, buf),
+        QFormat::Q5_0 => run::<F_Q5_0>(w, a, g0, gn, buf),
     }
 }

@@ -4,8 +4,9 @@
 //!
 //! `vpdpbusd` multiplies an unsigned byte by a signed one, so each format puts its unsigned
 //! operand where it has one:
-//! - Q4_0 / Q4_1: the nibbles (0–15) are unsigned, the activation codes signed; Q4_0's offset
-//!   is `Σ(q−8)·x = Σq·x − 8·Σx` as on the AVX2 path;
+//! - Q4_0 / Q4_1 / Q5_0: the codes (0–15, Q5_0 0–31: the nibble plus 16 under its fifth-bit
+//!   mask, one masked byte add) are unsigned, the activation codes signed; the offsets are
+//!   `Σ(q−o)·x = Σq·x − o·Σx` (o = 8 for Q4_0, 16 for Q5_0) as on the AVX2 path;
 //! - Q8_0: both are signed, so the activation codes are shifted to `x+128` (a sign-bit flip)
 //!   and the shift taken back with the weights' own sum: `Σw·x = Σw·(x+128) − Σ128·w`, the last
 //!   term one more `vpdpbusd` per weight chunk, shared by every row of the tile.
@@ -15,12 +16,22 @@
 //! equals the scalar reference and the AVX2 path bit for bit, for every row count.
 
 #![allow(clippy::needless_range_loop)] // register tiles are indexed by row
-use super::{QActs, QFormat, QWeight, GC, QK};
+use super::{QActs, QFormat, QWeight, GC, H_BYTES, QK};
 use std::arch::x86_64::*;
 
 const F_Q8_0: u8 = 0;
 const F_Q4_0: u8 = 1;
 const F_Q4_1: u8 = 2;
+const F_Q5_0: u8 = 3;
+
+/// Q5_0: the 32-bit fifth-bit masks at `p` (group `gq`) and `p + hstride` (group `gq+1`; zero
+/// with `HALF`) as one 64-bit lane mask.
+#[inline(always)]
+unsafe fn fifth_bit_mask<const HALF: bool>(p: *const u8, hstride: usize) -> __mmask64 {
+    let lo = (p as *const u32).read_unaligned() as u64;
+    let hi = if HALF { 0 } else { (p.add(hstride) as *const u32).read_unaligned() as u64 };
+    lo | (hi << 32)
+}
 
 /// Chunk bytes (32) of group `gq` at `p` and of group `gq+1` at `p + gstride` in one register;
 /// with `HALF` the upper half is zero (the matrix's last, unpaired group).
@@ -49,15 +60,9 @@ unsafe fn bcast4(p: *const u8) -> __m512i {
 /// with `HALF`, `NP` = 1 and only group `g0`). Each weight chunk is loaded once for all `MR`
 /// rows. Writes `out[r·stride + 16p + c]` (`c < 8` with `HALF`).
 #[inline(always)]
-unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
-    w: &QWeight,
-    g0: usize,
-    a: &QActs,
-    i0: usize,
-    out: *mut f32,
-    stride: usize,
-) {
+unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(w: &QWeight, g0: usize, a: &QActs, i0: usize, out: *mut f32, stride: usize) {
     let low4 = _mm512_set1_epi8(0x0F);
+    let c16 = _mm512_set1_epi8(16);
     let c128 = _mm512_set1_epi8(-128);
     let cb = w.format.code_bytes() * GC;
     let gstride = w.nb * cb;
@@ -108,6 +113,12 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
                     let v = load_pair::<HALF>(w.qs.as_ptr().add(((g0 + 2 * p) * w.nb + b) * cb + 32 * g), gstride);
                     lo[p] = _mm512_and_si512(v, low4);
                     hi[p] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
+                    if F == F_Q5_0 {
+                        let hp = w.qh.as_ptr().add(((g0 + 2 * p) * w.nb + b) * H_BYTES + 8 * g);
+                        let hstride = w.nb * H_BYTES;
+                        lo[p] = _mm512_mask_add_epi8(lo[p], fifth_bit_mask::<HALF>(hp, hstride), lo[p], c16);
+                        hi[p] = _mm512_mask_add_epi8(hi[p], fifth_bit_mask::<HALF>(hp.add(4), hstride), hi[p], c16);
+                    }
                 }
                 for r in 0..MR {
                     let xp = a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g);
@@ -118,10 +129,11 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
                     }
                 }
             }
-            if F == F_Q4_0 {
+            if F == F_Q4_0 || F == F_Q5_0 {
+                let o = if F == F_Q4_0 { 8 } else { 16 };
                 for r in 0..MR {
-                    // Σ(q−8)·x = Σq·x − 8·Σx.
-                    let off = _mm512_set1_epi32(8 * *a.sq.get_unchecked((i0 + r) * a.nb + b));
+                    // Σ(q−o)·x = Σq·x − o·Σx.
+                    let off = _mm512_set1_epi32(o * *a.sq.get_unchecked((i0 + r) * a.nb + b));
                     for p in 0..NP {
                         isum[r][p] = _mm512_sub_epi32(isum[r][p], off);
                     }
@@ -210,5 +222,6 @@ pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize
         QFormat::Q8_0 => run::<F_Q8_0>(w, a, g0, gn, buf),
         QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, buf),
         QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, buf),
+        QFormat::Q5_0 => run::<F_Q5_0>(w, a, g0, gn, buf),
     }
 }

@@ -9,9 +9,13 @@
 //!   `4g + t` of column `8G + c` (low nibble: value `4g+t`, high nibble: value `4g+t+16`);
 //! - `Q8_0`: 256 bytes in 8 chunks of 32; byte `4c + t` of chunk `g` is value `4g+t` of column
 //!   `8G + c`;
+//! - `Q5_0`: the low 4 bits of each code as `Q4_0`, and the fifth bits in a plane of 32 bytes:
+//!   for chunk `g`, the little-endian 32-bit mask at byte `8g` has bit `4c + t` = fifth bit of
+//!   value `4g+t` of column `8G + c` (the values of the chunk's low nibbles), the one at byte
+//!   `8g + 4` the same for value `4g+t+16` (its high nibbles);
 //! - the 8 columns' f16 scales `d` (and `Q4_1`'s f16 mins `m`).
 //!
-//! So every format keeps ggml's bits per weight (Q4_0 4.5, Q4_1 5.0, Q8_0 8.5).
+//! So every format keeps ggml's bits per weight (Q4_0 4.5, Q4_1 5.0, Q5_0 5.5, Q8_0 8.5).
 //!
 //! # Matmul `y[M,N] = x[M,K]·Wᵀ`
 //! The activations are quantized once per call to 8-bit blocks like ggml's `Q8_0`/`Q8_1`
@@ -19,7 +23,7 @@
 //! `sx = dx·Σqx`). Output `(i, j)` is defined as follows, in exactly this order for every path
 //! (scalar reference, AVX2, AVX-512 VNNI), every row count and every thread split:
 //! 1. per block `b` the exact integer dot product `isum = Σ_t w[t]·qx[t]` of the signed codes
-//!    (`q−8` for Q4_0, `q` for Q4_1 and Q8_0);
+//!    (`q−8` for Q4_0, `q−16` for Q5_0, `q` for Q4_1 and Q8_0);
 //! 2. `acc = acc + f32(isum) · (d_w·dx)` (separate multiply and add, never fused), and for
 //!    Q4_1 then `acc = acc + m_w·sx` (the value `d·q + m` against `dx·qx`: ggml's `Q4_1·Q8_1`);
 //!    blocks `b = 0, 1, …, K/32 − 1` in order, `acc` starting at `+0`.
@@ -46,6 +50,8 @@ pub enum QFormat {
     Q4_0,
     /// 4-bit codes, f16 scale and f16 min (ggml type 3).
     Q4_1,
+    /// 5-bit codes offset by 16, one f16 scale (ggml type 6).
+    Q5_0,
 }
 
 impl QFormat {
@@ -56,6 +62,7 @@ impl QFormat {
             ggml::Q8_0 => Some(QFormat::Q8_0),
             ggml::Q4_0 => Some(QFormat::Q4_0),
             ggml::Q4_1 => Some(QFormat::Q4_1),
+            ggml::Q5_0 => Some(QFormat::Q5_0),
             _ => None,
         }
     }
@@ -66,6 +73,7 @@ impl QFormat {
             QFormat::Q8_0 => "q8_0",
             QFormat::Q4_0 => "q4_0",
             QFormat::Q4_1 => "q4_1",
+            QFormat::Q5_0 => "q5_0",
         }
     }
 
@@ -75,10 +83,11 @@ impl QFormat {
             QFormat::Q8_0 => 34,
             QFormat::Q4_0 => 18,
             QFormat::Q4_1 => 20,
+            QFormat::Q5_0 => 22,
         }
     }
 
-    /// Code bytes of one column's block (16 for 4-bit, 32 for 8-bit).
+    /// Code bytes of one column's block (16 for 4-bit and Q5_0's low bits, 32 for 8-bit).
     fn code_bytes(self) -> usize {
         match self {
             QFormat::Q8_0 => 32,
@@ -98,9 +107,14 @@ pub struct QWeight {
     pub k: usize,
     nb: usize,
     qs: Vec<u8>,
+    /// Q5_0's fifth-bit planes, [`H_BYTES`] per group and block (empty for other formats).
+    qh: Vec<u8>,
     d: Vec<f16>,
     m: Vec<f16>,
 }
+
+/// Bytes of Q5_0's fifth-bit plane per interleaved group and block (4 per column).
+const H_BYTES: usize = 32;
 
 #[inline]
 fn f16_le(b: &[u8], i: usize) -> f16 {
@@ -117,6 +131,7 @@ impl QWeight {
             k,
             nb,
             qs: vec![0; ng * nb * GC * format.code_bytes()],
+            qh: if format == QFormat::Q5_0 { vec![0; ng * nb * H_BYTES] } else { Vec::new() },
             d: vec![f16::ZERO; ng * nb * GC],
             m: if format == QFormat::Q4_1 { vec![f16::ZERO; ng * nb * GC] } else { Vec::new() },
         }
@@ -133,6 +148,31 @@ impl QWeight {
     #[inline]
     fn scale_at(&self, j: usize, b: usize) -> usize {
         ((j / GC) * self.nb + b) * GC + j % GC
+    }
+
+    /// Byte and bit of the fifth bit of value `t` (0..32) of column `j`, block `b` in `qh`.
+    #[inline]
+    fn high_bit_at(&self, j: usize, b: usize, t: usize) -> (usize, u32) {
+        let (g, upper) = ((t % 16) / 4, t >= 16);
+        let bit = 4 * (j % GC) + t % 4;
+        (((j / GC) * self.nb + b) * H_BYTES + 8 * g + 4 * upper as usize + bit / 8, (bit % 8) as u32)
+    }
+
+    /// Q5_0: set the fifth bits of column `j`, block `b` from ggml's `qh` (bit `t` = value `t`).
+    fn put_high_bits(&mut self, j: usize, b: usize, qh: u32) {
+        for t in 0..QK {
+            let (at, bit) = self.high_bit_at(j, b, t);
+            let v = ((qh >> t) & 1) as u8;
+            self.qh[at] = (self.qh[at] & !(1 << bit)) | (v << bit);
+        }
+    }
+
+    /// Q5_0: the fifth bits of column `j`, block `b` as ggml's `qh`.
+    fn high_bits(&self, j: usize, b: usize) -> u32 {
+        (0..QK).fold(0u32, |acc, t| {
+            let (at, bit) = self.high_bit_at(j, b, t);
+            acc | ((((self.qh[at] >> bit) & 1) as u32) << t)
+        })
     }
 
     /// Store one column-block: `codes` in ggml order (16 or 32 bytes), scale, min.
@@ -180,6 +220,10 @@ impl QWeight {
             match format {
                 QFormat::Q8_0 | QFormat::Q4_0 => w.put(j, b, &blk[2..], f16_le(blk, 0), f16::ZERO),
                 QFormat::Q4_1 => w.put(j, b, &blk[4..], f16_le(blk, 0), f16_le(blk, 2)),
+                QFormat::Q5_0 => {
+                    w.put(j, b, &blk[6..], f16_le(blk, 0), f16::ZERO);
+                    w.put_high_bits(j, b, u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]));
+                }
             }
         }
         Ok(w)
@@ -202,6 +246,9 @@ impl QWeight {
                 w.d[o] = self.d[s];
                 if self.format == QFormat::Q4_1 {
                     w.m[o] = self.m[s];
+                }
+                if self.format == QFormat::Q5_0 {
+                    w.put_high_bits(j, b, self.high_bits(r, b));
                 }
             }
         }
@@ -233,7 +280,7 @@ impl QWeight {
 
     /// Bytes held in memory (codes and scales, padding included).
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 2 * (self.d.len() + self.m.len())
+        self.qs.len() + self.qh.len() + 2 * (self.d.len() + self.m.len())
     }
 
     /// Signed integer code of value `t` (0..32) of block `b` of column `j` (Q4_1: the unsigned
@@ -245,10 +292,13 @@ impl QWeight {
             _ => {
                 let byte = self.qs[self.code_at(j, b, t % 16)];
                 let q = if t < 16 { byte & 0x0F } else { byte >> 4 } as i32;
-                if self.format == QFormat::Q4_0 {
-                    q - 8
-                } else {
-                    q
+                match self.format {
+                    QFormat::Q4_0 => q - 8,
+                    QFormat::Q5_0 => {
+                        let (at, bit) = self.high_bit_at(j, b, t);
+                        (q | ((((self.qh[at] >> bit) & 1) as i32) << 4)) - 16
+                    }
+                    _ => q,
                 }
             }
         }
@@ -458,7 +508,7 @@ mod tests {
         out
     }
 
-    const FORMATS: [QFormat; 3] = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1];
+    const FORMATS: [QFormat; 4] = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0];
 
     #[test]
     fn every_path_equals_the_scalar_reference_bit_for_bit() {
@@ -505,6 +555,52 @@ mod tests {
                         assert!(same, "{format:?} {isa:?} row {i} alone vs in 65 rows ({threads} threads)");
                     }
                 }
+            }
+        }
+    }
+
+    /// ggml's dequantization of one block straight from its bytes (gguf.md / ggml-quants.c
+    /// `dequantize_row_*`), independent of the repacked layout.
+    fn ggml_dequant_block(format: QFormat, blk: &[u8]) -> Vec<f32> {
+        let d = f16_le(blk, 0).to_f32();
+        match format {
+            QFormat::Q8_0 => blk[2..34].iter().map(|&q| q as i8 as f32 * d).collect(),
+            QFormat::Q4_0 => (0..32).map(|t| ((if t < 16 { blk[2 + t] & 15 } else { blk[2 + t - 16] >> 4 }) as f32 - 8.0) * d).collect(),
+            QFormat::Q4_1 => {
+                let m = f16_le(blk, 2).to_f32();
+                (0..32).map(|t| d * (if t < 16 { blk[4 + t] & 15 } else { blk[4 + t - 16] >> 4 }) as f32 + m).collect()
+            }
+            QFormat::Q5_0 => {
+                let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+                (0..32)
+                    .map(|t| {
+                        let lo = if t < 16 { blk[6 + t] & 15 } else { blk[6 + t - 16] >> 4 };
+                        ((lo as u32 | ((qh >> t) & 1) << 4) as f32 - 16.0) * d
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    #[test]
+    fn repacked_rows_dequantize_as_ggml_does_and_gathered_rows_are_the_same_blocks() {
+        for &format in &FORMATS {
+            let (n, k) = (19, 96);
+            let raw = random_ggml(format, n, k, 23);
+            let w = QWeight::from_ggml(format, &raw, n, k).unwrap();
+            let bb = format.ggml_block_bytes();
+            let mut row = vec![0.0f32; k];
+            for j in 0..n {
+                w.row_into(j, &mut row);
+                let want: Vec<f32> = raw[j * (k / QK) * bb..(j + 1) * (k / QK) * bb].chunks_exact(bb).flat_map(|blk| ggml_dequant_block(format, blk)).collect();
+                assert_eq!(row, want, "{format:?} row {j}");
+            }
+            let g = w.gather_rows(&[18, 0, 9]);
+            for (i, &j) in [18usize, 0, 9].iter().enumerate() {
+                let (mut a, mut b) = (vec![0.0f32; k], vec![0.0f32; k]);
+                g.row_into(i, &mut a);
+                w.row_into(j, &mut b);
+                assert_eq!(a, b, "{format:?} gathered row {i} = row {j}");
             }
         }
     }
