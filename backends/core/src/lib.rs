@@ -129,6 +129,12 @@ pub mod ggml {
     pub const Q5_0: u32 = 6;
     /// 8-bit, 32-value blocks of 34 bytes: f16 `d`, 32 signed bytes; `x = d·q`.
     pub const Q8_0: u32 = 8;
+    /// 4-bit K-quant, 256-value super-blocks of 144 bytes: f16 `d`, f16 `dmin`, 12 bytes of
+    /// packed 6-bit sub-block scales and mins, 128 nibble bytes; `x = d·sc·q − dmin·m`.
+    pub const Q4_K: u32 = 12;
+    /// 6-bit K-quant, 256-value super-blocks of 210 bytes: 128 bytes of low nibbles, 64 of
+    /// high 2-bit pairs, 16 int8 sub-block scales, f16 `d`; `x = d·sc·(q − 32)`.
+    pub const Q6_K: u32 = 14;
 }
 
 /// A weight matrix `[n, k]` exactly as a GGUF file stores it (HF row order): `n` rows of `k`

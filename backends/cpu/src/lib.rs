@@ -59,7 +59,7 @@ pub struct CpuWeight {
 pub enum WeightData {
     /// f32 or f16 values packed into column panels ([`gemm`]).
     Panels(gemm::Packed),
-    /// ggml 32-value blocks ([`quant`]): Q8_0, Q4_0, Q4_1, Q5_0.
+    /// ggml blocks ([`quant`]): Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K.
     Quant(quant::QWeight),
 }
 
@@ -101,11 +101,11 @@ pub enum WeightDtype {
     /// Round to f16 at upload (halves memory and decode bandwidth; llama.cpp's F16 format).
     F16,
     /// Quantize float weights (f32 uploads, GGUF F16/F32) to Q8_0 blocks (ggml's quantizer;
-    /// matrices whose K is not a multiple of 32 stay f16). GGUF Q8_0/Q4_0/Q4_1/Q5_0 blocks are kept
+    /// matrices whose K is not a multiple of 32 stay f16). GGUF Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K blocks are kept
     /// as stored, as with [`WeightDtype::Native`].
     Q8_0,
     /// Keep GGUF tensors in their stored format where the CPU has a kernel for it (Q8_0,
-    /// Q4_0, Q4_1, Q5_0 blocks; F16; F32); f32 uploads (other formats, dequantized by the
+    /// Q4_0, Q4_1, Q5_0, Q4_K, Q6_K blocks; F16; F32); f32 uploads (other formats, dequantized by the
     /// loader) are stored as f16.
     Native,
 }
@@ -719,7 +719,8 @@ mod tests {
         let native = CpuBackend::with_weight_dtype(WeightDtype::Native);
         let q8 = CpuBackend::with_weight_dtype(WeightDtype::Q8_0);
         assert!(!CpuBackend::new().accepts_ggml(ggml::Q4_1), "f32 backends dequantize at the loader");
-        assert!(native.accepts_ggml(ggml::Q4_1) && native.accepts_ggml(ggml::F16) && !native.accepts_ggml(14));
+        assert!(native.accepts_ggml(ggml::Q4_1) && native.accepts_ggml(ggml::F16) && native.accepts_ggml(ggml::Q4_K) && native.accepts_ggml(ggml::Q6_K));
+        assert!(!native.accepts_ggml(13), "Q5_K has no CPU kernel yet");
         assert_eq!(native.upload_weight_ggml(g(ggml::F16, f16_bytes.clone())).unwrap().format_name(), "f16");
         assert_eq!(q8.upload_weight_ggml(g(ggml::F16, f16_bytes.clone())).unwrap().format_name(), "q8_0");
         // Q8_0 blocks: d = 0.5, codes 0..32.
@@ -732,7 +733,10 @@ mod tests {
         // Wrong byte counts and unknown types are errors naming the problem, not panics.
         assert!(matches!(native.upload_weight_ggml(g(ggml::F16, f16_bytes[1..].to_vec())), Err(Error::Shape { .. })));
         assert!(native.upload_weight_ggml(g(ggml::Q4_1, vec![0; 7])).is_err());
-        assert!(matches!(native.upload_weight_ggml(g(14, vec![])), Err(Error::Unavailable(_))));
+        assert!(matches!(native.upload_weight_ggml(g(13, vec![])), Err(Error::Unavailable(_))));
+        // K-quants need K a multiple of 256: the message says so.
+        let e = native.upload_weight_ggml(g(ggml::Q4_K, vec![0; 144])).unwrap_err().to_string();
+        assert!(e.contains("multiple of 256"), "{e}");
     }
 
     #[test]

@@ -10,15 +10,18 @@ const F_Q8_0: u8 = 0;
 const F_Q4_0: u8 = 1;
 const F_Q4_1: u8 = 2;
 const F_Q5_0: u8 = 3;
+const F_Q4K: u8 = 4;
+const F_Q6K: u8 = 5;
 
-/// Q5_0's fifth bits: byte `i` of the result is 0x10 where bit `i` of `mask` is set, else 0.
+/// A high-bit plane's 32 bits as bytes: byte `i` of the result is `v` where bit `i` of `mask`
+/// is set, else 0 (Q5_0's bit 4: `v` = 0x10; Q6_K's bits 4 and 5: 0x10 and 0x20).
 #[inline(always)]
-unsafe fn fifth_bits(mask: u32) -> __m256i {
+unsafe fn plane_bits(mask: u32, v: i8) -> __m256i {
     let m = _mm256_set1_epi32(mask as i32);
     let idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let hit = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(m, idx), sel), sel);
-    _mm256_and_si256(hit, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(hit, _mm256_set1_epi8(v))
 }
 
 /// [`super::quantize_block`] on AVX2 (same exactly rounded steps: |x| max, `amax/127`,
@@ -86,7 +89,12 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
                 for line in (0..cb).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
                 }
-                _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
+                if F == F_Q4K || F == F_Q6K {
+                    _mm_prefetch::<_MM_HINT_T0>(w.sa.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(w.sb.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
+                }
                 if F == F_Q4_1 {
                     _mm_prefetch::<_MM_HINT_T0>(w.m.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
                 }
@@ -110,10 +118,13 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
                 }
             }
         } else {
-            // 4-bit codes: 16-bit sums of 16 products each, |Σ| ≤ 16·15·127 = 30480 < 2^15,
-            // exact. Q5_0's 5-bit codes (≤ 31) widen to 32 bits after every chunk instead
-            // (4 products: ≤ 15748).
+            // Nibble formats. 4-bit codes: 16-bit sums of 16 products each, |Σ| ≤ 16·15·127 =
+            // 30480 < 2^15, exact. Q5_0's 5-bit codes (≤ 31) widen to 32 bits after every chunk
+            // (4 products: ≤ 15748); Q6_K's 6-bit codes (≤ 63) after every `maddubs` (2
+            // products: ≤ 16002), its two halves (values 0–15 in the low nibbles, 16–31 in the
+            // high ones: two sub-blocks with their own scales) in `isum` and `isum2`.
             let mut s16 = [[_mm256_setzero_si256(); NG]; MR];
+            let mut isum2 = [[_mm256_setzero_si256(); NG]; MR];
             for g in 0..4 {
                 let mut lo = [_mm256_setzero_si256(); NG];
                 let mut hi = [_mm256_setzero_si256(); NG];
@@ -121,16 +132,25 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
                     let v = _mm256_loadu_si256(w.qs.as_ptr().add(((g0 + q) * w.nb + b) * cb + 32 * g) as *const __m256i);
                     lo[q] = _mm256_and_si256(v, low4);
                     hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                    if F == F_Q5_0 {
-                        let hp = w.qh.as_ptr().add(((g0 + q) * w.nb + b) * H_BYTES + 8 * g) as *const u32;
-                        lo[q] = _mm256_or_si256(lo[q], fifth_bits(hp.read_unaligned()));
-                        hi[q] = _mm256_or_si256(hi[q], fifth_bits(hp.add(1).read_unaligned()));
+                    if F == F_Q5_0 || F == F_Q6K {
+                        let planes = if F == F_Q5_0 { 1 } else { 2 };
+                        for p in 0..planes {
+                            let hp = w.qh.as_ptr().add(((g0 + q) * w.nb + b) * H_BYTES * planes + p * H_BYTES + 8 * g) as *const u32;
+                            let v = (0x10 << p) as i8;
+                            lo[q] = _mm256_or_si256(lo[q], plane_bits(hp.read_unaligned(), v));
+                            hi[q] = _mm256_or_si256(hi[q], plane_bits(hp.add(1).read_unaligned(), v));
+                        }
                     }
                 }
                 for r in 0..MR {
                     let xp = a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g);
                     let (xl, xh) = (bcast4(xp), bcast4(xp.add(16)));
                     for q in 0..NG {
+                        if F == F_Q6K {
+                            isum[r][q] = _mm256_add_epi32(isum[r][q], _mm256_madd_epi16(_mm256_maddubs_epi16(lo[q], xl), ones));
+                            isum2[r][q] = _mm256_add_epi32(isum2[r][q], _mm256_madd_epi16(_mm256_maddubs_epi16(hi[q], xh), ones));
+                            continue;
+                        }
                         let p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[q], xl), _mm256_maddubs_epi16(hi[q], xh));
                         if F == F_Q5_0 {
                             isum[r][q] = _mm256_add_epi32(isum[r][q], _mm256_madd_epi16(p, ones));
@@ -140,16 +160,42 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
                     }
                 }
             }
-            for r in 0..MR {
+            // K-quant sub-block scales of the NG groups (Q4_K unsigned 6-bit, Q6_K int8).
+            let mut sav = [_mm256_setzero_si256(); NG];
+            let mut sbv = [_mm256_setzero_si256(); NG];
+            if F == F_Q4K || F == F_Q6K {
                 for q in 0..NG {
-                    if F != F_Q5_0 {
+                    let at = ((g0 + q) * w.nb + b) * GC;
+                    let (pa, pb) = (_mm_loadl_epi64(w.sa.as_ptr().add(at) as *const __m128i), _mm_loadl_epi64(w.sb.as_ptr().add(at) as *const __m128i));
+                    if F == F_Q4K {
+                        sav[q] = _mm256_cvtepu8_epi32(pa);
+                    } else {
+                        sav[q] = _mm256_cvtepi8_epi32(pa);
+                        sbv[q] = _mm256_cvtepi8_epi32(pb);
+                    }
+                }
+            }
+            for r in 0..MR {
+                let ab = (i0 + r) * a.nb + b;
+                for q in 0..NG {
+                    if F != F_Q5_0 && F != F_Q6K {
                         isum[r][q] = _mm256_madd_epi16(s16[r][q], ones);
                     }
                     // Σ(q−o)·x = Σq·x − o·Σx (offset o = 8 for Q4_0, 16 for Q5_0).
                     if F == F_Q4_0 || F == F_Q5_0 {
                         let o = if F == F_Q4_0 { 8 } else { 16 };
-                        let off = _mm256_set1_epi32(o * *a.sq.get_unchecked((i0 + r) * a.nb + b));
+                        let off = _mm256_set1_epi32(o * *a.sq.get_unchecked(ab));
                         isum[r][q] = _mm256_sub_epi32(isum[r][q], off);
+                    }
+                    if F == F_Q4K {
+                        isum[r][q] = _mm256_mullo_epi32(isum[r][q], sav[q]);
+                    }
+                    if F == F_Q6K {
+                        // sa·Σ_{t<16}(q−32)·x + sb·Σ_{t≥16}(q−32)·x.
+                        let (h, all) = (*a.sh.get_unchecked(ab), *a.sq.get_unchecked(ab));
+                        let ia = _mm256_sub_epi32(isum[r][q], _mm256_set1_epi32(32 * h));
+                        let ib = _mm256_sub_epi32(isum2[r][q], _mm256_set1_epi32(32 * (all - h)));
+                        isum[r][q] = _mm256_add_epi32(_mm256_mullo_epi32(ia, sav[q]), _mm256_mullo_epi32(ib, sbv[q]));
                     }
                 }
             }
@@ -157,10 +203,20 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
         let mut dw = [_mm256_setzero_ps(); NG];
         let mut mw = [_mm256_setzero_ps(); NG];
         for q in 0..NG {
-            let at = ((g0 + q) * w.nb + b) * GC;
-            dw[q] = load_f16x8(w.d.as_ptr().add(at));
-            if F == F_Q4_1 {
-                mw[q] = load_f16x8(w.m.as_ptr().add(at));
+            if F == F_Q4K || F == F_Q6K {
+                let at = ((g0 + q) * (w.nb / 8) + b / 8) * GC;
+                dw[q] = load_f16x8(w.d.as_ptr().add(at));
+                if F == F_Q4K {
+                    // dmin·f32(min), subtracted times sx below.
+                    let mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(w.sb.as_ptr().add(((g0 + q) * w.nb + b) * GC) as *const __m128i)));
+                    mw[q] = _mm256_mul_ps(load_f16x8(w.m.as_ptr().add(at)), mins);
+                }
+            } else {
+                let at = ((g0 + q) * w.nb + b) * GC;
+                dw[q] = load_f16x8(w.d.as_ptr().add(at));
+                if F == F_Q4_1 {
+                    mw[q] = load_f16x8(w.m.as_ptr().add(at));
+                }
             }
         }
         for r in 0..MR {
@@ -168,9 +224,10 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
             for q in 0..NG {
                 let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r][q]), _mm256_mul_ps(dw[q], dx));
                 acc[r][q] = _mm256_add_ps(acc[r][q], t);
-                if F == F_Q4_1 {
+                if F == F_Q4_1 || F == F_Q4K {
                     let sx = _mm256_broadcast_ss(a.s.get_unchecked((i0 + r) * a.nb + b));
-                    acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(mw[q], sx));
+                    let ms = _mm256_mul_ps(mw[q], sx);
+                    acc[r][q] = if F == F_Q4_1 { _mm256_add_ps(acc[r][q], ms) } else { _mm256_sub_ps(acc[r][q], ms) };
                 }
             }
         }
@@ -228,5 +285,7 @@ pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize
         QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, buf),
         QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, buf),
         QFormat::Q5_0 => run::<F_Q5_0>(w, a, g0, gn, buf),
+        QFormat::Q4K => run::<F_Q4K>(w, a, g0, gn, buf),
+        QFormat::Q6K => run::<F_Q6K>(w, a, g0, gn, buf),
     }
 }

@@ -11,6 +11,10 @@
 //!   and the shift taken back with the weights' own sum: `Σw·x = Σw·(x+128) − Σ128·w`, the last
 //!   term one more `vpdpbusd` per weight chunk, shared by every row of the tile.
 //!
+//! - Q4_K / Q6_K: as the nibble formats (Q6_K's two high bits from two planes), the integer
+//!   sums then scaled by the sub-block scales (`vpmulld`); Q6_K keeps its two 16-value halves
+//!   in separate sums, as they have separate scales.
+//!
 //! Every integer sum is exact (|Σ| ≤ 32·255·128 < 2³¹), and the float epilogue is the one the
 //! module docs of [`super`] define (multiply, multiply, add; blocks in order), so this path
 //! equals the scalar reference and the AVX2 path bit for bit, for every row count.
@@ -23,11 +27,13 @@ const F_Q8_0: u8 = 0;
 const F_Q4_0: u8 = 1;
 const F_Q4_1: u8 = 2;
 const F_Q5_0: u8 = 3;
+const F_Q4K: u8 = 4;
+const F_Q6K: u8 = 5;
 
-/// Q5_0: the 32-bit fifth-bit masks at `p` (group `gq`) and `p + hstride` (group `gq+1`; zero
+/// A high-bit plane's 32-bit masks at `p` (group `gq`) and `p + hstride` (group `gq+1`; zero
 /// with `HALF`) as one 64-bit lane mask.
 #[inline(always)]
-unsafe fn fifth_bit_mask<const HALF: bool>(p: *const u8, hstride: usize) -> __mmask64 {
+unsafe fn plane_mask<const HALF: bool>(p: *const u8, hstride: usize) -> __mmask64 {
     let lo = (p as *const u32).read_unaligned() as u64;
     let hi = if HALF { 0 } else { (p.add(hstride) as *const u32).read_unaligned() as u64 };
     lo | (hi << 32)
@@ -40,6 +46,20 @@ unsafe fn load_pair<const HALF: bool>(p: *const u8, gstride: usize) -> __m512i {
     let lo = _mm256_loadu_si256(p as *const __m256i);
     let hi = if HALF { _mm256_setzero_si256() } else { _mm256_loadu_si256(p.add(gstride) as *const __m256i) };
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// The two groups' 8 bytes at `p` and `p + gstride` (`HALF`: zeros) widened to 16 int32 lanes,
+/// unsigned or (`SIGNED`) signed.
+#[inline(always)]
+unsafe fn load_bytes_pair<const HALF: bool, const SIGNED: bool>(p: *const u8, gstride: usize) -> __m512i {
+    let lo = _mm_loadl_epi64(p as *const __m128i);
+    let hi = if HALF { _mm_setzero_si128() } else { _mm_loadl_epi64(p.add(gstride) as *const __m128i) };
+    let v = _mm_unpacklo_epi64(lo, hi);
+    if SIGNED {
+        _mm512_cvtepi8_epi32(v)
+    } else {
+        _mm512_cvtepu8_epi32(v)
+    }
 }
 
 /// The two groups' 8 f16 values at `p` and `p + gstride` widened to 16 f32 lanes (exact).
@@ -62,7 +82,6 @@ unsafe fn bcast4(p: *const u8) -> __m512i {
 #[inline(always)]
 unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(w: &QWeight, g0: usize, a: &QActs, i0: usize, out: *mut f32, stride: usize) {
     let low4 = _mm512_set1_epi8(0x0F);
-    let c16 = _mm512_set1_epi8(16);
     let c128 = _mm512_set1_epi8(-128);
     let cb = w.format.code_bytes() * GC;
     let gstride = w.nb * cb;
@@ -78,7 +97,12 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
                 for line in (0..cb).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
                 }
-                _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
+                if F == F_Q4K || F == F_Q6K {
+                    _mm_prefetch::<_MM_HINT_T0>(w.sa.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(w.sb.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
+                }
                 if F == F_Q4_1 {
                     _mm_prefetch::<_MM_HINT_T0>(w.m.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
                 }
@@ -106,6 +130,8 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
                 }
             }
         } else {
+            // Q6_K: values 0–15 (low nibbles) in `isum`, 16–31 (high nibbles) in `isum2`.
+            let mut isum2 = [[_mm512_setzero_si512(); NP]; MR];
             for g in 0..4 {
                 let mut lo = [_mm512_setzero_si512(); NP];
                 let mut hi = [_mm512_setzero_si512(); NP];
@@ -113,11 +139,15 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
                     let v = load_pair::<HALF>(w.qs.as_ptr().add(((g0 + 2 * p) * w.nb + b) * cb + 32 * g), gstride);
                     lo[p] = _mm512_and_si512(v, low4);
                     hi[p] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
-                    if F == F_Q5_0 {
-                        let hp = w.qh.as_ptr().add(((g0 + 2 * p) * w.nb + b) * H_BYTES + 8 * g);
-                        let hstride = w.nb * H_BYTES;
-                        lo[p] = _mm512_mask_add_epi8(lo[p], fifth_bit_mask::<HALF>(hp, hstride), lo[p], c16);
-                        hi[p] = _mm512_mask_add_epi8(hi[p], fifth_bit_mask::<HALF>(hp.add(4), hstride), hi[p], c16);
+                    if F == F_Q5_0 || F == F_Q6K {
+                        let planes = if F == F_Q5_0 { 1 } else { 2 };
+                        let hstride = w.nb * H_BYTES * planes;
+                        for k in 0..planes {
+                            let hp = w.qh.as_ptr().add(((g0 + 2 * p) * w.nb + b) * H_BYTES * planes + k * H_BYTES + 8 * g);
+                            let add = _mm512_set1_epi8(0x10 << k);
+                            lo[p] = _mm512_mask_add_epi8(lo[p], plane_mask::<HALF>(hp, hstride), lo[p], add);
+                            hi[p] = _mm512_mask_add_epi8(hi[p], plane_mask::<HALF>(hp.add(4), hstride), hi[p], add);
+                        }
                     }
                 }
                 for r in 0..MR {
@@ -125,7 +155,11 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
                     let (xl, xh) = (bcast4(xp), bcast4(xp.add(16)));
                     for p in 0..NP {
                         isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], lo[p], xl);
-                        isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], hi[p], xh);
+                        if F == F_Q6K {
+                            isum2[r][p] = _mm512_dpbusd_epi32(isum2[r][p], hi[p], xh);
+                        } else {
+                            isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], hi[p], xh);
+                        }
                     }
                 }
             }
@@ -139,14 +173,47 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
                     }
                 }
             }
+            if F == F_Q4K || F == F_Q6K {
+                for p in 0..NP {
+                    let at = ((g0 + 2 * p) * w.nb + b) * GC;
+                    if F == F_Q4K {
+                        let sav = load_bytes_pair::<HALF, false>(w.sa.as_ptr().add(at), sstride);
+                        for r in 0..MR {
+                            isum[r][p] = _mm512_mullo_epi32(isum[r][p], sav);
+                        }
+                    } else {
+                        let sav = load_bytes_pair::<HALF, true>(w.sa.as_ptr().add(at), sstride);
+                        let sbv = load_bytes_pair::<HALF, true>(w.sb.as_ptr().add(at), sstride);
+                        for r in 0..MR {
+                            // sa·Σ_{t<16}(q−32)·x + sb·Σ_{t≥16}(q−32)·x.
+                            let ab = (i0 + r) * a.nb + b;
+                            let (h, all) = (*a.sh.get_unchecked(ab), *a.sq.get_unchecked(ab));
+                            let ia = _mm512_sub_epi32(isum[r][p], _mm512_set1_epi32(32 * h));
+                            let ib = _mm512_sub_epi32(isum2[r][p], _mm512_set1_epi32(32 * (all - h)));
+                            isum[r][p] = _mm512_add_epi32(_mm512_mullo_epi32(ia, sav), _mm512_mullo_epi32(ib, sbv));
+                        }
+                    }
+                }
+            }
         }
         let mut dw = [_mm512_setzero_ps(); NP];
         let mut mw = [_mm512_setzero_ps(); NP];
         for p in 0..NP {
-            let at = ((g0 + 2 * p) * w.nb + b) * GC;
-            dw[p] = load_f16_pair::<HALF>(w.d.as_ptr().add(at), sstride);
-            if F == F_Q4_1 {
-                mw[p] = load_f16_pair::<HALF>(w.m.as_ptr().add(at), sstride);
+            if F == F_Q4K || F == F_Q6K {
+                let at = ((g0 + 2 * p) * (w.nb / 8) + b / 8) * GC;
+                let ustride = (w.nb / 8) * GC;
+                dw[p] = load_f16_pair::<HALF>(w.d.as_ptr().add(at), ustride);
+                if F == F_Q4K {
+                    // dmin·f32(min), subtracted times sx below.
+                    let mins = _mm512_cvtepi32_ps(load_bytes_pair::<HALF, false>(w.sb.as_ptr().add(((g0 + 2 * p) * w.nb + b) * GC), sstride));
+                    mw[p] = _mm512_mul_ps(load_f16_pair::<HALF>(w.m.as_ptr().add(at), ustride), mins);
+                }
+            } else {
+                let at = ((g0 + 2 * p) * w.nb + b) * GC;
+                dw[p] = load_f16_pair::<HALF>(w.d.as_ptr().add(at), sstride);
+                if F == F_Q4_1 {
+                    mw[p] = load_f16_pair::<HALF>(w.m.as_ptr().add(at), sstride);
+                }
             }
         }
         for r in 0..MR {
@@ -154,9 +221,10 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
             for p in 0..NP {
                 let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][p]), _mm512_mul_ps(dw[p], dx));
                 acc[r][p] = _mm512_add_ps(acc[r][p], t);
-                if F == F_Q4_1 {
+                if F == F_Q4_1 || F == F_Q4K {
                     let sx = _mm512_set1_ps(*a.s.get_unchecked((i0 + r) * a.nb + b));
-                    acc[r][p] = _mm512_add_ps(acc[r][p], _mm512_mul_ps(mw[p], sx));
+                    let ms = _mm512_mul_ps(mw[p], sx);
+                    acc[r][p] = if F == F_Q4_1 { _mm512_add_ps(acc[r][p], ms) } else { _mm512_sub_ps(acc[r][p], ms) };
                 }
             }
         }
@@ -191,9 +259,14 @@ unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &m
     let out = buf.as_mut_ptr();
     let width = gn * GC;
     let mut i = 0;
-    while i + 8 <= a.m {
+    // Q6_K keeps two integer sums per tile cell: 4-row tiles keep them in registers.
+    while F != F_Q6K && i + 8 <= a.m {
         rows::<F, 8>(w, a, g0, gn, i, out, width);
         i += 8;
+    }
+    while F == F_Q6K && i + 4 <= a.m {
+        rows::<F, 4>(w, a, g0, gn, i, out, width);
+        i += 4;
     }
     if a.m - i >= 4 {
         rows::<F, 4>(w, a, g0, gn, i, out, width);
@@ -223,5 +296,7 @@ pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize
         QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, buf),
         QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, buf),
         QFormat::Q5_0 => run::<F_Q5_0>(w, a, g0, gn, buf),
+        QFormat::Q4K => run::<F_Q4K>(w, a, g0, gn, buf),
+        QFormat::Q6K => run::<F_Q6K>(w, a, g0, gn, buf),
     }
 }
