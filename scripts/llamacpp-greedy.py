@@ -11,13 +11,20 @@ llama.cpp runs on an F16 copy of the quantized GGUF (made with
 llama.cpp rounds activations to 8 bits inside its dot products, which makes its
 greedy text drift from an implementation that dequantizes the weights.
 
+With --native it runs on the quantized file itself instead (the file our CPU
+backend keeps native, `--weights native`) and writes
+tests/data/llamacpp_greedy_<model>_native.json: both engines then round
+activations to 8-bit blocks, so their greedy tokens agree except where the
+sums' order decides a near-tie (issue 10). `smollm2-q8_0` is the SmolLM2 file
+requantized to Q8_0 by llama-quantize (made on first use).
+
 Prerequisites (none of them is needed by the normal test run):
   scripts/fetch-assets smollm2 qwen2.5-coder-0.5b   # the GGUFs
   scripts/build-llamacpp                             # llama.cpp from the pinned sdist
 
 Usage:
-  scripts/llamacpp-greedy.py [--model smollm2|qwen2.5-coder-0.5b|all] [--kv f32|f16]
-      [--threads N] [--out-dir tests/data]
+  scripts/llamacpp-greedy.py [--model smollm2|qwen2.5-coder-0.5b|smollm2-q8_0|all]
+      [--native] [--kv f32|f16] [--threads N] [--out-dir tests/data]
 Environment: SPARKLING_ASSETS (default ~/.cache/sparkling), LLAMA_DIR (default
 $SPARKLING_ASSETS/llama.cpp, the layout made by scripts/build-llamacpp).
 """
@@ -60,6 +67,8 @@ MODELS = {
                 "<|im_start|>assistant\n",
     },
 }
+# Files made from another model's file by llama-quantize: name -> (base model, ggml type).
+DERIVED = {"smollm2-q8_0": ("smollm2", "Q8_0", "smollm2-135m-instruct-q8_0.gguf")}
 
 
 def sha256(path):
@@ -132,7 +141,9 @@ def parse_driver_output(out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="all", choices=list(MODELS) + ["all"])
+    ap.add_argument("--model", default="all", choices=list(MODELS) + list(DERIVED) + ["all"])
+    ap.add_argument("--native", action="store_true",
+                    help="run llama.cpp on the quantized file itself (writes *_native.json)")
     ap.add_argument("--kv", default="f32", choices=["f32", "f16"],
                     help="KV cache type inside llama.cpp (default f32, closest to an f32 reference)")
     ap.add_argument("--threads", type=int, default=2)
@@ -147,20 +158,33 @@ def main():
     exe, build_cmd = build_driver(src, bin_dir)
     commit = llama_commit(src)
 
-    names = list(MODELS) if args.model == "all" else [args.model]
+    names = (list(MODELS) + (list(DERIVED) if args.native else [])) if args.model == "all" else [args.model]
     for name in names:
-        m = MODELS[name]
+        base, derived_type, derived_file = DERIVED.get(name, (name, None, None))
+        m = dict(MODELS[base])
         source = os.path.join(assets, m["source"])
-        f16 = os.path.join(assets, m["f16"])
         if not os.path.exists(source):
-            sys.exit(f"{source} missing; run scripts/fetch-assets {name}")
+            sys.exit(f"{source} missing; run scripts/fetch-assets {base}")
         src_sha = sha256(source)
         if src_sha != m["source_sha256"]:
             sys.exit(f"{source}: sha256 {src_sha} != pinned {m['source_sha256']}")
-        quant_cmd = [os.path.join(bin_dir, "llama-quantize"), "--allow-requantize", source, f16, "F16"]
-        if not os.path.exists(f16):
-            run(quant_cmd, stdout=subprocess.DEVNULL)
-        f16_sha = sha256(f16)
+        if derived_type:
+            # The derived file plays the part of the F16 copy's source: quantize it first.
+            out = os.path.join(assets, derived_file)
+            derive_cmd = [os.path.join(bin_dir, "llama-quantize"), "--allow-requantize", source, out, derived_type]
+            if not os.path.exists(out):
+                run(derive_cmd, stdout=subprocess.DEVNULL)
+            m["source"], source, src_sha = derived_file, out, sha256(out)
+        if args.native:
+            # Run on the quantized file itself.
+            m["f16"], f16, f16_sha = m["source"], source, src_sha
+            quant_cmd = ["true"]
+        else:
+            f16 = os.path.join(assets, m["f16"])
+            quant_cmd = [os.path.join(bin_dir, "llama-quantize"), "--allow-requantize", source, f16, "F16"]
+            if not os.path.exists(f16):
+                run(quant_cmd, stdout=subprocess.DEVNULL)
+            f16_sha = sha256(f16)
 
         cases = []
         prompt_path = os.path.join(bin_dir, "sparkling-prompt.txt")
@@ -201,18 +225,23 @@ def main():
                          "llama-bench llama-simple llama-tokenize; gcc 12.2, CPU backend only",
                 "driver": "scripts/llamacpp-greedy.c driven by scripts/llamacpp-greedy.py",
                 "commands": {
-                    "f16_copy": " ".join(shlex.quote(c) for c in
+                    "f16_copy": "none: llama.cpp ran on the quantized source file (--native)" if args.native else
+                                " ".join(shlex.quote(c) for c in
                                          ["llama-quantize", "--allow-requantize", m["source"], m["f16"], "F16"]),
+                    "derived_source": " ".join(["llama-quantize", "--allow-requantize", MODELS[base]["source"],
+                                                derived_file, derived_type]) if derived_type else None,
                     "driver_build": " ".join(shlex.quote(c) for c in build_cmd)
                                     .replace(llama_dir, "$LLAMA_DIR").replace(REPO + "/", ""),
                     "per_case": "sparkling-llamacpp-greedy MODEL_F16 PROMPT_FILE "
                                 f"{N_PREDICT} SPECIAL {args.kv} {args.threads} {args.flash_attn}",
                     "regenerate": f"scripts/llamacpp-greedy.py --model {name} --kv {args.kv} "
-                                  f"--threads {args.threads} --flash-attn {args.flash_attn}",
+                                  f"--threads {args.threads} --flash-attn {args.flash_attn}"
+                                  + (" --native" if args.native else ""),
                 },
                 "source_gguf": m["source"],
                 "source_gguf_sha256": src_sha,
                 "f16_gguf": m["f16"],
+                "llama_ran_on": m["f16"],
                 "f16_gguf_sha256": f16_sha,
                 "settings": {
                     "tokenize": "llama_tokenize(add_special=false, parse_special=special): no BOS",
@@ -228,15 +257,19 @@ def main():
                 "model_add_bos_token": r.get("add_bos_key"),
                 "n_vocab": r.get("n_vocab"),
                 "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "notes": "llama.cpp's CPU matmul with F16 weights converts activations to F16 before "
-                         "the dot product, so tiny differences against an f32 reference are expected; "
-                         "use top2_gap to recognise near-ties before calling a mismatch a bug. "
-                         "The F16 copy rounds each dequantized weight to f16.",
+                "notes": ("llama.cpp ran on the quantized file: its CPU matmul rounds activations to "
+                          "8-bit blocks (Q8_0 / Q8_1 / Q8_K) as our native kernels do, in another "
+                          "summation order; use top2_gap to recognise near-ties before calling a "
+                          "mismatch a bug.") if args.native else
+                         ("llama.cpp's CPU matmul with F16 weights converts activations to F16 before "
+                          "the dot product, so tiny differences against an f32 reference are expected; "
+                          "use top2_gap to recognise near-ties before calling a mismatch a bug. "
+                          "The F16 copy rounds each dequantized weight to f16."),
             },
             "cases": cases,
         }
         os.makedirs(args.out_dir, exist_ok=True)
-        out_path = os.path.join(args.out_dir, f"llamacpp_greedy_{name}.json")
+        out_path = os.path.join(args.out_dir, f"llamacpp_greedy_{name}{'_native' if args.native else ''}.json")
         with open(out_path, "w") as f:
             json.dump(doc, f, indent=1, ensure_ascii=False)
             f.write("\n")
