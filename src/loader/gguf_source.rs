@@ -155,6 +155,7 @@ impl TensorSource for GgufSource {
             Some(_) => return Err(Error::tensor(&self.file.path, &g, format!("{n} rows do not split into heads"))),
             None => raw.to_vec(),
         };
+        self.file.release_tensor(&g);
         Ok(Some(sparkling_core::GgmlWeight { ggml_type, n, k, bytes }))
     }
 
@@ -173,6 +174,7 @@ impl TensorSource for GgufSource {
     fn load(&self, name: &str) -> Result<HostTensor> {
         let g = gguf_name(name).ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
         let (shape, data) = self.file.tensor_f32(&g).map_err(|e| Error::tensor(&self.file.path, &g, e.to_string()))?;
+        self.file.release_tensor(&g);
         let data = match self.permuted_heads(&g) {
             Some(h) => {
                 let cols = if shape.len() == 2 { shape[1] } else { 1 };

@@ -657,6 +657,16 @@ impl GgufFile {
         Ok(&self.mmap[start..end])
     }
 
+    /// Drop tensor `name`'s file pages from the resident set once it has been copied out
+    /// ([`FileBytes::release`]; reading it again still works). Unknown names: nothing.
+    pub fn release_tensor(&self, name: &str) {
+        if let Some(t) = self.tensor(name) {
+            if let Ok(size) = byte_size(t.ggml_type, t.n_elements()) {
+                self.mmap.release(t.offset as usize, size as usize);
+            }
+        }
+    }
+
     /// Dequantize tensor `name` to f32.
     ///
     /// Returns `(shape, data)` with `shape` = `dims` reversed (slowest dimension first; for a 2-D
