@@ -18,7 +18,9 @@
 //!
 //! Scores are formed 8 keys at a time with the query in registers, and the value pass keeps
 //! 64 output values in registers, so a key costs about 20 vector instructions per head
-//! (scalar `exp` and a load/store per value before).
+//! (scalar `exp` and a load/store per value before). On CPUs with AVX-512 the same arithmetic
+//! runs on 512-bit registers (two keys per score instruction, 16 outputs per value
+//! instruction), every lane doing the same operations in the same order: the same bits.
 //!
 //! # The portable path
 //! `s_t = dot(q, k_t)·scale` ([`crate::kernels::dot`]'s blocked order), `m = max s_t`, then for
@@ -73,6 +75,20 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     /// `p` must be valid for 8 reads; the caller runs with avx2 + f16c.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+
+    /// 8 values at `p` in lanes 0–7 and 8 at `p2` in lanes 8–15, as f32 (AVX-512 path).
+    ///
+    /// # Safety
+    /// `p` and `p2` valid for 8 reads each; the caller runs with avx512f + f16c.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8x2(p: *const Self, p2: *const Self) -> std::arch::x86_64::__m512;
+
+    /// 16 values at `p` as f32 lanes (AVX-512 path).
+    ///
+    /// # Safety
+    /// `p` valid for 16 reads; the caller runs with avx512f.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl KvElem for f32 {
@@ -90,6 +106,20 @@ impl KvElem for f32 {
     #[inline(always)]
     unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
         std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2(p: *const f32, p2: *const f32) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let lo = _mm512_castps256_ps512(_mm256_loadu_ps(p));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), _mm256_castps_pd(_mm256_loadu_ps(p2))))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
     }
 }
 
@@ -110,6 +140,21 @@ impl KvElem for half::f16 {
     unsafe fn load8(p: *const half::f16) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2(p: *const half::f16, p2: *const half::f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(p as *const __m128i)), _mm_loadu_si128(p2 as *const __m128i));
+        _mm512_cvtph_ps(both)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const half::f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
 }
 
@@ -161,6 +206,12 @@ pub struct QueryRow<'a> {
 pub fn attend_rows<E: KvElem>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_, E>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
+        if kv.hd.is_multiple_of(8) && crate::isa::active() >= crate::isa::Isa::Avx512Vnni {
+            // SAFETY: `isa::active` only reports Avx512Vnni when avx512f/bw/vl (and the AVX2
+            // set) were detected.
+            unsafe { avx2::attend_rows_avx512(rows, group, kv, scale, out, scratch) };
+            return;
+        }
         if kv.hd.is_multiple_of(8) && crate::isa::active() >= crate::isa::Isa::Avx2 {
             // SAFETY: `isa::active` only reports Avx2 when avx2, fma and f16c were detected.
             unsafe { avx2::attend_rows(rows, group, kv, scale, out, scratch) };
@@ -354,6 +405,61 @@ mod avx2 {
         }
     }
 
+    /// [`values`] on 512-bit registers: `16·C` outputs, each lane the same fused chain as on
+    /// 256 bits (so the same bits). Caller runs with avx512f.
+    #[inline(always)]
+    unsafe fn values16<E: KvElem, const C: usize>(kv: &KvHead<'_, E>, vis: &Visible<'_>, p: *const f32, t0: usize, t1: usize, base: usize, out: *mut f32) {
+        let mut o = [_mm512_setzero_ps(); C];
+        for (c, oc) in o.iter_mut().enumerate() {
+            *oc = _mm512_loadu_ps(out.add(base + 16 * c));
+        }
+        let vp = kv.v.as_ptr().add(kv.off + base);
+        for t in t0..t1 {
+            let pb = _mm512_set1_ps(*p.add(t));
+            let row = vp.add(vis.row(t) * kv.stride);
+            for (c, oc) in o.iter_mut().enumerate() {
+                *oc = _mm512_fmadd_ps(pb, E::load16(row.add(16 * c)), *oc);
+            }
+        }
+        for (c, oc) in o.iter().enumerate() {
+            _mm512_storeu_ps(out.add(base + 16 * c), *oc);
+        }
+    }
+
+    /// [`scores`] on 512-bit registers: keys `2i` and `2i+1` of a tile share a register
+    /// (lanes 0–7 and 8–15), the query's 8 values in both halves, so every lane runs the same
+    /// fused chain as on 256 bits and the tile is reduced by the same [`reduce8x8`] (the same
+    /// bits). Caller runs with avx512f.
+    #[inline(always)]
+    unsafe fn scores16<E: KvElem>(kv: &KvHead<'_, E>, vis: &Visible<'_>, qp: *const f32, t0: usize, t1: usize, scale: __m256, sp: *mut f32) {
+        let (hd, n) = (kv.hd, vis.len());
+        let kp = kv.k.as_ptr().add(kv.off);
+        let mut t = t0;
+        while t < t1 {
+            let mut rows = [std::ptr::null::<E>(); 8];
+            for (j, r) in rows.iter_mut().enumerate() {
+                *r = kp.add(vis.row((t + j).min(n - 1)) * kv.stride);
+            }
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut d = 0;
+            while d < hd {
+                let q8 = _mm256_loadu_ps(qp.add(d));
+                let qv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(q8)), _mm256_castps_pd(q8)));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(qv, E::load8x2(rows[2 * i].add(d), rows[2 * i + 1].add(d)), *a);
+                }
+                d += 8;
+            }
+            let mut halves = [_mm256_setzero_ps(); 8];
+            for (i, a) in acc.iter().enumerate() {
+                halves[2 * i] = _mm512_castps512_ps256(*a);
+                halves[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+            }
+            _mm256_storeu_ps(sp.add(t), _mm256_mul_ps(reduce8x8(&halves), scale));
+            t += 8;
+        }
+    }
+
     /// Scores of visible keys `t0..` (8 at a time, up to the tile holding `t1 − 1`) of one
     /// query head `qp` into `sp[t]`; keys past `n` repeat the last one (their lanes are
     /// overwritten by the softmax). `t0` is a multiple of 8.
@@ -385,6 +491,27 @@ mod avx2 {
     /// `hd % 8 == 0`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend_rows<E: KvElem>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_, E>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
+        body::<E, false>(rows, group, kv, scale, out, scratch)
+    }
+
+    /// The AVX2 path's arithmetic on 512-bit registers (two keys, or 16 outputs, per
+    /// instruction): the same bits as [`attend_rows`]. Caller guarantees avx512f + avx512vl,
+    /// the AVX2 set and `hd % 8 == 0`.
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+    pub(super) unsafe fn attend_rows_avx512<E: KvElem>(
+        rows: &[QueryRow<'_>],
+        group: usize,
+        kv: KvHead<'_, E>,
+        scale: f32,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        body::<E, true>(rows, group, kv, scale, out, scratch)
+    }
+
+    /// Both entry points (`WIDE`: 512-bit score and value passes).
+    #[inline(always)]
+    unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_, E>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
         let hd = kv.hd;
         let w = group * hd;
         assert!(out.len() >= rows.len() * w && kv.off + hd <= kv.stride && kv.k.len() == kv.v.len());
@@ -412,7 +539,12 @@ mod avx2 {
             for (r, row) in rows.iter().enumerate() {
                 let end = c1.min(row.vis.len());
                 for g in 0..group {
-                    scores(&kv, &row.vis, row.q.as_ptr().add(g * hd), c0, end, scale_v, sp.add((r * group + g) * stride));
+                    let (qp, spg) = (row.q.as_ptr().add(g * hd), sp.add((r * group + g) * stride));
+                    if WIDE {
+                        scores16(&kv, &row.vis, qp, c0, end, scale_v, spg);
+                    } else {
+                        scores(&kv, &row.vis, qp, c0, end, scale_v, spg);
+                    }
                 }
             }
             c0 = c1;
@@ -456,6 +588,14 @@ mod avx2 {
                 for g in 0..group {
                     let (p, o) = (sp.add((r * group + g) * stride) as *const f32, op.add((r * group + g) * hd));
                     let mut base = 0;
+                    while WIDE && base + 64 <= hd {
+                        values16::<E, 4>(&kv, &row.vis, p, c0, end, base, o);
+                        base += 64;
+                    }
+                    while WIDE && base + 16 <= hd {
+                        values16::<E, 1>(&kv, &row.vis, p, c0, end, base, o);
+                        base += 16;
+                    }
                     while base + 64 <= hd {
                         values::<E, 8>(&kv, &row.vis, p, c0, end, base, o);
                         base += 64;
@@ -549,7 +689,17 @@ mod tests {
     fn attention_equals_the_reference_of_the_path_in_use_bit_for_bit() {
         let mut seed = 5u64;
         let avx2 = cfg!(target_arch = "x86_64") && crate::isa::active() >= crate::isa::Isa::Avx2;
-        eprintln!("attention path under test: {}", if avx2 { "avx2 (head dims % 8 == 0), portable otherwise" } else { "portable" });
+        let wide = avx2 && crate::isa::active() >= crate::isa::Isa::Avx512Vnni;
+        eprintln!(
+            "attention path under test: {}",
+            if wide {
+                "avx2 arithmetic on 512-bit registers (head dims % 8 == 0), portable otherwise"
+            } else if avx2 {
+                "avx2 (head dims % 8 == 0), portable otherwise"
+            } else {
+                "portable"
+            }
+        );
         // Head dims 64 / 128 / 8 / 24 (avx2 path) and 20 (portable); key counts around the
         // 8-key tiles and across several CHUNKs; contiguous, shorter causal, tree-like and
         // sparse visibility, all rows in one call and each row alone.
