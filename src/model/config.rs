@@ -197,7 +197,7 @@ impl Check<'_> {
     }
     /// The attention geometry: positive counts, KV heads dividing the query heads, an even head
     /// size; `derived_head_dim`: head_dim was not given, so the heads must divide the hidden size.
-    #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; MSRV is 1.85
+    #[allow(clippy::too_many_arguments)]
     fn geometry(
         &self,
         hidden: usize,
@@ -211,15 +211,15 @@ impl Check<'_> {
     ) -> Result<()> {
         self.count("hidden_size", hidden, MAX_DIM)?;
         self.count("num_attention_heads", n_heads, MAX_DIM)?;
-        if derived_head_dim && hidden % n_heads != 0 {
+        if derived_head_dim && !hidden.is_multiple_of(n_heads) {
             return Err(self.err("num_attention_heads", format!("{n_heads} does not divide the hidden size {hidden} (and no head_dim is given)")));
         }
         self.count("num_key_value_heads", n_kv_heads, MAX_DIM)?;
-        if n_heads % n_kv_heads != 0 {
+        if !n_heads.is_multiple_of(n_kv_heads) {
             return Err(self.err("num_key_value_heads", format!("{n_kv_heads} does not divide {n_heads} heads")));
         }
         self.count("head_dim", head_dim, MAX_DIM)?;
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             return Err(self.err("head_dim", format!("{head_dim} is odd; RoPE needs an even head_dim")));
         }
         if n_heads.saturating_mul(head_dim) > MAX_DIM {

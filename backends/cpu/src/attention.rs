@@ -235,7 +235,6 @@ pub const CHUNK: usize = 64;
 /// one softmax over that row's visible keys in ascending order, computed the same way whatever
 /// the other rows, sequences or the thread split, so [`Backend::attention_ragged`] equals
 /// [`Backend::attention`] per sequence bit for bit.
-#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
 pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: AttnShape) -> Result<CpuTensor> {
     let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
     let total = q.rows;

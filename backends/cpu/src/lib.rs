@@ -460,10 +460,9 @@ impl Backend for CpuBackend {
         Ok(out)
     }
 
-    #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
     fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, group: usize, eps: f32) -> Result<CpuTensor> {
         let w = w.data.as_slice();
-        if group == 0 || x.cols % group != 0 || w.len() != group {
+        if group == 0 || !x.cols.is_multiple_of(group) || w.len() != group {
             return Err(shape_err("rms_norm", format!("cols {} group {group} weight {}", x.cols, w.len())));
         }
         let mut out = x.data.clone();
@@ -482,9 +481,8 @@ impl Backend for CpuBackend {
         Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out, half: Vec::new() })
     }
 
-    #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; this crate's MSRV is 1.85
     fn rope(&self, x: &mut CpuTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
-        if positions.len() != x.rows || head_dim % 2 != 0 || x.cols % head_dim != 0 {
+        if positions.len() != x.rows || !head_dim.is_multiple_of(2) || !x.cols.is_multiple_of(head_dim) {
             return Err(shape_err("rope", format!("x [{}, {}], {} positions, head_dim {head_dim}", x.rows, x.cols, positions.len())));
         }
         let half = head_dim / 2;

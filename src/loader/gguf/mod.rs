@@ -151,10 +151,9 @@ pub fn type_name(ggml_type: u32) -> &'static str {
 
 /// Number of bytes `n_elements` values of `ggml_type` occupy, or an error message when the type is
 /// unknown or `n_elements` is not a whole number of blocks.
-#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87; the workspace MSRV is 1.85
 fn byte_size(ggml_type: u32, n_elements: u64) -> Result<u64, String> {
     let (name, block, bytes) = type_layout(ggml_type).ok_or_else(|| format!("unknown ggml type id {ggml_type}"))?;
-    if n_elements % block as u64 != 0 {
+    if !n_elements.is_multiple_of(block as u64) {
         return Err(format!("{n_elements} values of type {name} are not a whole number of {block}-value blocks"));
     }
     (n_elements / block as u64).checked_mul(bytes as u64).ok_or_else(|| format!("size of {n_elements} values of type {name} overflows"))

@@ -179,9 +179,10 @@ pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) 
 pub(crate) fn tasks(w: &QWeight, threads: usize) -> (usize, usize) {
     let ng = w.n.div_ceil(GC);
     // An even count where there is more than one group: the AVX-512 path computes groups in
-    // pairs, and a task boundary inside a pair would leave a half-filled register.
+    // pairs, and a task boundary inside a pair would leave a half-filled register (a small
+    // matrix on many threads gets fewer, paired tasks rather than one group each).
     let gpt = ng.div_ceil(4 * threads.max(1)).clamp(1, 16);
-    let gpt = if gpt > 1 { gpt.next_multiple_of(2) } else { gpt };
+    let gpt = if ng > 1 { gpt.max(2).next_multiple_of(2) } else { gpt };
     (gpt, ng.div_ceil(gpt))
 }
 

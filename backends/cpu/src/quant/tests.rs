@@ -57,9 +57,10 @@ fn fit_k(format: QFormat, k: usize) -> usize {
 fn every_path_equals_the_scalar_reference_bit_for_bit() {
     // K a multiple of 32 but not of 256; N not a multiple of any tile; M = 1..=65.
     eprintln!("quant kernel paths tested on this CPU: {:?} (SPARKLING_CPU_ISA selects the one in use: {:?})", crate::isa::available(), crate::isa::active());
+    let pools: Vec<rayon::ThreadPool> = [1, 3].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
     for &format in &FORMATS {
         // Column groups of 8: 5, 1, 3 (an unpaired last group on the AVX-512 path), 6 and
-        // 17 (tasks of several pairs).
+        // 17 (several pairs per task, and two-pair one-row tiles).
         for &(n, k) in &[(37usize, 96usize), (5, 32), (19, 288), (48, 64), (130, 160)] {
             let k = fit_k(format, k);
             let w = QWeight::from_ggml(format, &random_ggml(format, n, k, 7), n, k).unwrap();
@@ -68,9 +69,13 @@ fn every_path_equals_the_scalar_reference_bit_for_bit() {
                 let a = quantize_acts(&x, m, k);
                 let want: Vec<f32> = (0..m).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| dot_scalar(&w, j, &a, i)).collect();
                 for isa in crate::isa::available() {
-                    let got = matmul(isa, &x, m, &w, None);
-                    let same = got.iter().zip(&want).all(|(g, r)| g.to_bits() == r.to_bits());
-                    assert!(same, "{format:?} {isa:?} m={m} n={n} k={k}");
+                    // 1 thread (one task per few pairs) and 3 (more, smaller tasks), whatever
+                    // this machine's core count.
+                    for pool in &pools {
+                        let got = pool.install(|| matmul(isa, &x, m, &w, None));
+                        let same = got.iter().zip(&want).all(|(g, r)| g.to_bits() == r.to_bits());
+                        assert!(same, "{format:?} {isa:?} m={m} n={n} k={k} threads={}", pool.current_num_threads());
+                    }
                 }
             }
         }
