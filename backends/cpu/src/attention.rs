@@ -276,9 +276,10 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let w = group * head_dim;
-    // Tasks: (KV head, a block of one sequence's rows). The rows of a block read each chunk of
-    // their shared cache once (attend_rows); blocks are cut so that there are at
-    // least two tasks per thread, and at most 32 rows each (a prefill has many).
+    // Tasks: (KV head, a block of one sequence's rows, a range of that KV head's query heads).
+    // The rows of a block read each chunk of their shared cache once (attend_rows); blocks are
+    // cut so that there are at least two tasks per thread, and at most 32 rows each (a prefill
+    // has many).
     let per_seq_blocks = (2 * rayon::current_num_threads()).div_ceil(n_kv_heads).max(1);
     let mut blocks: Vec<(usize, usize)> = Vec::new();
     let mut r0 = 0;
@@ -292,21 +293,30 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         }
         r0 += s.q_rows;
     }
-    let tasks: Vec<(usize, (usize, usize))> = (0..n_kv_heads).flat_map(|kh| blocks.iter().map(move |&b| (kh, b))).collect();
+    // Too few (KV head, block) tasks for the threads — a decode step has one per KV head —
+    // split each KV head's query heads into parts too: every head's result is computed the
+    // same way whichever heads share its call, so the split changes no bit.
+    let threads = rayon::current_num_threads();
+    let per_head_parts = if n_kv_heads * blocks.len() < 2 * threads { (2 * threads).div_ceil(n_kv_heads * blocks.len()).min(group) } else { 1 };
+    let head_parts: Vec<(usize, usize)> =
+        (0..per_head_parts).map(|p| (p * group / per_head_parts, (p + 1) * group / per_head_parts)).filter(|(a, b)| a < b).collect();
+    let tasks: Vec<(usize, (usize, usize), (usize, usize))> =
+        (0..n_kv_heads).flat_map(|kh| blocks.iter().flat_map(|&b| head_parts.iter().map(move |&g| (kh, b, g))).collect::<Vec<_>>()).collect();
     let work: usize = visible.iter().map(|v| v.0 + v.1.len()).sum::<usize>() * n_heads * head_dim;
-    let task = |scratch: &mut Vec<f32>, &(kh, (i0, len)): &(usize, (usize, usize))| -> Vec<f32> {
+    let task = |scratch: &mut Vec<f32>, &(kh, (i0, len), (g0, g1)): &(usize, (usize, usize), (usize, usize))| -> Vec<f32> {
         let s = &seqs[row_seq[i0]];
+        let (h0, h1) = (kh * w + g0 * head_dim, kh * w + g1 * head_dim);
         let rows: Vec<QueryRow<'_>> = (i0..i0 + len)
-            .map(|i| QueryRow { q: &q.data[i * q.cols + kh * w..i * q.cols + (kh + 1) * w], vis: Visible { prefix: visible[i].0, extra: &visible[i].1 } })
+            .map(|i| QueryRow { q: &q.data[i * q.cols + h0..i * q.cols + h1], vis: Visible { prefix: visible[i].0, extra: &visible[i].1 } })
             .collect();
-        let mut o = vec![0.0f32; len * w];
+        let mut o = vec![0.0f32; len * (h1 - h0)];
         let (stride, off) = (s.k_cache.cols, kh * head_dim);
         if s.k_cache.is_f16() {
             let kv = KvHead { k: &s.k_cache.half[..], v: &s.v_cache.half[..], stride, off, hd: head_dim };
-            attend_rows(&rows, group, kv, scale, &mut o, scratch);
+            attend_rows(&rows, g1 - g0, kv, scale, &mut o, scratch);
         } else {
             let kv = KvHead { k: &s.k_cache.data[..], v: &s.v_cache.data[..], stride, off, hd: head_dim };
-            attend_rows(&rows, group, kv, scale, &mut o, scratch);
+            attend_rows(&rows, g1 - g0, kv, scale, &mut o, scratch);
         }
         o
     };
@@ -317,10 +327,12 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         tasks.iter().map(|t| task(&mut scratch, t)).collect()
     };
     let mut out = vec![0.0f32; total * q.cols];
-    for (&(kh, (i0, len)), o) in tasks.iter().zip(&parts) {
+    for (&(kh, (i0, len), (g0, g1)), o) in tasks.iter().zip(&parts) {
+        let (h0, h1) = (kh * w + g0 * head_dim, kh * w + g1 * head_dim);
+        let hw = h1 - h0;
         for r in 0..len {
             let i = i0 + r;
-            out[i * q.cols + kh * w..i * q.cols + (kh + 1) * w].copy_from_slice(&o[r * w..(r + 1) * w]);
+            out[i * q.cols + h0..i * q.cols + h1].copy_from_slice(&o[r * hw..(r + 1) * hw]);
         }
     }
     Ok(CpuTensor { rows: total, cols: q.cols, data: out, half: Vec::new() })
