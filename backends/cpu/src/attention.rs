@@ -230,6 +230,10 @@ pub fn attend_rows<E: KvElem>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub const CHUNK: usize = 64;
 
+/// One task of [`attend`]: (KV head, (first packed row, rows), (first, end) query head of that
+/// KV head's group).
+type AttnTask = (usize, (usize, usize), (usize, usize));
+
 /// Attention for one or more sequences (the query blocks of `seqs` back to back in `q`), each
 /// against its own cache: one parallel pass over every (row, head). Each output head row is
 /// one softmax over that row's visible keys in ascending order, computed the same way whatever
@@ -300,10 +304,10 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
     let per_head_parts = if n_kv_heads * blocks.len() < 2 * threads { (2 * threads).div_ceil(n_kv_heads * blocks.len()).min(group) } else { 1 };
     let head_parts: Vec<(usize, usize)> =
         (0..per_head_parts).map(|p| (p * group / per_head_parts, (p + 1) * group / per_head_parts)).filter(|(a, b)| a < b).collect();
-    let tasks: Vec<(usize, (usize, usize), (usize, usize))> =
+    let tasks: Vec<AttnTask> =
         (0..n_kv_heads).flat_map(|kh| blocks.iter().flat_map(|&b| head_parts.iter().map(move |&g| (kh, b, g))).collect::<Vec<_>>()).collect();
     let work: usize = visible.iter().map(|v| v.0 + v.1.len()).sum::<usize>() * n_heads * head_dim;
-    let task = |scratch: &mut Vec<f32>, &(kh, (i0, len), (g0, g1)): &(usize, (usize, usize), (usize, usize))| -> Vec<f32> {
+    let task = |scratch: &mut Vec<f32>, &(kh, (i0, len), (g0, g1)): &AttnTask| -> Vec<f32> {
         let s = &seqs[row_seq[i0]];
         let (h0, h1) = (kh * w + g0 * head_dim, kh * w + g1 * head_dim);
         let rows: Vec<QueryRow<'_>> = (i0..i0 + len)
