@@ -46,8 +46,8 @@ pub struct ModelArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// Weight storage: `native` (cpu: GGUF tensors stay in their Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K
-    /// blocks and run on int8 kernels, ~0.58–1.06 B/weight; other GGUF types become f16), `q8_0` (cpu:
-    /// quantize float matrices — safetensors, GGUF F16/F32/BF16 — to Q8_0 at load, 1.06 B/weight;
+    /// blocks and run on int8 kernels, ~0.58–1.06 B/weight; GGUF F16/F32 matrices stay as stored;
+    /// other block types become f16), `q8_0` (cpu: quantize float matrices — safetensors, GGUF F16/F32/BF16 — to Q8_0 at load, 1.06 B/weight;
     /// GGUF blocks the cpu runs natively stay as stored), `f16` (2 B), `f32` (4 B), `bf16`
     /// (wgpu only), or `auto`: native for GGUF targets on the cpu (f16 on wgpu), f32 otherwise.
     #[arg(long, default_value = "auto")]

@@ -1,6 +1,7 @@
 //! GGUF files as a [`TensorSource`]: llama.cpp tensor names are mapped to HF names, tensors are
-//! dequantized to f32 at load, and llama-architecture Q/K projections are un-permuted so one
-//! NeoX (rotate-half) RoPE serves every model.
+//! handed over in their ggml blocks (`load_ggml`, for a backend that keeps them) or dequantized
+//! to f32 at load, each tensor's mapped pages are released once copied, and llama-architecture
+//! Q/K projections are un-permuted so one NeoX (rotate-half) RoPE serves every model.
 
 use super::gguf::GgufFile;
 use super::{HostTensor, TensorSource};

@@ -1,9 +1,13 @@
 //! Run-time choice of the CPU backend's instruction-set path.
 //!
 //! The path is detected once per process from the CPU's features; the environment variable
-//! `SPARKLING_CPU_ISA` (`scalar`, `avx2`, `avx512vnni` or `auto`) forces a lower path, so CI on any machine
-//! can exercise every path the CPU runs. Asking for a path the CPU lacks falls back to the best
-//! path it has (with a warning on stderr), never to an illegal instruction.
+//! `SPARKLING_CPU_ISA` (`scalar`, `avx2`, `avx512vnni` or `auto`, any case) forces a lower path,
+//! so CI on any machine can exercise every path the CPU runs. Asking for a path the CPU lacks,
+//! or an unknown name, falls back to the best path it has (with a warning on stderr saying
+//! which), never to an illegal instruction. The int8 matmul gives the same bits on every path;
+//! the float kernels (attention, `exp`, SiLU, f16/f32 matmuls) have one arithmetic for the SIMD
+//! paths and another for `scalar`, so `scalar` may pick another token at a near-tie (every
+//! method still equals `ar` within a path).
 
 use std::sync::OnceLock;
 
@@ -59,15 +63,27 @@ pub fn active() -> Isa {
     static ACTIVE: OnceLock<Isa> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
         let best = detected();
-        match std::env::var("SPARKLING_CPU_ISA").ok().as_deref().map(str::trim) {
+        let raw = std::env::var("SPARKLING_CPU_ISA").ok();
+        let want = raw.as_deref().map(|v| v.trim().to_ascii_lowercase());
+        let known = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+        match want.as_deref() {
+            // Unset or empty (as `VAR=` in a shell leaves it): the best path.
             None | Some("") | Some("auto") => best,
-            Some("scalar") => Isa::Scalar,
-            Some("avx2") if best >= Isa::Avx2 => Isa::Avx2,
-            Some("avx512vnni") if best >= Isa::Avx512Vnni => Isa::Avx512Vnni,
-            Some(other) => {
-                eprintln!("warning: SPARKLING_CPU_ISA={other} is not a path this CPU runs (scalar, avx2, avx512vnni, auto); using {}", best.name());
-                best
-            }
+            Some(name) => match known.iter().find(|i| i.name() == name) {
+                Some(&isa) if isa <= best => isa,
+                Some(&isa) => {
+                    eprintln!("warning: SPARKLING_CPU_ISA={}: this CPU cannot run the {} path; using {}", raw.unwrap_or_default(), isa.name(), best.name());
+                    best
+                }
+                None => {
+                    eprintln!(
+                        "warning: SPARKLING_CPU_ISA={}: unknown path (expected scalar, avx2, avx512vnni or auto); using {}",
+                        raw.unwrap_or_default(),
+                        best.name()
+                    );
+                    best
+                }
+            },
         }
     })
 }

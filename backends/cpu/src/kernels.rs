@@ -25,6 +25,10 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn simd_name() -> &'static str {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::isa::active() >= crate::isa::Isa::Avx512Vnni {
+            // The f16/f32 matmuls stay on 256 bits; attention's arithmetic runs on 512.
+            return "avx2+fma, avx512 attention";
+        }
         if crate::isa::active() >= crate::isa::Isa::Avx2 {
             return "avx2+fma";
         }

@@ -324,7 +324,10 @@ impl Backend for CpuBackend {
             Ok(())
         };
         let data = match (quant::QFormat::from_ggml(ggml_type), ggml_type) {
-            (Some(f), _) => WeightData::Quant(quant::QWeight::from_ggml(f, &bytes, n, k).map_err(|e| shape_err("upload_weight_ggml", e))?),
+            (Some(f), _) => WeightData::Quant(quant::QWeight::from_ggml(f, &bytes, n, k).map_err(|e| match e {
+                quant::QuantError::Shape(m) => shape_err("upload_weight_ggml", m),
+                quant::QuantError::Corrupt(m) => Error::Invalid(m),
+            })?),
             (None, ggml::F16) => {
                 floats(2)?;
                 let vals: Vec<f32> = bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();

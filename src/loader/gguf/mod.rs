@@ -498,6 +498,8 @@ impl GgufFile {
         let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
 
         let mut tensors = Vec::with_capacity(raw.len());
+        // (start, end, index) of every tensor's bytes, to check that no two overlap.
+        let mut spans: Vec<(u64, u64, usize)> = Vec::with_capacity(raw.len());
         let mut index = HashMap::with_capacity(raw.len());
         for (name, dims, ty, rel) in raw {
             let tname = type_name(ty);
@@ -528,7 +530,21 @@ impl GgufFile {
             if index.insert(name.clone(), tensors.len()).is_some() {
                 return err(format!("{p}: tensor name `{name}` appears twice"));
             }
+            spans.push((offset, end, tensors.len()));
             tensors.push(TensorInfo { name, dims, ggml_type: ty, offset });
+        }
+        // Two tensors sharing file bytes (a corrupt or hand-edited offset, or a type id that
+        // makes one tensor run into the next) would load the wrong weights without a word.
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            let ((_, end_a, a), (start_b, _, b)) = (w[0], w[1]);
+            if start_b < end_a {
+                let (ta, tb) = (&tensors[a], &tensors[b]);
+                return err(format!(
+                    "{p}: tensors `{}` (bytes {}..{end_a}) and `{}` (from byte {start_b}) overlap: corrupt tensor table (wrong offset or type id?)",
+                    ta.name, ta.offset, tb.name
+                ));
+            }
         }
 
         Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, alignment, index, mmap })

@@ -178,6 +178,21 @@ fn truncated_file_names_the_tensor() {
 }
 
 #[test]
+fn overlapping_tensors_are_an_error_naming_both() {
+    let data = f32_bytes(&[1.0; 8]);
+    let bytes = gguf_bytes(&[], &[("a", vec![8], ggml_type::F32, data.clone()), ("bb", vec![8], ggml_type::F32, data)]);
+    assert!(GgufFile::open(&TempFile::with(&bytes).0).is_ok());
+    // Point `bb` at `a`'s bytes: its offset field follows its name (u64 length + "bb"), one
+    // u32 dimension count, one u64 dimension and the u32 type.
+    let name_at = bytes.windows(10).position(|w| w == b"\x02\0\0\0\0\0\0\0bb").unwrap();
+    let off_at = name_at + 10 + 4 + 8 + 4;
+    let mut bad = bytes.clone();
+    bad[off_at..off_at + 8].copy_from_slice(&0u64.to_le_bytes());
+    let e = GgufFile::open(&TempFile::with(&bad).0).unwrap_err().to_string();
+    assert!(e.contains("`a`") && e.contains("`bb`") && e.contains("overlap"), "{e}");
+}
+
+#[test]
 fn bad_magic_and_version_are_errors() {
     let f = small_file();
     let mut bytes = std::fs::read(&f.0).unwrap();

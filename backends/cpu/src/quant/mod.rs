@@ -52,7 +52,7 @@ const GC: usize = 8;
 
 mod weight;
 use weight::H_BYTES;
-pub use weight::{QFormat, QWeight, QK_K};
+pub use weight::{QFormat, QWeight, QuantError, QK_K};
 
 /// Quantize one block of 32 values to `q` and return its scale `d = amax/127` (ggml's
 /// `quantize_row_q8_0`: `q = round(x·(1/d))`, ties to even as its SIMD versions round; NaN

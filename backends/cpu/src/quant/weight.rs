@@ -150,6 +150,23 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Why ggml blocks could not be repacked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuantError {
+    /// `k` or the byte count does not fit the format (the message gives the counts).
+    Shape(String),
+    /// The bytes fit but hold a non-finite scale: corrupt weights (the message names the block).
+    Corrupt(String),
+}
+
+impl std::fmt::Display for QuantError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuantError::Shape(m) | QuantError::Corrupt(m) => f.write_str(m),
+        }
+    }
+}
+
 /// One decoded 32-value block of a ggml tensor: unsigned codes and its scale data.
 struct Decoded {
     codes: [u8; QK],
@@ -359,18 +376,19 @@ impl QWeight {
     /// Repack `n` rows of ggml blocks (as stored in a GGUF file, rows back to back).
     ///
     /// # Errors
-    /// `k` not a positive multiple of the format's block (32 values; 256 for the K-quants),
-    /// `bytes.len()` not `n · k/block · block_bytes` (the message gives both counts), or a
-    /// non-finite f16 scale (corrupt weights; the message names the row and block).
-    pub fn from_ggml(format: QFormat, bytes: &[u8], n: usize, k: usize) -> Result<QWeight, String> {
+    /// [`QuantError::Shape`]: `k` not a positive multiple of the format's block (32 values; 256
+    /// for the K-quants), or `bytes.len()` not `n · k/block · block_bytes` (the message gives
+    /// both counts); [`QuantError::Corrupt`]: a non-finite f16 scale (the message names the row
+    /// and block).
+    pub fn from_ggml(format: QFormat, bytes: &[u8], n: usize, k: usize) -> Result<QWeight, QuantError> {
         let bv = format.block_values();
         if !k.is_multiple_of(bv) || k == 0 {
-            return Err(format!("{} weight [{n}, {k}]: K must be a positive multiple of {bv}", format.name()));
+            return Err(QuantError::Shape(format!("{} weight [{n}, {k}]: K must be a positive multiple of {bv}", format.name())));
         }
         let bb = format.ggml_block_bytes();
         let want = n * (k / bv) * bb;
         if bytes.len() != want {
-            return Err(format!("{} weight [{n}, {k}] needs {want} bytes, got {}", format.name(), bytes.len()));
+            return Err(QuantError::Shape(format!("{} weight [{n}, {k}] needs {want} bytes, got {}", format.name(), bytes.len())));
         }
         let mut w = QWeight::empty(format, n, k);
         let per_row = k / bv;
@@ -380,12 +398,12 @@ impl QWeight {
                 // A NaN or infinite scale (a corrupt file) would turn whole rows into NaN and
                 // the output into token 0 with exit 0 (issue 15): refuse it, naming the block.
                 if !x.d.is_finite() || !x.m.is_finite() {
-                    return Err(format!(
+                    return Err(QuantError::Corrupt(format!(
                         "{} weight [{n}, {k}]: block {gb} of row {j} has a non-finite scale (d = {}, m = {}): corrupt weights",
                         format.name(),
                         x.d.to_f32(),
                         x.m.to_f32()
-                    ));
+                    )));
                 }
                 w.put(j, gb * (bv / QK) + sub, x);
             }
