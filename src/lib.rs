@@ -20,6 +20,7 @@ pub mod error;
 pub mod fsio;
 pub mod loader;
 pub mod model;
+pub mod process;
 pub mod tokenizer;
 pub mod tree;
 

@@ -14,6 +14,7 @@ macro_rules! eprintln {
 mod cli;
 
 fn main() {
+    sparkling::process::tune_allocator();
     sparkling::fsio::install_interrupt_cleanup();
     if let Err(e) = cli::run() {
         eprintln!("error: {e}");

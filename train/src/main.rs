@@ -201,6 +201,7 @@ fn default_target() -> PathBuf {
 }
 
 fn main() {
+    sparkling::process::tune_allocator();
     sparkling::fsio::install_interrupt_cleanup();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
