@@ -19,8 +19,9 @@ pub enum Isa {
     /// x86-64 AVX2 + FMA + F16C (int8 dot products with `vpmaddubsw` / `vpmaddwd`).
     Avx2,
     /// x86-64 AVX-512 F/BW/VL + VNNI on top of the AVX2 set: the quantized matmul's int8 dot
-    /// products with `vpdpbusd` on 512-bit registers (AMD Zen 4/5, Intel Ice Lake and later);
-    /// the float kernels keep their AVX2 code.
+    /// products with `vpdpbusd` on 512-bit registers (AMD Zen 4/5, Intel Ice Lake and later),
+    /// and the attention's AVX2 arithmetic on 512-bit registers (same bits); the f16/f32
+    /// matmuls keep their AVX2 code.
     Avx512Vnni,
 }
 
