@@ -19,6 +19,19 @@ use sparkling::model::target::Target;
 use sparkling::tokenizer::TextTokenizer;
 use std::path::PathBuf;
 
+/// Our logit of token `ours` minus that of `theirs` after `prompt` + `before`, from one causal
+/// forward over both (where our greedy tokens and llama.cpp's first differ).
+fn margin_at(b: &CpuBackend, target: &Target<CpuBackend>, prompt: &[u32], before: &[u32], ours: u32, theirs: u32) -> f32 {
+    use sparkling::core::{AttnMask, Backend};
+    use sparkling::model::target::LogitRows;
+    let ids: Vec<u32> = prompt.iter().chain(before).copied().collect();
+    let mut cache = target.new_cache(b, ids.len() + 1).unwrap();
+    let pos: Vec<u32> = (0..ids.len() as u32).collect();
+    let out = target.forward(b, &mut cache, &ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+    let logits = b.download(&out.logits).unwrap();
+    logits[ours as usize] - logits[theirs as usize]
+}
+
 /// Logit gap below which two candidates count as tied.
 const NEAR_TIE: f64 = 0.05;
 
@@ -176,8 +189,6 @@ const Q8_ACT_TIE: f64 = 0.5;
 /// which also quantizes activations: [`native_greedy_tokens_agree_with_llamacpp`].)
 #[test]
 fn smollm2_q4_1_native_diverges_from_llamacpp_only_at_near_ties() {
-    use sparkling::core::{AttnMask, Backend};
-    use sparkling::model::target::LogitRows;
     let Some(path) = asset_or_skip("smollm2-135m-instruct-q4_1.gguf", true) else { return };
     let m = load_as(&path, WeightDtype::Native);
     let kinds = m.target.kernel_paths(&m.b);
@@ -197,14 +208,7 @@ fn smollm2_q4_1_native_diverges_from_llamacpp_only_at_near_ties() {
             exact += 1;
             continue;
         };
-        // Our logits at the divergence: the prompt and our first i tokens in one pass.
-        let mut ids = prompt.clone();
-        ids.extend_from_slice(&g.tokens[..i]);
-        let mut cache = m.target.new_cache(&m.b, ids.len() + 1).unwrap();
-        let pos: Vec<u32> = (0..ids.len() as u32).collect();
-        let out = m.target.forward(&m.b, &mut cache, &ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
-        let logits = m.b.download(&out.logits).unwrap();
-        let margin = logits[g.tokens[i] as usize] - logits[want[i] as usize];
+        let margin = margin_at(&m.b, &m.target, &prompt, &g.tokens[..i], g.tokens[i], want[i]);
         let gap = gaps.get(i).copied().unwrap_or(f64::INFINITY);
         eprintln!(
             "Q4_1 native vs llama.cpp F16: {:?} diverges at token {i}: ours {} (leads llama.cpp's {} by {margin:.4} logits), llama.cpp's top-2 gap there {gap:.4}",
@@ -233,9 +237,7 @@ const NATIVE_DISAGREEMENT: f32 = 0.75;
 /// after the first 4 tokens with the engines' logits within [`NATIVE_DISAGREEMENT`] of each
 /// other there. Each divergence is printed with its position, our margin and llama.cpp's gap.
 fn native_greedy_tokens_agree_with_llamacpp(model_file: &str, data: &str, format: &str, min_exact: usize, required: bool) {
-    use sparkling::core::{AttnMask, Backend};
     use sparkling::cpu::KvDtype;
-    use sparkling::model::target::LogitRows;
     let Some(path) = asset_or_skip(model_file, required) else { return };
     let v: serde_json::Value = serde_json::from_str(data).unwrap();
     // The KV cache type llama.cpp ran with.
@@ -267,13 +269,7 @@ fn native_greedy_tokens_agree_with_llamacpp(model_file: &str, data: &str, format
             exact += 1;
             continue;
         };
-        let mut ids = prompt.clone();
-        ids.extend_from_slice(&g.tokens[..i]);
-        let mut cache = target.new_cache(&b, ids.len() + 1).unwrap();
-        let pos: Vec<u32> = (0..ids.len() as u32).collect();
-        let out = target.forward(&b, &mut cache, &ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
-        let logits = b.download(&out.logits).unwrap();
-        let margin = logits[g.tokens[i] as usize] - logits[want[i] as usize];
+        let margin = margin_at(&b, &target, &prompt, &g.tokens[..i], g.tokens[i], want[i]);
         let gap = gaps.get(i).copied().unwrap_or(f64::INFINITY) as f32;
         eprintln!(
             "{model_file} native vs llama.cpp native: {:?} diverges at token {i} of {}: ours {} leads llama.cpp's {} by {margin:.4} logits; llama.cpp's top-2 gap there {gap:.4}",

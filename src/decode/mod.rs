@@ -478,34 +478,26 @@ impl<'a, B: Backend> Engine<'a, B> {
             // 3. Accept: the target's own token per row, walked down the tree (§4.9.1).
             let t = Instant::now();
             let sample_pos: Vec<u64> = positions.iter().map(|&x| x as u64 + 1).collect();
-            let (accepted, bonus) = if p.sampling.temperature >= 1e-5 && b.host_memory() && tree.len() > 1 {
-                // T > 0 on a host-memory backend: a draw costs an exp per logit (≈ 0.3 ms at
-                // a 49 152-token vocabulary), so draw only the rows the walk reaches (≈ τ of
-                // them) instead of every tree row. Each row's token is the same either way
-                // (its own logits and counter-based uniform); device backends keep one batched
-                // draw and one read-back.
-                let mut accepted = vec![0usize];
-                let mut cur = 0usize;
-                loop {
-                    let row = b.gather_rows(&ver.logits, &[cur])?;
-                    let t = pick(b, &row, p, &sample_pos[cur..cur + 1]).await?[0];
-                    match tree.child_with_token(cur, t) {
-                        Some(child) => {
-                            accepted.push(child);
-                            cur = child;
-                        }
-                        None => break (accepted, t),
+            // T > 0 on a host-memory backend: a draw costs an exp per logit (≈ 0.3 ms at a
+            // 49 152-token vocabulary), so the walk draws only the rows it reaches (≈ τ of them)
+            // instead of every tree row. Each row's token is the same either way (its own logits
+            // and counter-based uniform); device backends keep one batched draw and one read-back.
+            let per_row = p.sampling.temperature >= 1e-5 && b.host_memory() && tree.len() > 1;
+            let post = if per_row { None } else { Some(pick(b, &ver.logits, p, &sample_pos).await?) };
+            let mut accepted = vec![0usize];
+            let mut cur = 0usize;
+            let bonus = loop {
+                let token = match &post {
+                    Some(post) => post[cur],
+                    None => pick(b, &b.gather_rows(&ver.logits, &[cur])?, p, &sample_pos[cur..cur + 1]).await?[0],
+                };
+                match tree.child_with_token(cur, token) {
+                    Some(child) => {
+                        accepted.push(child);
+                        cur = child;
                     }
+                    None => break token,
                 }
-            } else {
-                let post = pick(b, &ver.logits, p, &sample_pos).await?;
-                let mut accepted = vec![0usize];
-                let mut cur = 0usize;
-                while let Some(child) = tree.child_with_token(cur, post[cur]) {
-                    accepted.push(child);
-                    cur = child;
-                }
-                (accepted, post[cur])
             };
             let accept_ms = ms(t);
             stats.accept_ms += accept_ms;

@@ -3,15 +3,8 @@
 //! order the module docs of [`super`] define.
 
 #![allow(clippy::needless_range_loop)] // register tiles are indexed by row and column group
-use super::{QActs, QFormat, QWeight, GC, H_BYTES, QK};
+use super::{QActs, QFormat, QWeight, F_Q4K, F_Q4_0, F_Q4_1, F_Q5_0, F_Q6K, F_Q8_0, GC, H_BYTES, QK};
 use std::arch::x86_64::*;
-
-const F_Q8_0: u8 = 0;
-const F_Q4_0: u8 = 1;
-const F_Q4_1: u8 = 2;
-const F_Q5_0: u8 = 3;
-const F_Q4K: u8 = 4;
-const F_Q6K: u8 = 5;
 
 /// A high-bit plane's 32 bits as bytes: byte `i` of the result is `v` where bit `i` of `mask`
 /// is set, else 0 (Q5_0's bit 4: `v` = 0x10; Q6_K's bits 4 and 5: 0x10 and 0x20).
@@ -80,24 +73,10 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
     let mut acc = [[_mm256_setzero_ps(); NG]; MR];
     for b in 0..w.nb {
         if MR == 1 || i0 == 0 {
-            // The first pass over a task's weights (a decode's one row, or a verify's first
-            // row tile) streams them from memory: ask for the same block of the next NG
-            // groups now, so it arrives while these are computed; later row tiles find them
-            // in cache. Only an address is formed (`wrapping_add`; a prefetch never faults).
+            // A task's first pass over its weights streams them from memory: fetch this block
+            // of the next NG groups while these are computed.
             for q in 0..NG {
-                let next = w.qs.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * cb);
-                for line in (0..cb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
-                }
-                if F == F_Q4K || F == F_Q6K {
-                    _mm_prefetch::<_MM_HINT_T0>(w.sa.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(w.sb.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
-                } else {
-                    _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
-                }
-                if F == F_Q4_1 {
-                    _mm_prefetch::<_MM_HINT_T0>(w.m.as_ptr().wrapping_add(((g0 + NG + q) * w.nb + b) * GC) as *const i8);
-                }
+                w.prefetch_block(g0 + NG + q, b);
             }
         }
         let mut isum = [[_mm256_setzero_si256(); NG]; MR];

@@ -20,15 +20,8 @@
 //! equals the scalar reference and the AVX2 path bit for bit, for every row count.
 
 #![allow(clippy::needless_range_loop)] // register tiles are indexed by row
-use super::{QActs, QFormat, QWeight, GC, H_BYTES, QK};
+use super::{QActs, QFormat, QWeight, F_Q4K, F_Q4_0, F_Q4_1, F_Q5_0, F_Q6K, F_Q8_0, GC, H_BYTES, QK};
 use std::arch::x86_64::*;
-
-const F_Q8_0: u8 = 0;
-const F_Q4_0: u8 = 1;
-const F_Q4_1: u8 = 2;
-const F_Q5_0: u8 = 3;
-const F_Q4K: u8 = 4;
-const F_Q6K: u8 = 5;
 
 /// A high-bit plane's 32-bit masks at `p` (group `gq`) and `p + hstride` (group `gq+1`; zero
 /// with `HALF`) as one 64-bit lane mask.
@@ -90,22 +83,9 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
     let mut acc = [[_mm512_setzero_ps(); NP]; MR];
     for b in 0..w.nb {
         if MR == 1 || i0 == 0 {
-            // First pass over these weights (as on the AVX2 path): fetch the same block of the
-            // next groups while this one is computed. Only addresses are formed.
+            // As on the AVX2 path: fetch this block of the next groups while these are computed.
             for q in 0..groups {
-                let next = w.qs.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * cb);
-                for line in (0..cb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8);
-                }
-                if F == F_Q4K || F == F_Q6K {
-                    _mm_prefetch::<_MM_HINT_T0>(w.sa.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(w.sb.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
-                } else {
-                    _mm_prefetch::<_MM_HINT_T0>(w.d.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
-                }
-                if F == F_Q4_1 {
-                    _mm_prefetch::<_MM_HINT_T0>(w.m.as_ptr().wrapping_add(((g0 + groups + q) * w.nb + b) * GC) as *const i8);
-                }
+                w.prefetch_block(g0 + groups + q, b);
             }
         }
         let mut isum = [[_mm512_setzero_si512(); NP]; MR];

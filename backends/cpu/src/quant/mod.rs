@@ -50,7 +50,22 @@ pub const QK: usize = 32;
 /// Columns per interleaved group.
 const GC: usize = 8;
 
+// Format tags of the SIMD kernels (a const generic, so each format's tile is compiled apart).
+#[cfg(target_arch = "x86_64")]
+const F_Q8_0: u8 = 0;
+#[cfg(target_arch = "x86_64")]
+const F_Q4_0: u8 = 1;
+#[cfg(target_arch = "x86_64")]
+const F_Q4_1: u8 = 2;
+#[cfg(target_arch = "x86_64")]
+const F_Q5_0: u8 = 3;
+#[cfg(target_arch = "x86_64")]
+const F_Q4K: u8 = 4;
+#[cfg(target_arch = "x86_64")]
+const F_Q6K: u8 = 5;
+
 mod weight;
+#[cfg(target_arch = "x86_64")]
 use weight::H_BYTES;
 pub use weight::{QFormat, QWeight, QuantError, QK_K};
 

@@ -105,7 +105,7 @@ impl QFormat {
         }
     }
 
-    fn is_k_quant(self) -> bool {
+    pub(super) fn is_k_quant(self) -> bool {
         matches!(self, QFormat::Q4K | QFormat::Q6K)
     }
 }
@@ -229,6 +229,43 @@ impl QWeight {
         let bit = 4 * (j % GC) + t % 4;
         let at = ((j / GC) * self.nb + b) * H_BYTES * self.format.planes() + p * H_BYTES + 8 * g + 4 * upper as usize + bit / 8;
         (at, (bit % 8) as u32)
+    }
+
+    /// Ask the cache for block `b` of column group `g` — its codes, high-bit planes and scales —
+    /// ahead of use. The kernels call it for the groups after the ones they compute, on a
+    /// task's first pass over its weights (a decode's one row, or a verify's first row tile),
+    /// so the next groups arrive from memory while these are computed. Only addresses are
+    /// formed (`wrapping_add`) and a prefetch never faults, so `g` may lie past the last group.
+    ///
+    /// # Safety
+    /// None beyond running on x86-64 (prefetches read nothing the program sees).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(super) unsafe fn prefetch_block(&self, g: usize, b: usize) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let fetch = |p: *const u8| _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        let at = g * self.nb + b;
+        let cb = self.format.code_bytes() * GC;
+        for line in (0..cb).step_by(64) {
+            fetch(self.qs.as_ptr().wrapping_add(at * cb + line));
+        }
+        let pb = self.format.planes() * H_BYTES;
+        for line in (0..pb).step_by(64) {
+            fetch(self.qh.as_ptr().wrapping_add(at * pb + line));
+        }
+        if self.format.is_k_quant() {
+            fetch(self.sa.as_ptr().wrapping_add(at * GC));
+            fetch(self.sb.as_ptr().wrapping_add(at * GC));
+            fetch(self.d.as_ptr().wrapping_add((g * (self.nb / 8) + b / 8) * GC) as *const u8);
+            if self.format == QFormat::Q4K {
+                fetch(self.m.as_ptr().wrapping_add((g * (self.nb / 8) + b / 8) * GC) as *const u8);
+            }
+        } else {
+            fetch(self.d.as_ptr().wrapping_add(at * GC) as *const u8);
+            if self.format == QFormat::Q4_1 {
+                fetch(self.m.as_ptr().wrapping_add(at * GC) as *const u8);
+            }
+        }
     }
 
     /// Unsigned code of value `t` (0..32) of column `j`, block `b` (Q8_0: its byte).
