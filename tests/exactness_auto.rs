@@ -30,7 +30,7 @@ fn cost_models() -> Vec<(&'static str, Option<CostModel>)> {
 }
 
 fn auto_params(method: Method, n_max: usize, temperature: f32, seed: u64, max_new: usize, cost: &Option<CostModel>) -> GenParams {
-    GenParams { auto_budget: Some(AutoBudget { cost: cost.clone(), resume: None }), ..params(method, n_max, temperature, seed, max_new, vec![]) }
+    GenParams { auto_budget: Some(AutoBudget { cost: cost.clone(), ..AutoBudget::default() }), ..params(method, n_max, temperature, seed, max_new, vec![]) }
 }
 
 #[test]

@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// otherwise), host or device.
     #[arg(long)]
     pub tree_prep: Option<String>,
+    /// `auto` budgets only: ignore the drafter's DSpark confidence head (see `generate
+    /// --no-confidence`).
+    #[arg(long)]
+    pub no_confidence: bool,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -169,6 +173,7 @@ fn generate_args(a: &BenchArgs) -> GenerateArgs {
         max_fanout: a.max_fanout,
         treespark_k: a.treespark_k,
         tree_prep: a.tree_prep.clone(),
+        no_confidence: a.no_confidence,
         temperature: a.temperature,
         top_k: 0,
         top_p: 1.0,
@@ -192,6 +197,9 @@ fn budget_choices(a: &BenchArgs) -> Result<Vec<BudgetChoice>> {
 pub fn run(a: BenchArgs) -> Result<()> {
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
     let options = generate_args(&a).tree_options("--budgets", a.budgets.is_some());
+    if a.no_confidence && !budget_choices(&a)?.contains(&BudgetChoice::Auto) {
+        return Err(Error::Input("--no-confidence is read by `--budgets auto` only: add auto to --budgets, or leave --no-confidence out".into()));
+    }
     if a.batch.is_empty() {
         super::refuse_unused_options(&options, &methods, &format!("--methods {}", a.methods.join(",")))?;
     } else {
@@ -309,15 +317,16 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     let mut json_rows = Vec::new();
     for (meth, budget, s, mism) in &results {
         let [d, p, h, v, ac, c] = s.per_round_ms();
-        let speed = ar_tps.map(|x| s.tokens_per_s() / x).unwrap_or(f64::NAN);
+        // `None` (JSON null, table "–") when the run has no `ar` row to compare with.
+        let speed = ar_tps.map(|x| s.tokens_per_s() / x);
         let _ = writeln!(
             table,
-            "| {} | {} | {:.2} | {:.1} | {:.2}× | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} |",
+            "| {} | {} | {:.2} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} |",
             meth.name(),
             if *meth == Method::Ar { "-".to_string() } else { budget.name() },
             s.tau(),
             s.tokens_per_s(),
-            speed,
+            speed.map_or_else(|| "–".to_string(), |x| format!("{x:.2}×")),
             super::generate::size_histogram(s).unwrap_or_else(|| "-".into())
         );
         let budget_json = match budget {
@@ -325,7 +334,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             BudgetChoice::Fixed(n) => serde_json::json!(n),
         };
         let auto_json = s.predicted_vs_observed_tau().map(|(pred, obs)| {
-            serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "drafts_skipped": s.drafts_skipped, "policy_us_per_round": s.policy_us_per_round()})
+            serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "prediction_rmse": s.prediction_rmse(), "drafts_skipped": s.drafts_skipped, "policy_us_per_round": s.policy_us_per_round()})
         });
         json_rows.push(serde_json::json!({
             "method": meth.name(), "budget": budget_json, "auto": auto_json, "tau": s.tau(), "tokens_per_s": s.tokens_per_s(),

@@ -38,6 +38,11 @@ pub struct GenerateArgs {
     /// nodes verified every round (chains: max chain length).
     #[arg(long)]
     pub budget: Option<String>,
+    /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
+    /// node's acceptance from its calibrated path probability alone (the head, where a drafter
+    /// has one, otherwise weighs every node by the predicted acceptance rates on its path).
+    #[arg(long)]
+    pub no_confidence: bool,
     /// SparklingTree candidates (sparkling only; default 128): top-C
     /// tokens per depth in the union table (C ≥ vocabulary takes every token; the device table
     /// costs O(n²) in the union size n ≈ depth·C).
@@ -88,9 +93,10 @@ pub struct GenerateArgs {
 impl GenerateArgs {
     /// The options [`super::refuse_unused_options`] checks, with whether each was given;
     /// `budget` names the budget option (`--budget`, bench's `--budgets`).
-    pub fn tree_options<'a>(&self, budget: &'a str, budget_given: bool) -> [(&'a str, bool); 6] {
+    pub fn tree_options<'a>(&self, budget: &'a str, budget_given: bool) -> [(&'a str, bool); 7] {
         [
             (budget, budget_given),
+            ("--no-confidence", self.no_confidence),
             ("--candidates", self.candidates.is_some()),
             ("--max-fanout", self.max_fanout.is_some()),
             ("--treespark-k", self.treespark_k.is_some()),
@@ -172,6 +178,10 @@ pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs
         stop,
         ..d
     };
+    let mut p = p;
+    if let Some(ab) = p.auto_budget.as_mut() {
+        ab.confidence = !a.no_confidence;
+    }
     p.validate()?;
     Ok(p)
 }
@@ -199,9 +209,10 @@ pub fn print_stats(method: Method, s: &Stats) {
     }
     if let Some((pred, obs)) = s.predicted_vs_observed_tau() {
         eprintln!(
-            "  budget auto: drafter skipped in {} of {} rounds; drafted rounds τ predicted {pred:.2} vs observed {obs:.2}; policy {:.1} µs/round",
+            "  budget auto: drafter skipped in {} of {} rounds; drafted rounds τ predicted {pred:.2} vs observed {obs:.2} (per-round error {:.2} tokens rms); policy {:.1} µs/round",
             s.drafts_skipped,
             s.rounds,
+            s.prediction_rmse().unwrap_or(0.0),
             s.policy_us_per_round()
         );
     }
@@ -218,6 +229,11 @@ pub fn size_histogram(s: &Stats) -> Option<String> {
 pub fn run(a: GenerateArgs) -> Result<()> {
     let method = Method::parse(&a.method)?;
     super::refuse_unused_options(&a.tree_options("--budget", a.budget.is_some()), &[method], &format!("--method {}", method.name()))?;
+    if a.no_confidence && a.budget.as_deref().is_some_and(|b| b != "auto") {
+        return Err(Error::Input(
+            "--no-confidence is read by --budget auto only: leave --budget out (auto is the default), or leave --no-confidence out".into(),
+        ));
+    }
     if let Some(p) = &a.stats_json {
         sparkling::fsio::check_writable(p, "--stats-json")?; // fail before the generation, not after
     }

@@ -84,7 +84,7 @@ pub fn auto_max_budget(method: Method, host_memory: bool) -> usize {
 }
 
 /// Options of `--budget auto` (see [`super::GenParams::auto_budget`]).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct AutoBudget {
     /// A cost model measured earlier for this model × backend × threads × weights (the CLI
     /// caches it in the asset directory); `None`: the engine measures one after the prefill
@@ -94,6 +94,15 @@ pub struct AutoBudget {
     /// its calibration, timings and draft/skip schedule carry over (a server or a benchmark
     /// keeps learning across requests); ignored when its N_max differs from `tree.budget`.
     pub resume: Option<AutoState>,
+    /// Weigh each node's predicted acceptance by the drafter's DSpark confidence head, where
+    /// it has one ([`AutoState::choose`]); `false` uses the path probabilities alone.
+    pub confidence: bool,
+}
+
+impl Default for AutoBudget {
+    fn default() -> Self {
+        AutoBudget { cost: None, resume: None, confidence: true }
+    }
 }
 
 /// The measured cost of a round's parts (ms).
@@ -440,6 +449,11 @@ pub struct AutoState {
     interval: usize,
     /// Depths of the trees kept in the last [`DEPTH_WINDOW`] drafted rounds (newest last).
     kept_depths: std::collections::VecDeque<usize>,
+    /// Per depth (index = depth), the running mean of the confidence head's path product over
+    /// a round's candidate nodes (weighted by their path probabilities): the head enters the
+    /// prediction relative to it, so it only moves a round above or below the level that the
+    /// calibration learns.
+    conf_level: Vec<Ema>,
 }
 
 /// Drafted rounds whose kept tree depths steer [`AutoState::draft_depth`].
@@ -470,6 +484,7 @@ impl AutoState {
             skipped: 0,
             interval: FIRST_PROBE_INTERVAL,
             kept_depths: std::collections::VecDeque::new(),
+            conf_level: Vec::new(),
         }
     }
 
@@ -531,14 +546,49 @@ impl AutoState {
     }
 
     /// Choose the prefix of `tree`'s pop order to verify, the drafter's time this round
-    /// (`draft_ms`, observed) included; updates the skip schedule.
-    pub fn choose(&mut self, tree: &DraftTree, draft_ms: f64) -> Decision {
+    /// (`draft_ms`, observed) included; updates the skip schedule. A node's predicted
+    /// acceptance is its path probability `exp(score)`, times — when `confidence` is given
+    /// (the DSpark confidence head's path product,
+    /// [`crate::model::drafter::ConfidenceHead::path_confidence`], one entry per tree node,
+    /// root first) — its ratio to the head's running level at that depth (1 on the first
+    /// round), times the depth's calibration factor, learnt on the same product. So the
+    /// calibration keeps the average level and the head moves single rounds around it.
+    pub fn choose(&mut self, tree: &DraftTree, draft_ms: f64, confidence: Option<&[f64]>) -> Decision {
         self.draft_ms.push(draft_ms);
         let order = pop_order(tree);
         let order = &order[..order.len().min(self.n_max)];
         let depths: Vec<u32> = order.iter().map(|&i| tree.depths[i]).collect();
-        let f = self.calib.factors(depths.iter().copied().max().unwrap_or(0) as usize);
-        let q: Vec<f64> = order.iter().map(|&i| (tree.scores[i] as f64).exp() * f[tree.depths[i] as usize]).collect();
+        let dmax_all = depths.iter().copied().max().unwrap_or(0) as usize;
+        let f = self.calib.factors(dmax_all);
+        let rel: Vec<f64> = match confidence {
+            Some(c) if c.len() == tree.len() => {
+                // This round's probability-weighted mean head value per depth.
+                let (mut num, mut den) = (vec![0.0; dmax_all + 1], vec![0.0; dmax_all + 1]);
+                for &i in order {
+                    let p = (tree.scores[i] as f64).exp();
+                    num[tree.depths[i] as usize] += p * c[i];
+                    den[tree.depths[i] as usize] += p;
+                }
+                if self.conf_level.len() <= dmax_all {
+                    self.conf_level.resize(dmax_all + 1, Ema::new(0.1));
+                }
+                let level: Vec<f64> = (0..=dmax_all)
+                    .map(|d| {
+                        let now = if den[d] > 0.0 { num[d] / den[d] } else { 1.0 };
+                        self.conf_level[d].get_or(now).max(1e-9)
+                    })
+                    .collect();
+                for d in 1..=dmax_all {
+                    if den[d] > 0.0 {
+                        self.conf_level[d].push(num[d] / den[d]);
+                    }
+                }
+                (0..tree.len()).map(|i| c[i] / level[tree.depths[i] as usize]).collect()
+            }
+            _ => vec![1.0; tree.len()],
+        };
+        let raw = |i: usize| (tree.scores[i] as f64).exp() * rel[i];
+        let q: Vec<f64> = order.iter().map(|&i| raw(i) * f[tree.depths[i] as usize]).collect();
         let expected = expected_tokens(&depths, &q);
         let (d, r) = (self.draft_ms(), self.round_ms());
         let choice = choose(&expected, &|rows| self.verify_ms(rows), d, r);
@@ -559,8 +609,8 @@ impl AutoState {
         }
         self.kept_depths.push_back(dmax);
         let mut raw_mass: Vec<Option<f64>> = vec![None; dmax + 1];
-        for i in 1..kept.len() {
-            *raw_mass[kept.depths[i] as usize].get_or_insert(0.0) += (kept.scores[i] as f64).exp();
+        for &i in &order[..choice.n] {
+            *raw_mass[tree.depths[i] as usize].get_or_insert(0.0) += raw(i);
         }
         Decision { tree: kept, choice, raw_mass }
     }
@@ -791,7 +841,7 @@ mod tests {
         for round in 0..300 {
             if s.should_draft() {
                 drafted.push(round);
-                let d = s.choose(&tree, 8.0);
+                let d = s.choose(&tree, 8.0, None);
                 assert_eq!(d.choice.n, 0);
                 s.observe(1, 10.0, 0.1, Some((&d.raw_mass, 0)));
             } else {
@@ -813,10 +863,52 @@ mod tests {
         tree.scores = vec![0.0, -0.05, -0.1, -0.15, -0.2];
         for _ in 0..50 {
             assert!(s.should_draft());
-            let d = s.choose(&tree, 3.0);
+            let d = s.choose(&tree, 3.0, None);
             assert_eq!(d.choice.n, 4);
             s.observe(5, 12.0, 0.1, Some((&d.raw_mass, 4)));
         }
+    }
+
+    /// The confidence head's path product weighs each node relative to its running level per
+    /// depth: on the first round (no level yet) it changes nothing; after rounds at a middle
+    /// level, a round the head is sure of keeps the whole chain with the raised prediction,
+    /// and a round it doubts becomes a plain AR step. The calibration's raw mass is the
+    /// weighted one.
+    #[test]
+    fn confidence_weighs_the_nodes_against_its_level() {
+        let cost = CostModel::from_points(vec![1, 5, 17], vec![10.0, 12.0, 40.0], 3.0);
+        let mut tree = DraftTree::chain(1, &[2, 3, 4, 5]);
+        tree.scores = vec![0.0, -0.5, -1.0, -1.5, -2.0];
+        let p = |i: usize| (tree.scores[i] as f64).exp();
+        let plain = 1.0 + (1..5).map(p).sum::<f64>();
+        let mid = [1.0, 0.5, 0.25, 0.125, 0.0625];
+        let d = AutoState::new(cost.clone(), 16).choose(&tree, 3.0, Some(&mid));
+        assert!((d.choice.expected - plain).abs() < 1e-12, "first round: relative to itself");
+        let warmed = || {
+            let mut s = AutoState::new(cost.clone(), 16);
+            for _ in 0..30 {
+                s.choose(&tree, 3.0, Some(&mid));
+            }
+            s
+        };
+        let sure = [1.0, 0.95, 0.9, 0.85, 0.8];
+        let d = warmed().choose(&tree, 3.0, Some(&sure));
+        assert_eq!(d.choice.n, 4);
+        // Each depth's reach probability is clamped to the one above (≤ 1).
+        let (mut reach, mut want) = (1.0f64, 1.0f64);
+        for i in 1..5 {
+            reach = reach.min(p(i) * sure[i] / mid[i]);
+            want += reach;
+        }
+        assert!(want > plain + 1.0, "the head raised the prediction: {want} vs {plain}");
+        assert!((d.choice.expected - want).abs() < 1e-9, "{} vs {want}", d.choice.expected);
+        assert!((d.raw_mass[2].unwrap() - p(2) * sure[2] / mid[2]).abs() < 1e-9);
+        let doubtful = [1.0, 0.005, 0.0025, 0.00125, 0.000625];
+        let d = warmed().choose(&tree, 3.0, Some(&doubtful));
+        assert_eq!(d.choice.n, 0, "the head predicts this chain fails: no node is worth its verify row");
+        // No confidence: the path probabilities alone.
+        let d = warmed().choose(&tree, 3.0, None);
+        assert!((d.choice.expected - plain).abs() < 1e-12);
     }
 
     /// The drafting depth follows the kept trees: the full depth before any round, then the
@@ -828,14 +920,14 @@ mod tests {
         assert_eq!(s.draft_depth(16), 16);
         let mut bad = DraftTree::chain(1, &[2, 3, 4]);
         bad.scores = vec![0.0, -9.0, -18.0, -27.0];
-        assert_eq!(s.choose(&bad, 3.0).choice.n, 0);
+        assert_eq!(s.choose(&bad, 3.0, None).choice.n, 0);
         assert_eq!((s.draft_depth(16), s.draft_depth(1)), (2, 1), "nothing kept: the smallest block");
         let mut good = DraftTree::chain(1, &[2, 3, 4, 5]);
         good.scores = vec![0.0, -0.05, -0.1, -0.15, -0.2];
-        assert_eq!(s.choose(&good, 3.0).choice.n, 4);
+        assert_eq!(s.choose(&good, 3.0, None).choice.n, 4);
         assert_eq!(s.draft_depth(16), 6);
         for _ in 0..DEPTH_WINDOW {
-            s.choose(&bad, 3.0);
+            s.choose(&bad, 3.0, None);
         }
         assert_eq!(s.draft_depth(16), 2, "the window forgets the deep tree");
     }

@@ -377,6 +377,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         // `--budget auto`: the cost model (measured here, on the live cache at the prompt's
         // length, when the caller has none) and the per-generation policy state.
         let mut cost_model = None;
+        let use_confidence = p.auto_budget.as_ref().is_some_and(|a| a.confidence);
         let mut auto: Option<AutoState> = match (&p.auto_budget, drafter) {
             (Some(AutoBudget { resume: Some(s), .. }), Some(_)) if s.n_max == tree_params.budget && s.cost.is_valid() => Some(s.clone()),
             (Some(a), Some(d)) => {
@@ -437,7 +438,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                     // as deep as the recent kept trees allow (a smaller drafter block).
                     let full = d.cfg.draft_depth().min(tree_params.budget.max(1));
                     let depth = auto.as_ref().map_or(full, |a| a.draft_depth(full));
-                    let logits = d.draft(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
+                    let (logits, hidden) = d.draft_rows(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
                     let forward_ms = ms(t);
                     let draft = DraftLogits {
                         logits: &logits,
@@ -453,7 +454,18 @@ impl<'a, B: Backend> Engine<'a, B> {
                     drafted = true;
                     if let Some(a) = auto.as_mut() {
                         let tp = Instant::now();
-                        let dec = a.choose(&prop.tree, ms(t));
+                        // The DSpark confidence head, where the drafter has one: its slot terms
+                        // need the hidden rows `[depth, H]` on the host (a copy on the CPU, one
+                        // small read-back on a device).
+                        let conf = match (&d.confidence, use_confidence) {
+                            (Some(head), true) => {
+                                let rows = b.download_async(&hidden).await?;
+                                let slot = head.slot_terms(&rows, d.cfg.hidden)?;
+                                Some(head.path_confidence(&prop.tree, &slot, d.cfg.hidden, |t| d.markov_row(t)))
+                            }
+                            _ => None,
+                        };
+                        let dec = a.choose(&prop.tree, ms(t), conf.as_deref());
                         prop.tree = dec.tree.clone();
                         decision = Some(dec);
                         stats.policy_us += ms(tp) * 1e3;

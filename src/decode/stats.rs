@@ -51,6 +51,9 @@ pub struct Stats {
     pub predicted_tokens: f64,
     /// Σ committed tokens of those rounds.
     pub predicted_rounds_committed: usize,
+    /// Σ (predicted − committed tokens)² of those rounds: how well the policy predicts a
+    /// single round ([`Stats::prediction_rmse`]).
+    pub predicted_sq_err: f64,
     /// `--budget auto`, per depth `d` (index `d - 1`): the drafter's raw predicted mass of the
     /// verified depth-`d` nodes, summed over the rounds whose tree reached depth `d` …
     pub calib_predicted: Vec<f64>,
@@ -97,6 +100,7 @@ impl Stats {
         self.predicted_rounds += 1;
         self.predicted_tokens += predicted;
         self.predicted_rounds_committed += committed;
+        self.predicted_sq_err += (predicted - committed as f64).powi(2);
         for (d, m) in raw_mass.iter().enumerate().skip(1) {
             if let Some(m) = m {
                 if self.calib_predicted.len() < d {
@@ -115,6 +119,12 @@ impl Stats {
             let r = self.predicted_rounds as f64;
             (self.predicted_tokens / r, self.predicted_rounds_committed as f64 / r)
         })
+    }
+
+    /// `--budget auto`: root-mean-square error of the predicted tokens of a drafted round
+    /// against the tokens it committed (tokens; `None` before any drafted round).
+    pub fn prediction_rmse(&self) -> Option<f64> {
+        (self.predicted_rounds > 0).then(|| (self.predicted_sq_err / self.predicted_rounds as f64).sqrt())
     }
 
     /// Policy time per round, µs.
@@ -184,6 +194,7 @@ impl Stats {
         self.predicted_rounds += o.predicted_rounds;
         self.predicted_tokens += o.predicted_tokens;
         self.predicted_rounds_committed += o.predicted_rounds_committed;
+        self.predicted_sq_err += o.predicted_sq_err;
         if self.calib_predicted.len() < o.calib_predicted.len() {
             self.calib_predicted.resize(o.calib_predicted.len(), 0.0);
             self.calib_accepted.resize(o.calib_accepted.len(), 0);

@@ -10,18 +10,55 @@ use super::target::Target;
 use crate::error::{Error, Result};
 use crate::loader::TensorSource;
 use crate::tree::MarkovHead;
-use sparkling_core::{AttnMask, AttnShape, Backend};
+use sparkling_core::{AttnMask, AttnShape, Backend, DraftTree};
 
 /// The fewest block rows a drafter forward runs ([`Drafter::block_rows`]).
 pub const MIN_BLOCK_ROWS: usize = 4;
 
-/// The DSpark confidence head (§3.8): `sigmoid(w·[h_k ; W1[t_{k-1}]] + b)`. Loaded and checked;
-/// the decode loop does not schedule on it (fixed blocks, as the offline benchmarks do).
+/// The DSpark confidence head (reference §3.8): `α_k = sigmoid(w·[h_k ; W1[t_{k-1}]] + b)`, the
+/// predicted acceptance rate of block slot `k` (trained towards `1 − ½‖p_draft − p_target‖₁`,
+/// `train/src/train.rs`), from the slot's final-normed hidden state `h_k` and the Markov head's
+/// row of the slot's previous token `t_{k-1}` (a tree node's parent). Only `--budget auto` reads
+/// it ([`crate::decode::budget::AutoState::choose`]); the tokens never depend on it.
 pub struct ConfidenceHead {
-    /// `confidence_head.proj.weight` flattened, length `H + r`.
+    /// `confidence_head.proj.weight` flattened, length `H + r` (`r` = Markov rank, 0 without one).
     pub w: Vec<f32>,
     /// `confidence_head.proj.bias`.
     pub bias: f32,
+}
+
+impl ConfidenceHead {
+    /// The slot part of each block row's logit, `w[..H]·h_k + b`, for the final-normed hidden
+    /// rows `hidden` (`[rows, H]` row-major, [`Drafter::draft_rows`]). Errors: `hidden` not a
+    /// whole number of `H`-wide rows, or `w` shorter than `H`.
+    pub fn slot_terms(&self, hidden: &[f32], h: usize) -> Result<Vec<f64>> {
+        if h == 0 || !hidden.len().is_multiple_of(h) || self.w.len() < h {
+            return Err(Error::Input(format!("confidence head: {} hidden values are not rows of {h} (head weight length {})", hidden.len(), self.w.len())));
+        }
+        Ok(hidden.chunks_exact(h).map(|row| row.iter().zip(&self.w[..h]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() + self.bias as f64).collect())
+    }
+
+    /// Per-node path confidence of `tree` (target ids): `c(root) = 1`, `c(i) = c(parent) ·
+    /// sigmoid(slot[depth(i) − 1] + w[H..]·W1[token(parent)])` (the product of the predicted
+    /// acceptance rates of the slots on the node's path; DSpark slot `k` drafts depth `k + 1`).
+    /// `slot` = [`ConfidenceHead::slot_terms`]; `w1_row(t)` = the Markov head's `W1` row of
+    /// target id `t` (`None`: no Markov part, e.g. rank 0). A node deeper than `slot` gets the
+    /// last slot's term. Errors: none (missing rows count as zero).
+    pub fn path_confidence<'a>(&self, tree: &DraftTree, slot: &[f64], h: usize, w1_row: impl Fn(u32) -> Option<&'a [f32]>) -> Vec<f64> {
+        let wr = self.w.get(h..).unwrap_or(&[]);
+        let mut c = vec![1.0f64; tree.len()];
+        for i in 1..tree.len() {
+            let p = tree.parents[i] as usize;
+            let d = tree.depths[i] as usize;
+            let s = slot.get(d.saturating_sub(1)).or(slot.last()).copied().unwrap_or(self.bias as f64);
+            let m: f64 = match w1_row(tree.tokens[p]) {
+                Some(row) => row.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum(),
+                None => 0.0,
+            };
+            c[i] = c[p] * (1.0 / (1.0 + (-(s + m)).exp()));
+        }
+        c
+    }
 }
 
 /// A loaded drafter.
@@ -268,6 +305,23 @@ impl<B: Backend> Drafter<B> {
     /// = 8 192) runs only for those. The cache ends at `root_pos` (block K/V are discarded).
     #[allow(clippy::too_many_arguments)]
     pub fn draft(&self, b: &B, target: &Target<B>, cache: &mut KvCache<B>, taps: &B::Tensor, anchor: u32, root_pos: usize, depth: usize) -> Result<B::Tensor> {
+        Ok(self.draft_rows(b, target, cache, taps, anchor, root_pos, depth)?.0)
+    }
+
+    /// [`Drafter::draft`], also returning the final-normed hidden rows `[depth, H]` the logits
+    /// were projected from (the confidence head's input, [`ConfidenceHead::slot_terms`]).
+    /// Errors: as [`Drafter::draft`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft_rows(
+        &self,
+        b: &B,
+        target: &Target<B>,
+        cache: &mut KvCache<B>,
+        taps: &B::Tensor,
+        anchor: u32,
+        root_pos: usize,
+        depth: usize,
+    ) -> Result<(B::Tensor, B::Tensor)> {
         let c = &self.cfg;
         let lc = b.shape(taps).0;
         if cache.len + lc != root_pos {
@@ -313,6 +367,57 @@ impl<B: Backend> Drafter<B> {
         let out = b.gather_rows(&x, &rows)?;
         let out = b.rms_norm(&out, &self.norm, c.hidden, c.rms_eps)?;
         let head = self.output_head(b, target)?;
-        Ok(b.matmul(&out, head, None)?)
+        let logits = b.matmul(&out, head, None)?;
+        Ok((logits, out))
+    }
+
+    /// The Markov head's `W1` row of target id `t` (`[r]`; `None` without a Markov head or for
+    /// an id outside the target vocabulary): the stored target-indexed table of a reduced
+    /// drafter, else the head's own rows (draft ids are target ids).
+    pub fn markov_row(&self, t: u32) -> Option<&[f32]> {
+        let m = self.markov.as_ref()?;
+        let w1 = self.markov_w1_target.as_deref().unwrap_or(&m.w1);
+        w1.get(t as usize * m.rank..(t as usize + 1) * m.rank)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sigmoid(x: f64) -> f64 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    /// Slot terms are `w[..H]·h + b` per row; a node's confidence is its parent's times the
+    /// sigmoid of its depth's slot term plus `w[H..]·W1[parent token]` (hand-computed, H = 2,
+    /// r = 1, a root with two children and a grandchild).
+    #[test]
+    fn path_confidence_multiplies_the_slot_rates_along_the_path() {
+        let head = ConfidenceHead { w: vec![0.5, -1.0, 2.0], bias: 0.25 };
+        let hidden = [1.0f32, 2.0, -1.0, 0.5];
+        let slot = head.slot_terms(&hidden, 2).unwrap();
+        assert_eq!(slot, vec![0.5 - 2.0 + 0.25, -0.5 - 0.5 + 0.25]);
+        // root 7 → {8, 9}; 8 → 10.
+        let tree = DraftTree { tokens: vec![7, 8, 9, 10], parents: vec![sparkling_core::NO_PARENT, 0, 0, 1], depths: vec![0, 1, 1, 2], scores: vec![0.0; 4] };
+        let w1 = |t: u32| -> Option<&'static [f32]> {
+            match t {
+                7 => Some(&[0.5]),
+                8 => Some(&[-1.0]),
+                _ => None,
+            }
+        };
+        let c = head.path_confidence(&tree, &slot, 2, w1);
+        let c1 = sigmoid(slot[0] + 2.0 * 0.5);
+        let c3 = c1 * sigmoid(slot[1] - 2.0); // w[H..] = 2, W1[8] = -1
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[0], 1.0);
+        assert!((c[1] - c1).abs() < 1e-12 && (c[2] - c1).abs() < 1e-12, "{c:?}");
+        assert!((c[3] - c3).abs() < 1e-12, "{c:?}");
+        // A node deeper than the slots reuses the last slot's term.
+        let deep = DraftTree { tokens: vec![7, 8, 11, 12], parents: vec![sparkling_core::NO_PARENT, 0, 1, 2], depths: vec![0, 1, 2, 3], scores: vec![0.0; 4] };
+        let c = head.path_confidence(&deep, &slot, 2, w1);
+        assert!((c[3] - c[2] * sigmoid(slot[1])).abs() < 1e-12, "{c:?}");
+        assert!(head.slot_terms(&[1.0, 2.0, 3.0], 2).unwrap_err().to_string().contains("not rows of 2"));
     }
 }

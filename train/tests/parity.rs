@@ -15,7 +15,7 @@
 //! failing under `SPARKLING_REQUIRE_ASSETS=1`).
 
 use candle_core::{Device, Tensor};
-use sparkling::core::{AttnMask, Backend};
+use sparkling::core::{AttnMask, Backend, DraftTree};
 use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::loader::open_source;
 use sparkling::model::config::{read_json, Arch, DrafterConfig, DrafterKind, TargetConfig};
@@ -81,6 +81,34 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
             let el2 = b.download(&d.draft(b, target, &mut dc, &c2, tokens[s], s, d.cfg.draft_depth()).unwrap()).unwrap();
             assert_close(&el2, &cl[a * depth * v..(a + 1) * depth * v], &format!("{tag} anchor {s} (two calls)"));
         }
+    }
+    // Confidence head (DSpark): along the target's own continuation at the first anchor, the
+    // engine's path product must grow by the trainer's `sigmoid(w·[h_k ; W1[t_{k-1}]] + b)` of
+    // each slot (`train/src/train.rs`, the BCE's input).
+    if let Some(head) = &d.confidence {
+        let s = anchors[0];
+        let mut dc = d.new_cache(b, s + d.cfg.block_size).unwrap();
+        let ctx = b.upload(&taps[..s * nf], s, nf).unwrap();
+        let (_, hid) = d.draft_rows(b, target, &mut dc, &ctx, tokens[s], s, depth).unwrap();
+        let slot = head.slot_terms(&b.download(&hid).unwrap(), d.cfg.hidden).unwrap();
+        let n = depth.min(tokens.len() - 1 - s);
+        let chain = DraftTree::chain(tokens[s], &tokens[s + 1..s + 1 + n]);
+        let c = head.path_confidence(&chain, &slot, d.cfg.hidden, |t| d.markov_row(t));
+        let h = cd.backbone(&inp).unwrap();
+        let wc = cd.params.get("confidence_head.proj.weight").unwrap();
+        let bc = cd.params.get("confidence_head.proj.bias").unwrap();
+        for k in 0..n {
+            let hk = h.narrow(0, k, 1).unwrap();
+            let feat = match cd.markov_bias(&[tokens[s + k]]).unwrap() {
+                Some((_, e)) => Tensor::cat(&[&hk, &e], 1).unwrap(),
+                None => hk,
+            };
+            let x = feat.matmul(&wc.t().unwrap()).unwrap().broadcast_add(bc).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()[0] as f64;
+            let want = 1.0 / (1.0 + (-x).exp());
+            let got = c[k + 1] / c[k];
+            assert!((got - want).abs() < 1e-4, "{tag} confidence of slot {k}: engine {got} vs trainer {want}");
+        }
+        eprintln!("{tag} confidence head: {n} slots agree");
     }
     // Markov bias: engine host head vs the trainer's candle bias. The trainer conditions on
     // target ids, the engine's host head (reduced: `W1[draft_to_target]`) on draft ids.
