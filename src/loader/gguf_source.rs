@@ -3,7 +3,7 @@
 //! to f32 at load, each tensor's mapped pages are released once copied, and llama-architecture
 //! Q/K projections are un-permuted so one NeoX (rotate-half) RoPE serves every model.
 
-use super::gguf::GgufFile;
+use super::gguf::{GgufError, GgufFile};
 use super::{HostTensor, TensorSource};
 use crate::error::{Error, Result};
 use std::path::Path;
@@ -136,7 +136,22 @@ impl GgufSource {
     }
 }
 
+/// A [`GgufError`] about tensor `g` as an [`Error::Tensor`], without repeating the file and
+/// tensor prefix the GGUF reader's message already starts with.
+fn tensor_error(path: &Path, g: &str, e: GgufError) -> Error {
+    let s = e.to_string();
+    let file = format!("{}: ", path.display());
+    let tensor = format!("tensor `{g}`: ");
+    let rest = s.strip_prefix(&file).unwrap_or(&s);
+    let rest = rest.strip_prefix(&tensor).unwrap_or(rest);
+    Error::tensor(path, g, rest)
+}
+
 impl TensorSource for GgufSource {
+    fn file_name(&self, name: &str) -> String {
+        gguf_name(name).unwrap_or_else(|| name.to_string())
+    }
+
     fn ggml_type(&self, name: &str) -> Option<u32> {
         gguf_name(name).and_then(|g| self.file.tensor(&g)).map(|t| t.ggml_type)
     }
@@ -148,7 +163,7 @@ impl TensorSource for GgufSource {
             return Err(Error::tensor(&self.file.path, &g, format!("expected shape {shape:?}, found {:?}", info.shape())));
         }
         let ggml_type = info.ggml_type;
-        let raw = self.file.tensor_data(&g).map_err(|e| Error::tensor(&self.file.path, &g, e.to_string()))?;
+        let raw = self.file.tensor_data(&g).map_err(|e| tensor_error(&self.file.path, &g, e))?;
         let [n, k] = shape;
         // Rows are whole runs of blocks, so the Q/K un-permutation moves row byte ranges.
         let bytes = match self.permuted_heads(&g) {
@@ -174,7 +189,7 @@ impl TensorSource for GgufSource {
 
     fn load(&self, name: &str) -> Result<HostTensor> {
         let g = gguf_name(name).ok_or_else(|| Error::tensor(&self.file.path, name, "no GGUF equivalent for this HF tensor name"))?;
-        let (shape, data) = self.file.tensor_f32(&g).map_err(|e| Error::tensor(&self.file.path, &g, e.to_string()))?;
+        let (shape, data) = self.file.tensor_f32(&g).map_err(|e| tensor_error(&self.file.path, &g, e))?;
         self.file.release_tensor(&g);
         let data = match self.permuted_heads(&g) {
             Some(h) => {
@@ -198,6 +213,28 @@ mod tests {
             assert_eq!(hf_name(&g).as_deref(), Some(hf));
         }
         assert_eq!(gguf_name("model.layers.3.mlp.down_proj.weight").as_deref(), Some("blk.3.ffn_down.weight"));
+    }
+
+    /// Errors about a GGUF tensor name it as the file does (`blk.0.ffn_up.weight`, not the
+    /// engine's HF name) and say the file and tensor once.
+    #[test]
+    fn errors_name_the_gguf_tensor_once() {
+        use crate::loader::gguf::tests::{gguf_bytes, TempFile};
+        use crate::loader::gguf::MetaValue;
+        let kvs = [("general.architecture", MetaValue::Str("qwen2".into())), ("qwen2.attention.head_count", MetaValue::U32(1))];
+        // IQ2_XXS (16): a known size, no dequantizer; f32 (0) with a NaN.
+        let nan: Vec<u8> = [1.0f32, f32::NAN].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let f = TempFile::with(&gguf_bytes(&kvs, &[("blk.0.ffn_up.weight", vec![256], 16, vec![0; 66]), ("blk.0.attn_norm.weight", vec![2], 0, nan)]));
+        let src = GgufSource::open(&f.0).unwrap();
+        let e = src.load("model.layers.0.mlp.up_proj.weight").unwrap_err().to_string();
+        assert!(e.contains("tensor `blk.0.ffn_up.weight`: ") && e.contains("IQ2_XXS"), "{e}");
+        assert_eq!(e.matches(&*f.0.display().to_string()).count(), 1, "{e}");
+        assert_eq!(e.matches("blk.0.ffn_up.weight").count(), 1, "{e}");
+        let e = src.load_shaped("model.layers.0.input_layernorm.weight", &[2]).unwrap_err().to_string();
+        assert!(e.contains("tensor `blk.0.attn_norm.weight`") && e.contains("not finite"), "{e}");
+        let e = src.load_shaped("model.layers.0.input_layernorm.weight", &[3]).unwrap_err().to_string();
+        assert!(e.contains("tensor `blk.0.attn_norm.weight`") && e.contains("expected shape [3]"), "{e}");
+        assert_eq!(src.file_name("lm_head.weight"), "output.weight");
     }
 
     #[test]

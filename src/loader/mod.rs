@@ -31,6 +31,13 @@ pub trait TensorSource {
     /// Load and convert one tensor. Errors name the file and tensor.
     fn load(&self, name: &str) -> Result<HostTensor>;
 
+    /// The name tensor `name` (HF naming) has in the file, for error messages: the GGUF name
+    /// for a GGUF file (`blk.0.ffn_up.weight` for `model.layers.0.mlp.up_proj.weight`), else
+    /// `name` itself.
+    fn file_name(&self, name: &str) -> String {
+        name.to_string()
+    }
+
     /// The ggml type id of tensor `name` when the source stores ggml blocks (GGUF); `None` for
     /// other sources and missing tensors.
     fn ggml_type(&self, name: &str) -> Option<u32> {
@@ -57,10 +64,10 @@ pub trait TensorSource {
     fn load_shaped(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
         let t = self.load(name)?;
         if t.shape != shape {
-            return Err(Error::tensor(self.path(), name, format!("expected shape {shape:?}, found {:?}", t.shape)));
+            return Err(Error::tensor(self.path(), &self.file_name(name), format!("expected shape {shape:?}, found {:?}", t.shape)));
         }
         if let Some(i) = t.data.iter().position(|x| !x.is_finite()) {
-            return Err(Error::tensor(self.path(), name, format!("value {} at index {i} is not finite (corrupt weights)", t.data[i])));
+            return Err(Error::tensor(self.path(), &self.file_name(name), format!("value {} at index {i} is not finite (corrupt weights)", t.data[i])));
         }
         Ok(t)
     }

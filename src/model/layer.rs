@@ -74,7 +74,7 @@ pub enum Owner {
 pub fn load_matrix<B: Backend>(b: &B, src: &dyn TensorSource, name: &str, n: usize, k: usize, owner: Owner) -> Result<B::Weight> {
     if src.ggml_type(name).is_some_and(|t| b.accepts_ggml(t)) {
         if let Some(g) = src.load_ggml(name, [n, k])? {
-            return b.upload_weight_ggml(g).map_err(|e| Error::tensor(src.path(), name, e.to_string()));
+            return b.upload_weight_ggml(g).map_err(|e| Error::tensor(src.path(), &src.file_name(name), e.to_string()));
         }
     }
     let t = src.load_shaped(name, &[n, k])?;

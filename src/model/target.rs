@@ -95,7 +95,11 @@ impl<B: Backend> Target<B> {
             known.extend(DecoderLayer::<B>::tensor_names(&format!("model.layers.{i}."), d));
         }
         if let Some(extra) = src.names().into_iter().find(|n| !known.contains(n) && !n.ends_with("rotary_emb.inv_freq")) {
-            return Err(Error::tensor(src.path(), &extra, format!("unexpected tensor for a {} target of {} layers", cfg.arch.name(), cfg.layers)));
+            return Err(Error::tensor(
+                src.path(),
+                &src.file_name(&extra),
+                format!("unexpected tensor for a {} target of {} layers", cfg.arch.name(), cfg.layers),
+            ));
         }
         let total = cfg.layers + 2;
         progress(0, total);

@@ -696,7 +696,7 @@ impl GgufFile {
         let t = self.tensor(name).ok_or_else(|| GgufError(format!("{p}: tensor `{name}` not found")))?;
         if !SUPPORTED.contains(&t.ggml_type) {
             return err(format!(
-                "{p}: tensor `{name}` has ggml type {} (id {}), which cannot be dequantized; supported types: {}",
+                "{p}: tensor `{name}`: ggml type {} (id {}) cannot be dequantized; supported types: {}",
                 type_name(t.ggml_type),
                 t.ggml_type,
                 supported_list()
