@@ -705,6 +705,24 @@ fn options_no_method_reads_are_refused_naming_option_and_method() {
         let e = stderr(&o);
         assert!(if ok { o.status.success() } else { e.contains("bench needs a tokenizer") }, "{a:?}: {e}");
     }
+    // --no-confidence: read by the DSpark-drafter methods, under an auto budget only (`AUTO`
+    // parses as auto).
+    let no_conf: Vec<(Vec<&str>, &[&str], Option<&str>)> = vec![
+        (gen("dflash"), &["--no-confidence"], Some("--no-confidence is not used by --method dflash: only dspark, sparkling, treespark read it")),
+        (gen("sparkling"), &["--budget", "4", "--no-confidence"], Some("--no-confidence is read by --budget auto only")),
+        (bench("ar,dspark"), &["--budgets", "4,8", "--no-confidence"], Some("--no-confidence is read by `--budgets auto` only")),
+        (gen("sparkling"), &["--budget", "AUTO", "--no-confidence"], None),
+    ];
+    for (mut a, extra, want) in no_conf {
+        a.extend(extra);
+        let o = run(d.path(), &a);
+        no_panic(&o);
+        let e = stderr(&o);
+        match want {
+            Some(w) => assert!(o.status.code() == Some(1) && e.contains(w), "{a:?}: {e}"),
+            None => assert!(o.status.success(), "{a:?}: {e}"),
+        }
+    }
     // --system belongs to --chat.
     let mut a = gen("ar");
     a.extend(["--system", "be brief"]);

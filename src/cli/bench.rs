@@ -342,6 +342,6 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             "conditional_acceptance": s.conditional_acceptance(), "outputs_differing_from_first_run": mism, "stats": s,
         }));
     }
-    let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "rows": json_rows});
+    let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "confidence_head": !a.no_confidence, "rows": json_rows});
     super::save_json_then_print(a.json.as_deref(), &v, &table)
 }

@@ -40,7 +40,8 @@ pub struct GenerateArgs {
     pub budget: Option<String>,
     /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
     /// node's acceptance from its calibrated path probability alone (the head, where a drafter
-    /// has one, otherwise weighs every node by the predicted acceptance rates on its path).
+    /// has one, otherwise weighs every node by the product of the predicted acceptance rates
+    /// on its path, taken relative to their running level at that depth).
     #[arg(long)]
     pub no_confidence: bool,
     /// SparklingTree candidates (sparkling only; default 128): top-C
@@ -229,11 +230,6 @@ pub fn size_histogram(s: &Stats) -> Option<String> {
 pub fn run(a: GenerateArgs) -> Result<()> {
     let method = Method::parse(&a.method)?;
     super::refuse_unused_options(&a.tree_options("--budget", a.budget.is_some()), &[method], &format!("--method {}", method.name()))?;
-    if a.no_confidence && a.budget.as_deref().is_some_and(|b| b != "auto") {
-        return Err(Error::Input(
-            "--no-confidence is read by --budget auto only: leave --budget out (auto is the default), or leave --no-confidence out".into(),
-        ));
-    }
     if let Some(p) = &a.stats_json {
         sparkling::fsio::check_writable(p, "--stats-json")?; // fail before the generation, not after
     }
@@ -247,7 +243,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         tree_prep(p)?;
     }
     if let Some(b) = &a.budget {
-        BudgetChoice::parse(b, "--budget")?;
+        if BudgetChoice::parse(b, "--budget")? != BudgetChoice::Auto && a.no_confidence {
+            return Err(Error::Input(
+                "--no-confidence is read by --budget auto only: leave --budget out (auto is the default), or leave --no-confidence out".into(),
+            ));
+        }
     }
     let kinds: Vec<_> = method.drafter_kind().into_iter().collect();
     let s = select(&a.model)?;

@@ -139,7 +139,9 @@ fn readers(option: &str) -> &'static [sparkling::decode::Method] {
         "--candidates" | "--max-fanout" => &[Sparkling],
         "--treespark-k" => &[TreeSpark],
         // Every method with a drafter.
-        "--budget" | "--budgets" | "--tree-prep" | "--drafter" | "--no-confidence" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark],
+        "--budget" | "--budgets" | "--tree-prep" | "--drafter" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark],
+        // The methods whose drafter is a DSpark one (only those carry a confidence head).
+        "--no-confidence" => &[DSpark, Sparkling, TreeSpark],
         _ => &[],
     }
 }

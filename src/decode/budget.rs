@@ -13,7 +13,11 @@
 //!    accepted nodes of a tree is the sum of its nodes' path probabilities (DDTree,
 //!    Proposition 1), so every prefix of the pop order is the best tree of its size. The
 //!    drafter's probabilities are calibrated online, per depth, by the running ratio of the
-//!    accepted to the predicted mass (exponentially decayed).
+//!    accepted to the predicted mass (exponentially decayed). A DSpark drafter's confidence
+//!    head (reference §3.8) rescales each node by the product of the predicted acceptance
+//!    rates on its path, relative to their running level per depth; the pop order (and so the
+//!    candidate prefixes) stays the path-probability order, so with the head a prefix is the
+//!    best tree of its size only up to that rescaling.
 //! 3. **The choice per round** ([`choose`], a pure function): `n* = argmax_n (1 + Σ_{i≤n} q̂_i)
 //!    / (t_draft + c(1+n) + t_round)`, `n = 0` included. Whether to run the drafter at all is
 //!    decided before it runs ([`AutoState::should_draft`]) from the predicted gain of the
@@ -456,6 +460,10 @@ pub struct AutoState {
     conf_level: Vec<Ema>,
 }
 
+/// The most the confidence head may scale a node's predicted acceptance up or down (its path
+/// product relative to the running level, [`AutoState::choose`]).
+pub const MAX_CONFIDENCE_RATIO: f64 = 16.0;
+
 /// Drafted rounds whose kept tree depths steer [`AutoState::draft_depth`].
 pub const DEPTH_WINDOW: usize = 8;
 
@@ -466,7 +474,8 @@ pub struct Decision {
     pub tree: DraftTree,
     /// The choice (n, expected tokens, predicted ms).
     pub choice: Choice,
-    /// The raw (uncalibrated) predicted mass per depth of the kept nodes.
+    /// The raw (uncalibrated) predicted mass per depth of the kept nodes: path probabilities,
+    /// times the confidence head's relative factor when it is used.
     pub raw_mass: Vec<Option<f64>>,
 }
 
@@ -550,9 +559,11 @@ impl AutoState {
     /// acceptance is its path probability `exp(score)`, times — when `confidence` is given
     /// (the DSpark confidence head's path product,
     /// [`crate::model::drafter::ConfidenceHead::path_confidence`], one entry per tree node,
-    /// root first) — its ratio to the head's running level at that depth (1 on the first
-    /// round), times the depth's calibration factor, learnt on the same product. So the
-    /// calibration keeps the average level and the head moves single rounds around it.
+    /// root first) — its ratio to the head's running level at that depth (the level starts at
+    /// the first round's probability-weighted mean, so a chain's first round is unchanged),
+    /// bounded to `[1/16, 16]` ([`MAX_CONFIDENCE_RATIO`]), times the depth's calibration
+    /// factor, learnt on the same product. So the calibration keeps the average level and the
+    /// head moves single rounds and subtrees around it.
     pub fn choose(&mut self, tree: &DraftTree, draft_ms: f64, confidence: Option<&[f64]>) -> Decision {
         self.draft_ms.push(draft_ms);
         let order = pop_order(tree);
@@ -560,33 +571,32 @@ impl AutoState {
         let depths: Vec<u32> = order.iter().map(|&i| tree.depths[i]).collect();
         let dmax_all = depths.iter().copied().max().unwrap_or(0) as usize;
         let f = self.calib.factors(dmax_all);
-        let rel: Vec<f64> = match confidence {
-            Some(c) if c.len() == tree.len() => {
-                // This round's probability-weighted mean head value per depth.
-                let (mut num, mut den) = (vec![0.0; dmax_all + 1], vec![0.0; dmax_all + 1]);
-                for &i in order {
-                    let p = (tree.scores[i] as f64).exp();
-                    num[tree.depths[i] as usize] += p * c[i];
-                    den[tree.depths[i] as usize] += p;
-                }
-                if self.conf_level.len() <= dmax_all {
-                    self.conf_level.resize(dmax_all + 1, Ema::new(0.1));
-                }
-                let level: Vec<f64> = (0..=dmax_all)
-                    .map(|d| {
-                        let now = if den[d] > 0.0 { num[d] / den[d] } else { 1.0 };
-                        self.conf_level[d].get_or(now).max(1e-9)
-                    })
-                    .collect();
-                for d in 1..=dmax_all {
-                    if den[d] > 0.0 {
-                        self.conf_level[d].push(num[d] / den[d]);
-                    }
-                }
-                (0..tree.len()).map(|i| c[i] / level[tree.depths[i] as usize]).collect()
+        // The head's factor per candidate node (1 elsewhere, and for the whole round when the
+        // head gave anything but finite non-negative values).
+        let mut rel = vec![1.0; tree.len()];
+        if let Some(c) = confidence.filter(|c| c.len() == tree.len() && order.iter().all(|&i| c[i].is_finite() && c[i] >= 0.0)) {
+            // This round's probability-weighted mean head value per depth.
+            let (mut num, mut den) = (vec![0.0; dmax_all + 1], vec![0.0; dmax_all + 1]);
+            for &i in order {
+                let p = (tree.scores[i] as f64).exp();
+                num[tree.depths[i] as usize] += p * c[i];
+                den[tree.depths[i] as usize] += p;
             }
-            _ => vec![1.0; tree.len()],
-        };
+            if self.conf_level.len() <= dmax_all {
+                self.conf_level.resize(dmax_all + 1, Ema::new(0.1));
+            }
+            let now: Vec<Option<f64>> = (0..=dmax_all).map(|d| Some(num[d] / den[d]).filter(|x| den[d] > 0.0 && x.is_finite() && *x > 0.0)).collect();
+            let level: Vec<f64> = (0..=dmax_all).map(|d| self.conf_level[d].get_or(now[d].unwrap_or(1.0)).max(f64::MIN_POSITIVE)).collect();
+            for (d, x) in now.iter().enumerate().skip(1) {
+                if let Some(x) = x {
+                    self.conf_level[d].push(*x);
+                }
+            }
+            // A deep node's ratio is a product of one ratio per depth (heavy-tailed): bounded.
+            for &i in order {
+                rel[i] = (c[i] / level[tree.depths[i] as usize]).clamp(1.0 / MAX_CONFIDENCE_RATIO, MAX_CONFIDENCE_RATIO);
+            }
+        }
         let raw = |i: usize| (tree.scores[i] as f64).exp() * rel[i];
         let q: Vec<f64> = order.iter().map(|&i| raw(i) * f[tree.depths[i] as usize]).collect();
         let expected = expected_tokens(&depths, &q);
@@ -870,20 +880,24 @@ mod tests {
     }
 
     /// The confidence head's path product weighs each node relative to its running level per
-    /// depth: on the first round (no level yet) it changes nothing; after rounds at a middle
+    /// depth: on a chain's first round (no level yet) it changes nothing; after rounds at a middle
     /// level, a round the head is sure of keeps the whole chain with the raised prediction,
     /// and a round it doubts becomes a plain AR step. The calibration's raw mass is the
     /// weighted one.
     #[test]
     fn confidence_weighs_the_nodes_against_its_level() {
-        let cost = CostModel::from_points(vec![1, 5, 17], vec![10.0, 12.0, 40.0], 3.0);
+        let cost = CostModel::from_points(vec![1, 5, 17], vec![10.0, 14.0, 40.0], 3.0);
         let mut tree = DraftTree::chain(1, &[2, 3, 4, 5]);
         tree.scores = vec![0.0, -0.5, -1.0, -1.5, -2.0];
         let p = |i: usize| (tree.scores[i] as f64).exp();
         let plain = 1.0 + (1..5).map(p).sum::<f64>();
+        // Without the head (n = 3 here: the 5th row starts the next 1 ms step and the 4th node
+        // does not quite pay for it).
+        let base = AutoState::new(cost.clone(), 16).choose(&tree, 3.0, None).choice;
+        assert_eq!(base.n, 3);
         let mid = [1.0, 0.5, 0.25, 0.125, 0.0625];
         let d = AutoState::new(cost.clone(), 16).choose(&tree, 3.0, Some(&mid));
-        assert!((d.choice.expected - plain).abs() < 1e-12, "first round: relative to itself");
+        assert_eq!((d.choice.n, d.choice.expected), (base.n, base.expected), "a chain's first round: relative to itself");
         let warmed = || {
             let mut s = AutoState::new(cost.clone(), 16);
             for _ in 0..30 {
@@ -897,18 +911,37 @@ mod tests {
         // Each depth's reach probability is clamped to the one above (≤ 1).
         let (mut reach, mut want) = (1.0f64, 1.0f64);
         for i in 1..5 {
-            reach = reach.min(p(i) * sure[i] / mid[i]);
+            reach = reach.min(p(i) * (sure[i] / mid[i]).min(MAX_CONFIDENCE_RATIO));
             want += reach;
         }
         assert!(want > plain + 1.0, "the head raised the prediction: {want} vs {plain}");
         assert!((d.choice.expected - want).abs() < 1e-9, "{} vs {want}", d.choice.expected);
         assert!((d.raw_mass[2].unwrap() - p(2) * sure[2] / mid[2]).abs() < 1e-9);
+        // A NaN from the head leaves the round unweighted and the level unharmed.
+        let mut s = warmed();
+        let d = s.choose(&tree, 3.0, Some(&[1.0, f64::NAN, 0.25, 0.125, 0.0625]));
+        assert_eq!((d.choice.n, d.choice.expected), (base.n, base.expected));
+        let d = s.choose(&tree, 3.0, Some(&sure));
+        assert!((d.choice.expected - want).abs() < 1e-9, "{} vs {want}", d.choice.expected);
         let doubtful = [1.0, 0.005, 0.0025, 0.00125, 0.000625];
         let d = warmed().choose(&tree, 3.0, Some(&doubtful));
         assert_eq!(d.choice.n, 0, "the head predicts this chain fails: no node is worth its verify row");
         // No confidence: the path probabilities alone.
         let d = warmed().choose(&tree, 3.0, None);
-        assert!((d.choice.expected - plain).abs() < 1e-12);
+        assert_eq!((d.choice.n, d.choice.expected), (base.n, base.expected));
+        // Siblings: the level is the probability-weighted mean of a depth, so even the first
+        // round moves mass between subtrees. p = 0.6 / 0.3, head 0.8 / 0.2, level 0.6: the
+        // first child is worth 0.8, the second 0.1 — the second is not worth its 1 ms row.
+        let sib = DraftTree {
+            tokens: vec![1, 2, 3],
+            parents: vec![sparkling_core::NO_PARENT, 0, 0],
+            depths: vec![0, 1, 1],
+            scores: vec![0.0, 0.6f32.ln(), 0.3f32.ln()],
+        };
+        let d = AutoState::new(cost.clone(), 16).choose(&sib, 3.0, Some(&[1.0, 0.8, 0.2]));
+        assert_eq!(d.choice.n, 1);
+        assert!((d.choice.expected - 1.8).abs() < 1e-6, "{}", d.choice.expected);
+        assert_eq!(AutoState::new(cost, 16).choose(&sib, 3.0, None).choice.n, 2, "without the head both are kept");
     }
 
     /// The drafting depth follows the kept trees: the full depth before any round, then the

@@ -452,19 +452,21 @@ impl<'a, B: Backend> Engine<'a, B> {
                     let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
                     stats.draft_ms += forward_ms;
                     drafted = true;
+                    // The DSpark confidence head, where the drafter has one and `--budget auto`
+                    // reads it: its slot terms need the hidden rows `[depth, H]` on the host (a
+                    // copy on the CPU, one small read-back on a device), counted as draft time.
+                    let tc = Instant::now();
+                    let conf = match (&d.confidence, use_confidence && auto.is_some()) {
+                        (Some(head), true) => {
+                            let rows = b.download_async(&hidden).await?;
+                            let slot = head.slot_terms(&rows, d.cfg.hidden)?;
+                            Some(head.path_confidence(&prop.tree, &slot, d.cfg.hidden, |t| d.markov_row(t)))
+                        }
+                        _ => None,
+                    };
+                    stats.draft_ms += ms(tc);
                     if let Some(a) = auto.as_mut() {
                         let tp = Instant::now();
-                        // The DSpark confidence head, where the drafter has one: its slot terms
-                        // need the hidden rows `[depth, H]` on the host (a copy on the CPU, one
-                        // small read-back on a device).
-                        let conf = match (&d.confidence, use_confidence) {
-                            (Some(head), true) => {
-                                let rows = b.download_async(&hidden).await?;
-                                let slot = head.slot_terms(&rows, d.cfg.hidden)?;
-                                Some(head.path_confidence(&prop.tree, &slot, d.cfg.hidden, |t| d.markov_row(t)))
-                            }
-                            _ => None,
-                        };
                         let dec = a.choose(&prop.tree, ms(t), conf.as_deref());
                         prop.tree = dec.tree.clone();
                         decision = Some(dec);

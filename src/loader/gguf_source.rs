@@ -230,6 +230,8 @@ mod tests {
         assert!(e.contains("tensor `blk.0.ffn_up.weight`: ") && e.contains("IQ2_XXS"), "{e}");
         assert_eq!(e.matches(&*f.0.display().to_string()).count(), 1, "{e}");
         assert_eq!(e.matches("blk.0.ffn_up.weight").count(), 1, "{e}");
+        let e = src.load("model.layers.0.self_attn.q_proj.bias").unwrap_err().to_string();
+        assert!(e.ends_with("tensor `blk.0.attn_q.bias`: not found") && e.matches("blk.0.attn_q.bias").count() == 1, "{e}");
         let e = src.load_shaped("model.layers.0.input_layernorm.weight", &[2]).unwrap_err().to_string();
         assert!(e.contains("tensor `blk.0.attn_norm.weight`") && e.contains("not finite"), "{e}");
         let e = src.load_shaped("model.layers.0.input_layernorm.weight", &[3]).unwrap_err().to_string();

@@ -109,7 +109,7 @@ impl<B: Backend> Target<B> {
         } else if cfg.tie_embeddings {
             None
         } else {
-            return Err(Error::tensor(src.path(), "lm_head.weight", "missing and tie_word_embeddings is false"));
+            return Err(Error::tensor(src.path(), &src.file_name("lm_head.weight"), "missing and tie_word_embeddings is false"));
         };
         progress(1, total);
         let mut layers = Vec::with_capacity(cfg.layers);

@@ -317,4 +317,18 @@ impl CandleDrafter {
         let e = w1.index_select(&Tensor::from_vec(prev.to_vec(), prev.len(), &Device::Cpu)?, 0)?;
         Ok(Some((e.matmul(&w2.t()?)?, e)))
     }
+
+    /// DSpark confidence-head logits `[R]` = `w·[h ; e] + b` (reference §3.8; the engine's
+    /// `ConfidenceHead`) for final-normed slot rows `h` `[R, H]` and the Markov `W1` rows `e`
+    /// `[R, r]` of their previous tokens (`None` without a Markov head). Errors: a drafter
+    /// without a confidence head, candle shape errors.
+    pub fn confidence_logits(&self, h: &Tensor, e: Option<&Tensor>) -> Result<Tensor> {
+        let wc = self.params.get("confidence_head.proj.weight")?;
+        let bc = self.params.get("confidence_head.proj.bias")?;
+        let feat = match e {
+            Some(e) => Tensor::cat(&[h, e], 1)?,
+            None => h.clone(),
+        };
+        Ok(feat.matmul(&wc.t()?)?.broadcast_add(bc)?.squeeze(1)?)
+    }
 }

@@ -370,13 +370,8 @@ pub(crate) fn loss_and_metrics(m: &CandleDrafter, rows: Rows, rc: &RunConfig, n_
         mt.l1 += s * host[i * N_COLS + 2] as f64;
     }
     if m.cfg.kind == DrafterKind::DSpark && m.cfg.confidence_head {
-        let wc = m.params.get("confidence_head.proj.weight")?;
-        let bc = m.params.get("confidence_head.proj.bias")?;
-        let feat = match &bias {
-            Some((_, e)) => Tensor::cat(&[rows.h.detach(), e.detach()], 1)?,
-            None => rows.h.detach(),
-        };
-        let x = feat.matmul(&wc.t()?)?.broadcast_add(bc)?.squeeze(1)?;
+        let e = bias.as_ref().map(|(_, e)| e.detach());
+        let x = m.confidence_logits(&rows.h.detach(), e.as_ref())?;
         let target: Vec<f32> = (0..r).map(|i| (1.0 - 0.5 * host[i * N_COLS + 2]).clamp(0.0, 1.0)).collect();
         let target = Tensor::from_vec(target, r, &Device::Cpu)?;
         let softplus = (x.relu()? + ((x.abs()?.neg()?.exp()? + 1.0)?.log()?))?;

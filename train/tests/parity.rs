@@ -1,7 +1,8 @@
 //! Two implementations, one answer: the engine's drafter forward
 //! (`sparkling::model::drafter::Drafter::draft`, CPU backend, f32) and the trainer's candle
 //! forward (`CandleDrafter::draft_logits`) give the same block logits on the same checkpoint,
-//! context and anchor; the Markov bias of both agrees too.
+//! context and anchor; the Markov bias of both agrees too, and so does the DSpark confidence
+//! head (the engine's path product vs the trainer's `confidence_logits`, the BCE's input).
 //!
 //! Tolerance: both run in f32 from identical weights but sum in different orders (the engine's
 //! fixed-order SIMD dot products vs candle's gemm), so logits differ by rounding only. We require
@@ -95,15 +96,10 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
         let chain = DraftTree::chain(tokens[s], &tokens[s + 1..s + 1 + n]);
         let c = head.path_confidence(&chain, &slot, d.cfg.hidden, |t| d.markov_row(t));
         let h = cd.backbone(&inp).unwrap();
-        let wc = cd.params.get("confidence_head.proj.weight").unwrap();
-        let bc = cd.params.get("confidence_head.proj.bias").unwrap();
         for k in 0..n {
             let hk = h.narrow(0, k, 1).unwrap();
-            let feat = match cd.markov_bias(&[tokens[s + k]]).unwrap() {
-                Some((_, e)) => Tensor::cat(&[&hk, &e], 1).unwrap(),
-                None => hk,
-            };
-            let x = feat.matmul(&wc.t().unwrap()).unwrap().broadcast_add(bc).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()[0] as f64;
+            let e = cd.markov_bias(&[tokens[s + k]]).unwrap().map(|(_, e)| e);
+            let x = cd.confidence_logits(&hk, e.as_ref()).unwrap().to_vec1::<f32>().unwrap()[0] as f64;
             let want = 1.0 / (1.0 + (-x).exp());
             let got = c[k + 1] / c[k];
             assert!((got - want).abs() < 1e-4, "{tag} confidence of slot {k}: engine {got} vs trainer {want}");

@@ -664,7 +664,7 @@ impl GgufFile {
     /// Names the file and tensor when the tensor is missing or its type's size is unknown.
     pub fn tensor_data(&self, name: &str) -> Result<&[u8], GgufError> {
         let p = self.path.display();
-        let t = self.tensor(name).ok_or_else(|| GgufError(format!("{p}: tensor `{name}` not found")))?;
+        let t = self.tensor(name).ok_or_else(|| GgufError(format!("{p}: tensor `{name}`: not found")))?;
         let size =
             byte_size(t.ggml_type, t.n_elements()).map_err(|e| GgufError(format!("{p}: tensor `{name}`: {e}; supported types: {}", supported_list())))?;
         // Bounds were checked against the file length in `open`.
@@ -693,7 +693,7 @@ impl GgufFile {
     /// [`dequantize`] (the message lists the supported types).
     pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), GgufError> {
         let p = self.path.display();
-        let t = self.tensor(name).ok_or_else(|| GgufError(format!("{p}: tensor `{name}` not found")))?;
+        let t = self.tensor(name).ok_or_else(|| GgufError(format!("{p}: tensor `{name}`: not found")))?;
         if !SUPPORTED.contains(&t.ggml_type) {
             return err(format!(
                 "{p}: tensor `{name}`: ggml type {} (id {}) cannot be dequantized; supported types: {}",
@@ -702,7 +702,7 @@ impl GgufFile {
                 supported_list()
             ));
         }
-        let n = usize::try_from(t.n_elements()).map_err(|_| GgufError(format!("{p}: tensor `{name}` is too large for this platform")))?;
+        let n = usize::try_from(t.n_elements()).map_err(|_| GgufError(format!("{p}: tensor `{name}`: too large for this platform")))?;
         let bytes = self.tensor_data(name)?;
         let mut out = vec![0f32; n];
         dequantize(t.ggml_type, bytes, n, &mut out).map_err(|e| GgufError(format!("{p}: tensor `{name}`: {e}")))?;
