@@ -521,7 +521,7 @@ fn an_interrupted_synth_leaves_no_temporaries() {
 #[test]
 fn a_drafter_given_as_the_target_is_named_as_a_drafter() {
     let d = tmpdir("cli-drafter-as-target");
-    let dr = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-dspark-b16");
+    let dr = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-dspark-b8");
     if !dr.join("config.json").exists() {
         return;
     }

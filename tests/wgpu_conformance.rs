@@ -145,7 +145,7 @@ fn smollm2_greedy_tokens_match_cpu() {
     let cpu = CpuBackend::with_weight_dtype(CpuDtype::F16);
     let t_cpu = Target::load(&cpu, &src, cfg.clone(), &|_, _| {}).expect("cpu target");
     let t_gpu = Target::load(&b, &src, cfg.clone(), &|_, _| {}).expect("wgpu target");
-    let trained = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-dspark-b16");
+    let trained = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-dspark-b8");
     let dir = tmpdir("smol-dspark");
     let ddir = if trained.join("config.json").exists() {
         trained

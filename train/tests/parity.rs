@@ -248,7 +248,7 @@ fn models_dir() -> PathBuf {
 fn engine_and_trainer_agree_on_committed_smollm2_drafters() {
     let asset = sparkling::assets::path(sparkling::assets::DEFAULT_TARGET);
     let dirs: Vec<PathBuf> =
-        ["smollm2-135m-dspark-b16", "smollm2-135m-dflash-b16"].iter().map(|n| models_dir().join(n)).filter(|p| p.join("config.json").exists()).collect();
+        ["smollm2-135m-dspark-b8", "smollm2-135m-dflash-b16"].iter().map(|n| models_dir().join(n)).filter(|p| p.join("config.json").exists()).collect();
     if !asset.exists() || dirs.is_empty() {
         if std::env::var("SPARKLING_REQUIRE_ASSETS").is_ok_and(|v| v == "1") && !asset.exists() {
             panic!("asset {} missing (run scripts/fetch-assets smollm2)", asset.display());

@@ -471,7 +471,7 @@ def main():
         warn = d.js("return document.getElementById('loadwarn').textContent")
         check("models/smollm2-135m-dspark-b1/config.json is not on this server" in warn and "drafter address" in warn and "web-demo" not in warn,
               f"a mistyped drafter address is named with what to check ({warn!r})")
-        set_value(d, "drafters", "models/smollm2-135m-dspark-b16,models/smollm2-135m-dflash-b16")
+        set_value(d, "drafters", "models/smollm2-135m-dspark-b8,models/smollm2-135m-dflash-b16")
         r, st = generate(d, "ar", 8)
         check(r is not None and r["tokens"] == sparkling_cpu[:8], "the picked file gives the served file's tokens")
 
