@@ -69,6 +69,7 @@ unsafe fn bcast4(p: *const u8) -> __m256i {
 unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: usize, a: &QActs, i0: usize, out: *mut f32, stride: usize) {
     let ones = _mm256_set1_epi16(1);
     let low4 = _mm256_set1_epi8(0x0F);
+    let sign = _mm256_set1_epi8(-128);
     let cb = w.format.code_bytes() * GC;
     let mut acc = [[_mm256_setzero_ps(); NG]; MR];
     for b in 0..w.nb {
@@ -85,7 +86,8 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
                 let mut wv = [_mm256_setzero_si256(); NG];
                 let mut wa = [_mm256_setzero_si256(); NG];
                 for q in 0..NG {
-                    wv[q] = _mm256_loadu_si256(w.qs.as_ptr().add(((g0 + q) * w.nb + b) * cb + 32 * g) as *const __m256i);
+                    // The stored `code + 128` back to the signed code (once per chunk, every row).
+                    wv[q] = _mm256_xor_si256(_mm256_loadu_si256(w.qs.as_ptr().add(((g0 + q) * w.nb + b) * cb + 32 * g) as *const __m256i), sign);
                     wa[q] = _mm256_sign_epi8(wv[q], wv[q]);
                 }
                 for r in 0..MR {

@@ -7,9 +7,10 @@
 //! - Q4_0 / Q4_1 / Q5_0: the codes (0–15, Q5_0 0–31: the nibble plus 16 under its fifth-bit
 //!   mask, one masked byte add) are unsigned, the activation codes signed; the offsets are
 //!   `Σ(q−o)·x = Σq·x − o·Σx` (o = 8 for Q4_0, 16 for Q5_0) as on the AVX2 path;
-//! - Q8_0: both are signed, so the activation codes are shifted to `x+128` (a sign-bit flip)
-//!   and the shift taken back with the weights' own sum: `Σw·x = Σw·(x+128) − Σ128·w`, the last
-//!   term one more `vpdpbusd` per weight chunk, shared by every row of the tile.
+//! - Q8_0: both are signed, so the weights are stored as `w+128` (a sign-bit flip, made at
+//!   load) and the shift taken back with the activations' code sum, which quantizing them
+//!   already gives: `Σw·x = Σ(w+128)·x − 128·Σx`, one subtraction per row and block; the
+//!   activation codes then feed `vpdpbusd` straight from memory as a broadcast operand.
 //!
 //! - Q4_K / Q6_K: as the nibble formats (Q6_K's two high bits from two planes), the integer
 //!   sums then scaled by the sub-block scales (`vpmulld`); Q6_K keeps its two 16-value halves
@@ -75,7 +76,6 @@ unsafe fn bcast4(p: *const u8) -> __m512i {
 #[inline(always)]
 unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(w: &QWeight, g0: usize, a: &QActs, i0: usize, out: *mut f32, stride: usize) {
     let low4 = _mm512_set1_epi8(0x0F);
-    let c128 = _mm512_set1_epi8(-128);
     let cb = w.format.code_bytes() * GC;
     let gstride = w.nb * cb;
     let sstride = w.nb * GC;
@@ -90,23 +90,23 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
         }
         let mut isum = [[_mm512_setzero_si512(); NP]; MR];
         if F == F_Q8_0 {
-            let mut wsum = [_mm512_setzero_si512(); NP];
             for g in 0..8 {
                 let mut wv = [_mm512_setzero_si512(); NP];
                 for p in 0..NP {
                     wv[p] = load_pair::<HALF>(w.qs.as_ptr().add(((g0 + 2 * p) * w.nb + b) * cb + 32 * g), gstride);
-                    wsum[p] = _mm512_dpbusd_epi32(wsum[p], c128, wv[p]);
                 }
                 for r in 0..MR {
-                    let xu = _mm512_xor_si512(bcast4(a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g)), c128);
+                    let x = bcast4(a.qs.as_ptr().add((i0 + r) * a.k + b * QK + 4 * g));
                     for p in 0..NP {
-                        isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], xu, wv[p]);
+                        isum[r][p] = _mm512_dpbusd_epi32(isum[r][p], wv[p], x);
                     }
                 }
             }
             for r in 0..MR {
+                // Σ(w+128)·x − 128·Σx.
+                let off = _mm512_set1_epi32(128 * *a.sq.get_unchecked((i0 + r) * a.nb + b));
                 for p in 0..NP {
-                    isum[r][p] = _mm512_sub_epi32(isum[r][p], wsum[p]);
+                    isum[r][p] = _mm512_sub_epi32(isum[r][p], off);
                 }
             }
         } else {
@@ -234,36 +234,58 @@ unsafe fn rows<const F: u8, const MR: usize>(w: &QWeight, a: &QActs, g0: usize, 
     }
 }
 
+/// Most rows in one register tile (accumulators and integer sums take two registers per row;
+/// Q6_K's second integer sum a third, so it stops at 6).
+const fn max_rows(f: u8) -> usize {
+    if f == F_Q6K {
+        6
+    } else {
+        12
+    }
+}
+
+/// The calls' rows `i0..i0+mr` (1 ≤ `mr` ≤ [`max_rows`]) as one pass over the task's weights.
+#[inline(always)]
+unsafe fn pass<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, i0: usize, mr: usize, out: *mut f32, width: usize) {
+    match mr {
+        1 => {
+            // One row (a decode step): two pairs per tile, two independent dot-product chains.
+            let mut q = 0;
+            while q + 4 <= gn {
+                tile::<F, 1, 2, false>(w, g0 + q, a, i0, out.add(i0 * width + q * GC), width);
+                q += 4;
+            }
+            rows::<F, 1>(w, a, g0 + q, gn - q, i0, out.add(q * GC), width);
+        }
+        2 => rows::<F, 2>(w, a, g0, gn, i0, out, width),
+        3 => rows::<F, 3>(w, a, g0, gn, i0, out, width),
+        4 => rows::<F, 4>(w, a, g0, gn, i0, out, width),
+        5 => rows::<F, 5>(w, a, g0, gn, i0, out, width),
+        6 => rows::<F, 6>(w, a, g0, gn, i0, out, width),
+        7 if F != F_Q6K => rows::<F, 7>(w, a, g0, gn, i0, out, width),
+        8 if F != F_Q6K => rows::<F, 8>(w, a, g0, gn, i0, out, width),
+        9 if F != F_Q6K => rows::<F, 9>(w, a, g0, gn, i0, out, width),
+        10 if F != F_Q6K => rows::<F, 10>(w, a, g0, gn, i0, out, width),
+        11 if F != F_Q6K => rows::<F, 11>(w, a, g0, gn, i0, out, width),
+        12 if F != F_Q6K => rows::<F, 12>(w, a, g0, gn, i0, out, width),
+        _ => unreachable!("a pass holds 1..={} rows", max_rows(F)),
+    }
+}
+
+/// Every row of the call over the task's groups: as few passes over the weights as the register
+/// tile allows, the rows split evenly between them (a 1+8-row verify is one 9-row pass, not an
+/// 8-row pass and a 1-row pass). Each row's arithmetic is the same in any pass.
 #[inline(always)]
 unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
     let out = buf.as_mut_ptr();
     let width = gn * GC;
+    let passes = a.m.div_ceil(max_rows(F));
+    let (base, extra) = (a.m / passes.max(1), a.m % passes.max(1));
     let mut i = 0;
-    // Q6_K keeps two integer sums per tile cell: 4-row tiles keep them in registers.
-    while F != F_Q6K && i + 8 <= a.m {
-        rows::<F, 8>(w, a, g0, gn, i, out, width);
-        i += 8;
-    }
-    while F == F_Q6K && i + 4 <= a.m {
-        rows::<F, 4>(w, a, g0, gn, i, out, width);
-        i += 4;
-    }
-    if a.m - i >= 4 {
-        rows::<F, 4>(w, a, g0, gn, i, out, width);
-        i += 4;
-    }
-    if a.m - i >= 2 {
-        rows::<F, 2>(w, a, g0, gn, i, out, width);
-        i += 2;
-    }
-    if i < a.m {
-        // One row (a decode step): two pairs per tile, two independent dot-product chains.
-        let mut q = 0;
-        while q + 4 <= gn {
-            tile::<F, 1, 2, false>(w, g0 + q, a, i, out.add(i * width + q * GC), width);
-            q += 4;
-        }
-        rows::<F, 1>(w, a, g0 + q, gn - q, i, out.add(q * GC), width);
+    for p in 0..passes {
+        let mr = base + usize::from(p < extra);
+        pass::<F>(w, a, g0, gn, i, mr, out, width);
+        i += mr;
     }
 }
 

@@ -7,7 +7,8 @@
 //! super-blocks as 8 of them). For group `G` (columns `8G..8G+8`, the last group zero-padded)
 //! and block `b` (values `32b..32b+32`):
 //! - `Q8_0`: 256 bytes in 8 chunks of 32; byte `4c + t` of chunk `g` is value `4g+t` of column
-//!   `8G + c`;
+//!   `8G + c`, stored as `code + 128` (the sign bit flipped: the unsigned operand of VNNI's
+//!   `vpdpbusd`, whose `Σ(q+128)·qx − 128·Σqx` is the signed sum; the AVX2 path flips it back);
 //! - every other format: the low 4 bits of the unsigned codes in 128 bytes, 4 chunks of 32;
 //!   byte `4c + t` of chunk `g` holds value `4g+t` of column `8G + c` in its low nibble and value
 //!   `4g+t+16` in its high nibble (ggml's `Q4_0` byte order);

@@ -64,7 +64,7 @@ fn every_path_equals_the_scalar_reference_bit_for_bit() {
         for &(n, k) in &[(37usize, 96usize), (5, 32), (19, 288), (48, 64), (130, 160)] {
             let k = fit_k(format, k);
             let w = QWeight::from_ggml(format, &random_ggml(format, n, k, 7), n, k).unwrap();
-            for m in [1usize, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 65] {
+            for m in [1usize, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16, 17, 25, 65] {
                 let x = pseudo(m * k, 100 + m as u64);
                 let a = quantize_acts(&x, m, k);
                 let want: Vec<f32> = (0..m).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| dot_scalar(&w, j, &a, i)).collect();

@@ -121,7 +121,7 @@ pub struct QWeight {
     pub k: usize,
     /// 32-value blocks per column.
     pub(super) nb: usize,
-    /// Codes: Q8_0's bytes, or the low 4 bits of every other format.
+    /// Codes: Q8_0's bytes plus 128 (sign bit flipped), or the low 4 bits of every other format.
     pub(super) qs: Vec<u8>,
     /// High-bit planes, `planes · H_BYTES` bytes per group and block (empty without planes).
     pub(super) qh: Vec<u8>,
@@ -268,11 +268,12 @@ impl QWeight {
         }
     }
 
-    /// Unsigned code of value `t` (0..32) of column `j`, block `b` (Q8_0: its byte).
+    /// Unsigned code of value `t` (0..32) of column `j`, block `b` (Q8_0: ggml's byte, the
+    /// stored byte with its sign bit flipped back).
     #[inline]
     pub(super) fn ucode(&self, j: usize, b: usize, t: usize) -> u8 {
         if self.format == QFormat::Q8_0 {
-            return self.qs[self.code_at(j, b, t)];
+            return self.qs[self.code_at(j, b, t)] ^ 0x80;
         }
         let byte = self.qs[self.code_at(j, b, t % 16)];
         let mut q = if t < 16 { byte & 0x0F } else { byte >> 4 };
@@ -293,12 +294,13 @@ impl QWeight {
         }
     }
 
-    /// Store the unsigned codes of column `j`, block `b` (ggml value order).
+    /// Store the unsigned codes of column `j`, block `b` (ggml value order; Q8_0's as
+    /// `code + 128`, module docs).
     fn put_codes(&mut self, j: usize, b: usize, codes: &[u8; QK]) {
         if self.format == QFormat::Q8_0 {
             for (t, &c) in codes.iter().enumerate() {
                 let at = self.code_at(j, b, t);
-                self.qs[at] = c;
+                self.qs[at] = c ^ 0x80;
             }
             return;
         }
