@@ -200,14 +200,37 @@ fn assemble_columns(parts: &[Vec<f32>], m: usize, n: usize, cols: usize, bias: O
             y[i * n + c0..i * n + c0 + take].copy_from_slice(&buf[i * width..i * width + take]);
         }
     }
+    add_bias(&mut y, n, bias);
+    y
+}
+
+/// `y[i, j] += bias[j]` for every row of the row-major `[·, n]` matrix `y` (nothing without a
+/// bias).
+fn add_bias(y: &mut [f32], n: usize, bias: Option<&[f32]>) {
     if let Some(b) = bias {
-        for row in y.chunks_mut(n) {
+        for row in y.chunks_mut(n.max(1)) {
             for (v, bb) in row.iter_mut().zip(b) {
                 *v += bb;
             }
         }
     }
-    y
+}
+
+/// A raw output pointer that column tasks on several threads write through, each to its own
+/// columns (the callers' safety arguments say why the columns are disjoint).
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+
+// SAFETY: only passed to tasks that write disjoint parts of one live buffer.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer (a method, so closures capture the `Sync` wrapper, not the raw field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
 }
 
 /// The shape check of `matmul` (`op` names the caller in the error).
@@ -444,19 +467,48 @@ impl Backend for CpuBackend {
                 WeightData::Panels(p) => (gemm::tasks(p), gemm::TASK_PANELS * gemm::NR, 0),
             })
             .collect();
+        // Quantized weights whose tasks can write their columns in place (`quant::direct_output`)
+        // get their output now; the others (f16/f32 panels, N not a multiple of 8) return
+        // per-task buffers that are copied into place after the parallel part.
+        let mut direct: Vec<Option<Vec<f32>>> = ws
+            .iter()
+            .map(|(w, _)| match &w.data {
+                WeightData::Quant(q) if acts.is_some() => quant::direct_output(q, m),
+                _ => None,
+            })
+            .collect();
+        let outs: Vec<Option<SendPtr>> = direct.iter_mut().map(|d| d.as_mut().map(|y| SendPtr(y.as_mut_ptr()))).collect();
         let jobs: Vec<(usize, usize)> = plans.iter().enumerate().flat_map(|(wi, &(tasks, _, _))| (0..tasks).map(move |t| (wi, t))).collect();
-        let run = |&(wi, t): &(usize, usize)| match (&ws[wi].0.data, acts.as_ref()) {
-            (WeightData::Quant(q), Some(a)) => quant::task(isa, q, a, t, plans[wi].2),
-            (WeightData::Panels(p), _) => gemm::task(&x.data, m, p, t),
-            // Not reached (`acts` exists when any weight is quantized); correct all the same.
-            (WeightData::Quant(q), None) => quant::task(isa, q, &quant::quantize_acts(&x.data, m, x.cols), t, plans[wi].2),
+        let run = |&(wi, t): &(usize, usize)| -> Option<Vec<f32>> {
+            match (&ws[wi].0.data, acts.as_ref(), outs[wi]) {
+                (WeightData::Quant(q), Some(a), Some(y)) => {
+                    // SAFETY: `y` is weight `wi`'s `[m, n]` output, `n` a multiple of 8
+                    // (`direct_output`), and task `t` writes only its own columns.
+                    unsafe { quant::task_into(isa, q, a, t, plans[wi].2, y.get(), q.n) };
+                    None
+                }
+                (WeightData::Quant(q), Some(a), None) => Some(quant::task(isa, q, a, t, plans[wi].2)),
+                (WeightData::Panels(p), _, _) => Some(gemm::task(&x.data, m, p, t)),
+                // Not reached (`acts` exists when any weight is quantized); correct all the same.
+                (WeightData::Quant(q), None, _) => Some(quant::task(isa, q, &quant::quantize_acts(&x.data, m, x.cols), t, plans[wi].2)),
+            }
         };
         let macs: usize = ws.iter().map(|(w, _)| m * w.n * w.k).sum();
-        let parts: Vec<Vec<f32>> = if macs >= PAR_MIN_MACS { jobs.par_iter().map(run).collect() } else { jobs.iter().map(run).collect() };
+        let mut parts: Vec<Option<Vec<f32>>> = if macs >= PAR_MIN_MACS { jobs.par_iter().map(run).collect() } else { jobs.iter().map(run).collect() };
         let mut out = Vec::with_capacity(ws.len());
         let mut at = 0;
-        for (&(w, bias), &(tasks, cols, _)) in ws.iter().zip(&plans) {
-            let data = assemble_columns(&parts[at..at + tasks], m, w.n, cols, bias.map(|b| b.data.as_slice()));
+        for ((&(w, bias), &(tasks, cols, _)), d) in ws.iter().zip(&plans).zip(direct) {
+            let bias = bias.map(|b| b.data.as_slice());
+            let data = match d {
+                Some(mut y) => {
+                    add_bias(&mut y, w.n, bias);
+                    y
+                }
+                None => {
+                    let bufs: Vec<Vec<f32>> = parts[at..at + tasks].iter_mut().map(|p| p.take().unwrap_or_default()).collect();
+                    assemble_columns(&bufs, m, w.n, cols, bias)
+                }
+            };
             out.push(CpuTensor { rows: m, cols: w.n, data, half: Vec::new() });
             at += tasks;
         }

@@ -124,8 +124,9 @@ fn ggml_uploads_keep_or_quantize_by_weight_dtype() {
 
 #[test]
 fn matmul_many_equals_one_matmul_per_weight_bit_for_bit() {
-    // Mixed storages in one set (Q4_1 blocks, Q8_0 from f32, f16 panels), a bias on one,
-    // widths that are not multiples of the tiles; decode (1 row), verify (9) and large (65).
+    // Mixed storages in one set (Q4_1 blocks, Q8_0 from f32, f16 panels), biases, widths that
+    // are not multiples of the tiles and one that is a multiple of 8 (written in place); decode
+    // (1 row), verify (9) and large (65).
     let native = CpuBackend::with_weight_dtype(WeightDtype::Native);
     let k = 96;
     let q41: Vec<u8> = (0..37 * k / 32)
@@ -140,12 +141,14 @@ fn matmul_many_equals_one_matmul_per_weight_bit_for_bit() {
     let wb = native.upload_draft_weight(pseudo(21 * k, 8), 21, k).unwrap();
     let wc = native.upload_weight(pseudo(50 * k, 9), 50, k).unwrap();
     assert_eq!((wa.format_name(), wb.format_name(), wc.format_name()), ("q4_1", "q8_0", "f16"));
+    let wd = native.upload_draft_weight(pseudo(40 * k, 12), 40, k).unwrap();
     let bias = native.upload(&pseudo(21, 10), 1, 21).unwrap();
+    let bias_d = native.upload(&pseudo(40, 13), 1, 40).unwrap();
     for m in [1usize, 9, 65] {
         let x = native.upload(&pseudo(m * k, 11 + m as u32), m, k).unwrap();
-        let set = [(&wa, None), (&wb, Some(&bias)), (&wc, None)];
+        let set = [(&wa, None), (&wb, Some(&bias)), (&wc, None), (&wd, Some(&bias_d))];
         let many = native.matmul_many(&x, &set).unwrap();
-        assert_eq!(many.len(), 3);
+        assert_eq!(many.len(), 4);
         for ((w, bias), got) in set.iter().zip(&many) {
             let want = native.matmul(&x, w, *bias).unwrap();
             assert_eq!((got.rows, got.cols), (m, w.n));

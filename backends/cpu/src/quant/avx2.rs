@@ -221,9 +221,7 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
 }
 
 #[inline(always)]
-unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
-    let out = buf.as_mut_ptr();
-    let width = gn * GC;
+unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *mut f32, width: usize) {
     let mut i = 0;
     while i + 4 <= a.m {
         for q in 0..gn {
@@ -258,15 +256,16 @@ unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &m
     }
 }
 
-/// AVX2 path of `compute_groups`. Caller guarantees avx2, fma and f16c.
+/// AVX2 path of `compute_groups`. Caller guarantees avx2, fma and f16c, and `out` as
+/// `compute_groups` requires.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
+pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *mut f32, stride: usize) {
     match w.format {
-        QFormat::Q8_0 => run::<F_Q8_0>(w, a, g0, gn, buf),
-        QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, buf),
-        QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, buf),
-        QFormat::Q5_0 => run::<F_Q5_0>(w, a, g0, gn, buf),
-        QFormat::Q4K => run::<F_Q4K>(w, a, g0, gn, buf),
-        QFormat::Q6K => run::<F_Q6K>(w, a, g0, gn, buf),
+        QFormat::Q8_0 => run::<F_Q8_0>(w, a, g0, gn, out, stride),
+        QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, out, stride),
+        QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, out, stride),
+        QFormat::Q5_0 => run::<F_Q5_0>(w, a, g0, gn, out, stride),
+        QFormat::Q4K => run::<F_Q4K>(w, a, g0, gn, out, stride),
+        QFormat::Q6K => run::<F_Q6K>(w, a, g0, gn, out, stride),
     }
 }

@@ -244,9 +244,11 @@ const fn max_rows(f: u8) -> usize {
     }
 }
 
-/// The calls' rows `i0..i0+mr` (1 ≤ `mr` ≤ [`max_rows`]) as one pass over the task's weights.
+/// The call's rows `span` (1 to [`max_rows`] of them) as one pass over the task's weights;
+/// row `i` of the output at `out + i·width`.
 #[inline(always)]
-unsafe fn pass<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, i0: usize, mr: usize, out: *mut f32, width: usize) {
+unsafe fn pass<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, span: std::ops::Range<usize>, out: *mut f32, width: usize) {
+    let (i0, mr) = (span.start, span.len());
     match mr {
         1 => {
             // One row (a decode step): two pairs per tile, two independent dot-product chains.
@@ -276,29 +278,27 @@ unsafe fn pass<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, i0: us
 /// tile allows, the rows split evenly between them (a 1+8-row verify is one 9-row pass, not an
 /// 8-row pass and a 1-row pass). Each row's arithmetic is the same in any pass.
 #[inline(always)]
-unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
-    let out = buf.as_mut_ptr();
-    let width = gn * GC;
+unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *mut f32, stride: usize) {
     let passes = a.m.div_ceil(max_rows(F));
     let (base, extra) = (a.m / passes.max(1), a.m % passes.max(1));
     let mut i = 0;
     for p in 0..passes {
         let mr = base + usize::from(p < extra);
-        pass::<F>(w, a, g0, gn, i, mr, out, width);
+        pass::<F>(w, a, g0, gn, i..i + mr, out, stride);
         i += mr;
     }
 }
 
 /// AVX-512 VNNI path of `compute_groups`. Caller guarantees avx512f, avx512bw, avx512vnni
-/// (and the AVX2 set).
+/// (and the AVX2 set), and `out` as `compute_groups` requires.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
+pub(super) unsafe fn compute_groups(w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *mut f32, stride: usize) {
     match w.format {
-        QFormat::Q8_0 => run::<F_Q8_0>(w, a, g0, gn, buf),
-        QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, buf),
-        QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, buf),
-        QFormat::Q5_0 => run::<F_Q5_0>(w, a, g0, gn, buf),
-        QFormat::Q4K => run::<F_Q4K>(w, a, g0, gn, buf),
-        QFormat::Q6K => run::<F_Q6K>(w, a, g0, gn, buf),
+        QFormat::Q8_0 => run::<F_Q8_0>(w, a, g0, gn, out, stride),
+        QFormat::Q4_0 => run::<F_Q4_0>(w, a, g0, gn, out, stride),
+        QFormat::Q4_1 => run::<F_Q4_1>(w, a, g0, gn, out, stride),
+        QFormat::Q5_0 => run::<F_Q5_0>(w, a, g0, gn, out, stride),
+        QFormat::Q4K => run::<F_Q4K>(w, a, g0, gn, out, stride),
+        QFormat::Q6K => run::<F_Q6K>(w, a, g0, gn, out, stride),
     }
 }

@@ -183,10 +183,31 @@ pub fn dot_scalar(w: &QWeight, j: usize, a: &QActs, i: usize) -> f32 {
 pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) -> Vec<f32> {
     let a = quantize_acts(x, m, w.k);
     let (gpt, tasks) = tasks(w, rayon::current_num_threads());
+    let par = m * w.n * w.k >= crate::PAR_MIN_MACS;
+    if let Some(mut y) = direct_output(w, m) {
+        let out = crate::SendPtr(y.as_mut_ptr());
+        // SAFETY: `y` holds `m·n` values, `n` a multiple of 8 (`direct_output`), and each task
+        // writes only its own columns.
+        let work = |t: usize| unsafe { task_into(isa, w, &a, t, gpt, out.get(), w.n) };
+        if par {
+            (0..tasks).into_par_iter().for_each(work);
+        } else {
+            (0..tasks).for_each(work);
+        }
+        crate::add_bias(&mut y, w.n, bias);
+        return y;
+    }
     let work = |t: usize| task(isa, w, &a, t, gpt);
-    let parts: Vec<Vec<f32>> =
-        if m * w.n * w.k >= crate::PAR_MIN_MACS { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
+    let parts: Vec<Vec<f32>> = if par { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
     crate::assemble_columns(&parts, m, w.n, gpt * GC, bias)
+}
+
+/// A zeroed `[m, n]` output that the tasks of a matmul over `w` can write in place: `Some`
+/// when `n` is a multiple of the 8-column group (every real model's matrices), so no task's
+/// padding columns fall on the next row; `None` otherwise (the tasks then fill buffers of their
+/// own, copied into place).
+pub(crate) fn direct_output(w: &QWeight, m: usize) -> Option<Vec<f32>> {
+    w.n.is_multiple_of(GC).then(|| vec![0.0; m * w.n])
 }
 
 /// How a matmul over `w` splits into column tasks on `threads` threads: `(groups per task,
@@ -206,34 +227,49 @@ pub(crate) fn tasks(w: &QWeight, threads: usize) -> (usize, usize) {
 /// quantized activations `a`, as `[m, gn·8]` (padding columns included).
 pub(crate) fn task(isa: Isa, w: &QWeight, a: &QActs, t: usize, gpt: usize) -> Vec<f32> {
     let ng = w.n.div_ceil(GC);
-    let g0 = t * gpt;
-    let gn = gpt.min(ng - g0);
+    let gn = gpt.min(ng - t * gpt);
     let mut buf = vec![0.0f32; a.m * gn * GC];
-    compute_groups(isa, w, a, g0, gn, &mut buf);
+    // SAFETY: `buf` holds `m` rows of `gn·8` values.
+    unsafe { compute_groups(isa, w, a, t * gpt, gn, buf.as_mut_ptr(), gn * GC) };
     buf
 }
 
-/// Column groups `g0..g0+gn` of every row into `buf[m, gn·8]` (padding columns included).
-fn compute_groups(isa: Isa, w: &QWeight, a: &QActs, g0: usize, gn: usize, buf: &mut [f32]) {
+/// Task `t` of [`tasks`] written in place: its columns of row `i` at `y + i·stride + t·gpt·8`.
+///
+/// # Safety
+/// `y` points to `m` rows of `stride ≥ w.n` values, `w.n` a multiple of 8 (so the task's
+/// columns, padding included, lie inside the row), and nothing else touches these columns
+/// during the call.
+pub(crate) unsafe fn task_into(isa: Isa, w: &QWeight, a: &QActs, t: usize, gpt: usize, y: *mut f32, stride: usize) {
+    let ng = w.n.div_ceil(GC);
+    let (g0, gn) = (t * gpt, gpt.min(ng - t * gpt));
+    compute_groups(isa, w, a, g0, gn, y.add(g0 * GC), stride);
+}
+
+/// Column groups `g0..g0+gn` of every row: row `i`'s `gn·8` values (padding columns included)
+/// at `out + i·stride`.
+///
+/// # Safety
+/// `out` is valid for writes of `m` rows of `gn·8` values spaced `stride` apart.
+unsafe fn compute_groups(isa: Isa, w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *mut f32, stride: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512Vnni && crate::isa::detected() >= Isa::Avx512Vnni {
             // SAFETY: avx512f/bw/vl/vnni (and the AVX2 set) were detected on this CPU.
-            unsafe { avx512::compute_groups(w, a, g0, gn, buf) };
+            unsafe { avx512::compute_groups(w, a, g0, gn, out, stride) };
             return;
         }
         if isa >= Isa::Avx2 && crate::isa::detected() >= Isa::Avx2 {
             // SAFETY: avx2, fma and f16c were detected on this CPU.
-            unsafe { avx2::compute_groups(w, a, g0, gn, buf) };
+            unsafe { avx2::compute_groups(w, a, g0, gn, out, stride) };
             return;
         }
     }
     let _ = isa;
-    let width = gn * GC;
     for i in 0..a.m {
-        for jj in 0..width {
+        for jj in 0..gn * GC {
             let j = g0 * GC + jj;
-            buf[i * width + jj] = if j < w.n { dot_scalar(w, j, a, i) } else { 0.0 };
+            *out.add(i * stride + jj) = if j < w.n { dot_scalar(w, j, a, i) } else { 0.0 };
         }
     }
 }

@@ -60,8 +60,9 @@ fn every_path_equals_the_scalar_reference_bit_for_bit() {
     let pools: Vec<rayon::ThreadPool> = [1, 3].iter().map(|&t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).collect();
     for &format in &FORMATS {
         // Column groups of 8: 5, 1, 3 (an unpaired last group on the AVX-512 path), 6 and
-        // 17 (several pairs per task, and two-pair one-row tiles).
-        for &(n, k) in &[(37usize, 96usize), (5, 32), (19, 288), (48, 64), (130, 160)] {
+        // 17 (several pairs per task, and two-pair one-row tiles); 6 and 17 with N a multiple of
+        // 8, written in place (`direct_output`).
+        for &(n, k) in &[(37usize, 96usize), (5, 32), (19, 288), (48, 64), (130, 160), (136, 96)] {
             let k = fit_k(format, k);
             let w = QWeight::from_ggml(format, &random_ggml(format, n, k, 7), n, k).unwrap();
             for m in [1usize, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16, 17, 25, 65] {
