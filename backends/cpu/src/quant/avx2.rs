@@ -18,7 +18,8 @@ unsafe fn plane_bits(mask: u32, v: i8) -> __m256i {
 }
 
 /// [`super::quantize_block`] on AVX2 (same exactly rounded steps: |x| max, `amax/127`,
-/// `1/d`, `x·id` rounded to nearest even, saturating narrowing) plus the code sum.
+/// `1/d`, `x·id` rounded to nearest even, clamped to [-127, 127] with NaN as 0) plus the sum
+/// of the stored codes.
 /// Caller guarantees avx2 and 32-value slices.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, i32) {
@@ -34,9 +35,15 @@ pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [u8]) -> (f32, i32) {
     let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
     let d = amax / 127.0;
     let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    // As the scalar version: clamp to [-127, 127] and zero NaN (`cvtps` would give i32::MIN for
+    // both: an infinite `1/d` of a tiny block, or an inf input times 0); the codes then fit a
+    // byte and `sum` is the sum of the stored codes.
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
     let mut iv = [_mm256_setzero_si256(); 4];
     for (o, vi) in iv.iter_mut().zip(&v) {
-        *o = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(*vi, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        let r = _mm256_round_ps(_mm256_mul_ps(*vi, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        let ordered = _mm256_cmp_ps::<_CMP_ORD_Q>(r, r);
+        *o = _mm256_cvtps_epi32(_mm256_and_ps(_mm256_min_ps(_mm256_max_ps(r, lo), hi), ordered));
     }
     let sum4 = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
     let s4 = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
@@ -221,11 +228,11 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
 }
 
 #[inline(always)]
-unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *mut f32, width: usize) {
+unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *mut f32, stride: usize) {
     let mut i = 0;
     while i + 4 <= a.m {
         for q in 0..gn {
-            tile::<F, 4, 1>(w, g0 + q, a, i, out.add(i * width + q * GC), width);
+            tile::<F, 4, 1>(w, g0 + q, a, i, out.add(i * stride + q * GC), stride);
         }
         i += 4;
     }
@@ -233,11 +240,11 @@ unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *m
     let rest = a.m - i;
     if rest >= 2 {
         for q in 0..gn {
-            let o = out.add(i * width + q * GC);
+            let o = out.add(i * stride + q * GC);
             if rest == 3 {
-                tile::<F, 3, 1>(w, g0 + q, a, i, o, width);
+                tile::<F, 3, 1>(w, g0 + q, a, i, o, stride);
             } else {
-                tile::<F, 2, 1>(w, g0 + q, a, i, o, width);
+                tile::<F, 2, 1>(w, g0 + q, a, i, o, stride);
             }
         }
         i += rest;
@@ -245,11 +252,11 @@ unsafe fn run<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, out: *m
     while i < a.m {
         let mut q = 0;
         while q + 2 <= gn {
-            tile::<F, 1, 2>(w, g0 + q, a, i, out.add(i * width + q * GC), width);
+            tile::<F, 1, 2>(w, g0 + q, a, i, out.add(i * stride + q * GC), stride);
             q += 2;
         }
         while q < gn {
-            tile::<F, 1, 1>(w, g0 + q, a, i, out.add(i * width + q * GC), width);
+            tile::<F, 1, 1>(w, g0 + q, a, i, out.add(i * stride + q * GC), stride);
             q += 1;
         }
         i += 1;

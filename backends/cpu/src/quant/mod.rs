@@ -4,7 +4,8 @@
 //! Output columns (weight rows) are interleaved in groups of 8 so that one 256-bit register
 //! holds 4 consecutive codes of each of the 8 columns (the layout idea of llama.cpp's repacked
 //! `q4_0x8` blocks). Every format is stored in 32-value blocks (the K-quants' 256-value
-//! super-blocks as 8 of them). For group `G` (columns `8G..8G+8`, the last group zero-padded)
+//! super-blocks as 8 of them). For group `G` (columns `8G..8G+8`, the last group padded with
+//! zero bytes and zero scales: codes 0, or −128 for Q8_0, that weigh nothing)
 //! and block `b` (values `32b..32b+32`):
 //! - `Q8_0`: 256 bytes in 8 chunks of 32; byte `4c + t` of chunk `g` is value `4g+t` of column
 //!   `8G + c`, stored as `code + 128` (the sign bit flipped: the unsigned operand of VNNI's
@@ -71,16 +72,18 @@ use weight::H_BYTES;
 pub use weight::{QFormat, QWeight, QuantError, QK_K};
 
 /// Quantize one block of 32 values to `q` and return its scale `d = amax/127` (ggml's
-/// `quantize_row_q8_0`: `q = round(x·(1/d))`, ties to even as its SIMD versions round; NaN
-/// codes become 0). Every operation is exactly rounded IEEE arithmetic, so any instruction set
-/// gives the same codes.
+/// `quantize_row_q8_0`: `q = round(x·(1/d))`, ties to even as its SIMD versions round). Codes
+/// are clamped to [-127, 127] and NaN codes become 0: only a block so small that `1/d`
+/// overflows to inf, or one holding an inf, reaches either (ggml leaves those cases undefined);
+/// never producing −128 keeps the AVX2 kernels' sign trick exact. Every operation is exactly
+/// rounded IEEE arithmetic, so any instruction set gives the same codes.
 #[inline(always)]
 fn quantize_block(x: &[f32], q: &mut [u8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     for (qv, &v) in q.iter_mut().zip(x) {
-        *qv = ((v * id).round_ties_even() as i8) as u8;
+        *qv = ((v * id).round_ties_even().clamp(-127.0, 127.0) as i8) as u8;
     }
     d
 }
@@ -181,6 +184,9 @@ pub fn dot_scalar(w: &QWeight, j: usize, a: &QActs, i: usize) -> f32 {
 /// `y[M,N] = x[M,K]·Wᵀ + bias` on path `isa` (an unavailable path falls back to scalar).
 /// Preconditions (checked by the caller): `x.len() == m·w.k`, `bias.len() == w.n` when given.
 pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) -> Vec<f32> {
+    if m == 0 {
+        return Vec::new();
+    }
     let a = quantize_acts(x, m, w.k);
     let (gpt, tasks) = tasks(w, rayon::current_num_threads());
     let par = m * w.n * w.k >= crate::PAR_MIN_MACS;

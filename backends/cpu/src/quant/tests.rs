@@ -220,12 +220,50 @@ fn avx2_activation_quantizer_equals_the_scalar_one() {
         x[32..64].iter_mut().for_each(|v| *v = 0.0);
         x[70] = 1e30;
         x[100] = -1e-30;
+        // A block so small that 1/d overflows to inf (codes saturate, zeros stay 0), and one
+        // holding an inf (d = inf, every code 0).
+        x[128..160].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 3 == 0 { 0.0 } else { 1e-37 * (i as f32 - 16.0) });
+        x[170] = f32::INFINITY;
         for (blk, q) in x.chunks_exact(32).zip(0..) {
             let (mut qa, mut qb) = ([0u8; 32], [0u8; 32]);
             let d = quantize_block(blk, &mut qa);
             let sum: i32 = qa.iter().map(|&v| v as i8 as i32).sum();
             let (d2, sum2) = unsafe { avx2::quantize_block(blk, &mut qb) };
             assert_eq!((d.to_bits(), sum, qa), (d2.to_bits(), sum2, qb), "block {q}");
+        }
+    }
+}
+
+/// Whether quantizing `blk` overflows `1/d` (the codes saturate at ±127).
+fn a_codes_saturate(blk: &[f32]) -> bool {
+    let mut q = [0u8; 32];
+    let d = quantize_block(blk, &mut q);
+    (1.0 / d).is_infinite() && q.iter().all(|&c| c as i8 == 127 || c as i8 == -127)
+}
+
+#[test]
+fn every_path_equals_the_scalar_reference_on_extreme_activation_blocks() {
+    // Blocks whose 1/d overflows (codes saturate) and blocks holding an inf (d = inf, codes 0)
+    // reach the code sums that Q8_0 (on VNNI), Q4_0, Q5_0 and Q6_K subtract: every path still
+    // gives the reference's values (NaN where the reference is NaN). m = 0 gives nothing.
+    let (n, k, m) = (24usize, 256usize, 3usize);
+    let mut x = pseudo(m * k, 23);
+    x[0..32].iter_mut().enumerate().for_each(|(i, v)| *v = 1e-37 * (i as f32 - 16.0));
+    x[k + 40] = f32::INFINITY;
+    // Row 2: one block of tiny values alone (its 1/d is inf; every code saturates), so its
+    // integer sum decides the output.
+    x[2 * k..3 * k].iter_mut().for_each(|v| *v = 0.0);
+    x[2 * k + 64..2 * k + 96].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { -3e-38 } else { 2e-38 });
+    assert!(a_codes_saturate(&x[2 * k + 64..2 * k + 96]), "the test block must overflow 1/d");
+    let a = quantize_acts(&x, m, k);
+    for &format in &FORMATS {
+        let w = QWeight::from_ggml(format, &random_ggml(format, n, k, 5), n, k).unwrap();
+        let want: Vec<f32> = (0..m).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| dot_scalar(&w, j, &a, i)).collect();
+        for isa in crate::isa::available() {
+            let got = matmul(isa, &x, m, &w, None);
+            let same = got.iter().zip(&want).all(|(g, r)| g.to_bits() == r.to_bits() || (g.is_nan() && r.is_nan()));
+            assert!(same, "{format:?} {isa:?}");
+            assert!(matmul(isa, &[], 0, &w, None).is_empty(), "{format:?} {isa:?}: m = 0");
         }
     }
 }
