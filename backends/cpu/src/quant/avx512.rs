@@ -234,13 +234,15 @@ unsafe fn rows<const F: u8, const MR: usize>(w: &QWeight, a: &QActs, g0: usize, 
     }
 }
 
-/// Most rows in one register tile (accumulators and integer sums take two registers per row;
-/// Q6_K's second integer sum a third, so it stops at 6).
+/// Most rows in one register tile: accumulators and integer sums take two registers per row,
+/// Q6_K's second integer sum a third, so it stops at 6; Q8_0 at 9, where 33- and 65-row calls
+/// ran 3–23 % faster than with 10–12-row passes (an in-process A/B of every cap from 8 to 12 on
+/// Zen 5, BENCHMARKS §27), while the nibble formats gain nothing below 12.
 const fn max_rows(f: u8) -> usize {
-    if f == F_Q6K {
-        6
-    } else {
-        12
+    match f {
+        F_Q6K => 6,
+        F_Q8_0 => 9,
+        _ => 12,
     }
 }
 
@@ -264,12 +266,12 @@ unsafe fn pass<const F: u8>(w: &QWeight, a: &QActs, g0: usize, gn: usize, span: 
         4 => rows::<F, 4>(w, a, g0, gn, i0, out, width),
         5 => rows::<F, 5>(w, a, g0, gn, i0, out, width),
         6 => rows::<F, 6>(w, a, g0, gn, i0, out, width),
-        7 if F != F_Q6K => rows::<F, 7>(w, a, g0, gn, i0, out, width),
-        8 if F != F_Q6K => rows::<F, 8>(w, a, g0, gn, i0, out, width),
-        9 if F != F_Q6K => rows::<F, 9>(w, a, g0, gn, i0, out, width),
-        10 if F != F_Q6K => rows::<F, 10>(w, a, g0, gn, i0, out, width),
-        11 if F != F_Q6K => rows::<F, 11>(w, a, g0, gn, i0, out, width),
-        12 if F != F_Q6K => rows::<F, 12>(w, a, g0, gn, i0, out, width),
+        7 if max_rows(F) >= 7 => rows::<F, 7>(w, a, g0, gn, i0, out, width),
+        8 if max_rows(F) >= 8 => rows::<F, 8>(w, a, g0, gn, i0, out, width),
+        9 if max_rows(F) >= 9 => rows::<F, 9>(w, a, g0, gn, i0, out, width),
+        10 if max_rows(F) >= 10 => rows::<F, 10>(w, a, g0, gn, i0, out, width),
+        11 if max_rows(F) >= 11 => rows::<F, 11>(w, a, g0, gn, i0, out, width),
+        12 if max_rows(F) >= 12 => rows::<F, 12>(w, a, g0, gn, i0, out, width),
         _ => unreachable!("a pass holds 1..={} rows", max_rows(F)),
     }
 }

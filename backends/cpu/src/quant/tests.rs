@@ -61,8 +61,8 @@ fn every_path_equals_the_scalar_reference_bit_for_bit() {
     for &format in &FORMATS {
         // Column groups of 8: 5, 1, 3 (an unpaired last group on the AVX-512 path), 6 and
         // 17 (several pairs per task, and two-pair one-row tiles); 6 and 17 with N a multiple of
-        // 8, written in place (`direct_output`).
-        for &(n, k) in &[(37usize, 96usize), (5, 32), (19, 288), (48, 64), (130, 160), (136, 96)] {
+        // 8, written in place (`direct_output`), as are 1 (an unpaired group only) and 2 (one pair).
+        for &(n, k) in &[(37usize, 96usize), (5, 32), (19, 288), (48, 64), (130, 160), (136, 96), (8, 64), (16, 32)] {
             let k = fit_k(format, k);
             let w = QWeight::from_ggml(format, &random_ggml(format, n, k, 7), n, k).unwrap();
             for m in [1usize, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16, 17, 25, 65] {
