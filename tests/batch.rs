@@ -3,7 +3,9 @@
 //! neighbours, the batch size, when it joins (continuous batching), whether its prompt is
 //! prefilled in chunks, and whether a neighbour stops early. On random targets of every
 //! architecture (f32 and Q4_1 weights) and on SmolLM2-135M-Instruct (real GGUF, native Q4_1
-//! weights and f16; skipped without the asset unless `SPARKLING_REQUIRE_ASSETS=1`).
+//! weights and f16; skipped without the asset unless `SPARKLING_REQUIRE_ASSETS=1`). The
+//! speculative methods batched (each sequence its own drafter state and tree block) equal the
+//! same method decoded alone, and so `ar`.
 
 mod common;
 
@@ -13,7 +15,8 @@ use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::decode::batch::{Batch, BatchOptions, SeqId};
 use sparkling::decode::{Engine, GenParams, Method};
 use sparkling::loader::gguf_source::GgufSource;
-use sparkling::model::config::{Arch, TargetConfig};
+use sparkling::model::config::{Arch, DrafterKind, TargetConfig};
+use sparkling::model::drafter::Drafter;
 use sparkling::model::target::{LogitRows, Target};
 use std::collections::HashMap;
 
@@ -234,7 +237,7 @@ fn joins_leaves_cancels_and_bad_requests() {
     // Refused up front, nothing queued.
     assert!(batch.add(&[], &params(Method::Ar, 1, 0.0, 0, 4, vec![])).is_err());
     assert!(batch.add(&[99], &params(Method::Ar, 1, 0.0, 0, 4, vec![])).is_err());
-    assert!(batch.add(&[1], &params(Method::Sparkling, 8, 0.0, 0, 4, vec![])).is_err());
+    assert!(batch.add(&[1], &params(Method::Sparkling, 8, 0.0, 0, 4, vec![])).is_err(), "no drafter in this batch");
     assert!(batch.add(&[1], &params(Method::Ar, 1, -1.0, 0, 4, vec![])).is_err());
     assert!(batch.add(&[1], &params(Method::Ar, 1, 0.0, 0, 1 << 30, vec![])).is_err());
     assert!(batch.is_empty());
@@ -252,6 +255,126 @@ fn joins_leaves_cancels_and_bad_requests() {
     assert!(batch.is_empty());
     assert_eq!(batch.stats().steps, 2);
     assert!(batch.step().unwrap().seqs.is_empty(), "an empty batch steps without a forward");
+}
+
+/// Speculative requests (every drafter method, fixed budgets, T = 0 and T > 0, an early stop)
+/// mixed with `ar` ones, batched at once or staggered, whole or chunked prefill: each request
+/// emits its alone tokens, which are the `ar` tokens; trees of different sizes share steps.
+#[test]
+fn speculative_methods_batched_equal_alone_and_ar() {
+    let b = CpuBackend::new();
+    for (ai, arch) in [Arch::Llama, Arch::Qwen3].into_iter().enumerate() {
+        let (td, dd, fd) = (tmpdir("target"), tmpdir("dspark"), tmpdir("dflash"));
+        let t = random_target(td.path(), arch, 48, 71 + ai as u64);
+        let dspark = random_drafter(dd.path(), &t.cfg, DrafterKind::DSpark, 8, 4, 5 + ai as u64);
+        let dflash = random_drafter(fd.path(), &t.cfg, DrafterKind::DFlash, 8, 0, 6 + ai as u64);
+        let drafter_of = |m: Method| -> Option<&Drafter<CpuBackend>> {
+            match m.drafter_kind() {
+                Some(DrafterKind::DSpark) => Some(&dspark),
+                Some(DrafterKind::DFlash) => Some(&dflash),
+                None => None,
+            }
+        };
+        let ar = Engine { backend: &b, target: &t, drafter: None };
+        let free = ar.generate(PROMPTS[0], &params(Method::Ar, 1, 0.0, 0, 20, vec![]), &mut |_| {}).unwrap();
+        let stop = free.tokens[5];
+        let reqs: Vec<(Vec<u32>, GenParams)> = vec![
+            (PROMPTS[0].to_vec(), params(Method::Sparkling, 8, 0.0, 0, 20, vec![stop])),
+            (PROMPTS[1].to_vec(), params(Method::DSpark, 4, 1.0, 7, 17, vec![])),
+            (PROMPTS[2].to_vec(), params(Method::Ar, 1, 0.0, 0, 12, vec![])),
+            (PROMPTS[3].to_vec(), params(Method::DFlash, 6, 0.0, 0, 25, vec![])),
+            (PROMPTS[4].to_vec(), params(Method::DDTree, 8, 0.7, 3, 15, vec![])),
+            (PROMPTS[1].to_vec(), params(Method::TreeSpark, 8, 0.0, 0, 14, vec![])),
+            (PROMPTS[2].to_vec(), params(Method::Sparkling, 3, 1.0, 9, 18, vec![])),
+        ];
+        // Alone, with the request's method, and as `ar` with the same sampling.
+        let alone: Vec<(Vec<u32>, bool)> = reqs
+            .iter()
+            .map(|(p, g)| {
+                let e = Engine { backend: &b, target: &t, drafter: drafter_of(g.method) };
+                let got = e.generate(p, g, &mut |_| {}).unwrap();
+                let as_ar = ar.generate(p, &GenParams { method: Method::Ar, ..g.clone() }, &mut |_| {}).unwrap();
+                assert_eq!((&got.tokens, got.stopped), (&as_ar.tokens, as_ar.stopped), "{arch:?} {:?} alone vs ar", g.method);
+                (got.tokens, got.stopped)
+            })
+            .collect();
+        assert!(alone[0].1 && alone[0].0.len() <= 6, "{arch:?}: the stop comes early");
+        let mut multi_token_steps = 0;
+        for stagger in [false, true] {
+            for max_in_flight in [2usize, reqs.len()] {
+                for chunk in [0usize, 3] {
+                    let mut batch = Batch::new(&b, &t, BatchOptions { taps: vec![], max_prefill_rows: chunk })
+                        .unwrap()
+                        .with_drafter(&dspark)
+                        .unwrap()
+                        .with_drafter(&dflash)
+                        .unwrap();
+                    let mut owner: HashMap<SeqId, usize> = HashMap::new();
+                    let mut got: Vec<Option<(Vec<u32>, bool)>> = vec![None; reqs.len()];
+                    let (mut next, mut step) = (0, 0);
+                    while next < reqs.len() || !batch.is_empty() {
+                        while next < reqs.len() && batch.len() < max_in_flight && (!stagger || 2 * next <= step) {
+                            owner.insert(batch.add(&reqs[next].0, &reqs[next].1).unwrap(), next);
+                            next += 1;
+                        }
+                        let out = batch.step().unwrap();
+                        for st in &out.seqs {
+                            assert_eq!(st.token, st.tokens.last().copied());
+                            multi_token_steps += usize::from(st.tokens.len() > 1);
+                            if let Some(r) = &st.tree_rows {
+                                assert_eq!(r.len(), st.input_rows.len(), "a tree block asks for logits of every node");
+                            }
+                        }
+                        for f in out.finished {
+                            assert_eq!(f.stats.new_tokens, f.tokens.len());
+                            got[owner[&f.id]] = Some((f.tokens, f.stopped));
+                        }
+                        step += 1;
+                        assert!(step < 10_000, "batch never drained");
+                    }
+                    for (i, (g, w)) in got.into_iter().map(|g| g.expect("finished")).zip(&alone).enumerate() {
+                        assert_eq!(&g, w, "{arch:?} request {i} ({:?}) stagger {stagger} in flight {max_in_flight} chunk {chunk}", reqs[i].1.method);
+                    }
+                }
+            }
+        }
+        assert!(multi_token_steps > 0, "{arch:?}: some tree round accepted a drafted token");
+    }
+}
+
+#[test]
+fn speculative_batch_requests_are_checked() {
+    let b = CpuBackend::new();
+    let (td, dd) = (tmpdir("target"), tmpdir("dspark"));
+    let t = random_target(td.path(), Arch::Llama, 32, 9);
+    let d = random_drafter(dd.path(), &t.cfg, DrafterKind::DSpark, 8, 4, 1);
+    // A method whose drafter kind the batch lacks, and `--budget auto`, are refused up front.
+    let mut batch = Batch::new(&b, &t, BatchOptions::default()).unwrap().with_drafter(&d).unwrap();
+    let e = batch.add(&[1, 2], &params(Method::DFlash, 4, 0.0, 0, 4, vec![])).unwrap_err().to_string();
+    assert!(e.contains("DFlash drafter") && e.contains("with_drafter"), "{e}");
+    let auto = GenParams::new(Method::Sparkling, true);
+    assert!(auto.auto_budget.is_some());
+    let e = batch.add(&[1, 2], &auto).unwrap_err().to_string();
+    assert!(e.contains("--budget auto"), "{e}");
+    assert!(batch.is_empty());
+    // One drafter per kind; none with gen-data's taps.
+    let e = Batch::new(&b, &t, BatchOptions::default()).unwrap().with_drafter(&d).unwrap().with_drafter(&d).err().unwrap().to_string();
+    assert!(e.contains("already"), "{e}");
+    let taps = BatchOptions { taps: vec![0], max_prefill_rows: 0 };
+    assert!(Batch::new(&b, &t, taps).unwrap().with_drafter(&d).is_err());
+    // A speculative sequence beside an `ar` one: both finish with their alone tokens.
+    let s = batch.add(&[1, 2, 3], &params(Method::Sparkling, 8, 0.0, 0, 10, vec![])).unwrap();
+    let a = batch.add(&[4, 5], &params(Method::Ar, 1, 0.0, 0, 10, vec![])).unwrap();
+    let done = batch.run_to_end().unwrap();
+    let want_s =
+        Engine { backend: &b, target: &t, drafter: Some(&d) }.generate(&[1, 2, 3], &params(Method::Sparkling, 8, 0.0, 0, 10, vec![]), &mut |_| {}).unwrap();
+    let want_a = Engine { backend: &b, target: &t, drafter: None }.generate(&[4, 5], &params(Method::Ar, 1, 0.0, 0, 10, vec![]), &mut |_| {}).unwrap();
+    for f in done {
+        let want = if f.id == s { &want_s.tokens } else { &want_a.tokens };
+        assert!(f.id == s || f.id == a);
+        assert_eq!(&f.tokens, want);
+    }
+    assert!(batch.stats().draft_ms > 0.0);
 }
 
 /// SmolLM2-135M-Instruct: chat prompts of mixed lengths, one request that joins mid-flight and

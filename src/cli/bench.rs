@@ -65,9 +65,11 @@ pub struct BenchArgs {
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Batch decoding: decode the prompt set N sequences at a time with `ar` (continuous
-    /// batching), one row per N (comma-separated, e.g. 1,2,4,8,16): aggregate tokens/s and
-    /// per-sequence latency. Other methods are skipped.
+    /// Batch decoding: decode the prompt set N sequences at a time (continuous batching: one
+    /// target forward per step over every sequence in flight, tree methods verifying one tree
+    /// block per sequence), one row per method × budget × N (comma-separated, e.g.
+    /// 1,2,4,8,16): aggregate tokens/s, tokens per sequence and step, per-sequence latency.
+    /// Tree methods need fixed `--budgets` (auto is not batched).
     #[arg(long, value_delimiter = ',')]
     pub batch: Vec<usize>,
 }
@@ -203,7 +205,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.batch.is_empty() {
         super::refuse_unused_options(&options, &methods, &format!("--methods {}", a.methods.join(",")))?;
     } else {
-        super::refuse_unused_options(&options, &[Method::Ar], "--batch (it decodes with ar only)")?;
+        super::refuse_unused_options(&options, &methods, &format!("--batch with --methods {}", a.methods.join(",")))?;
+        if methods.iter().any(|m| m.drafter_kind().is_some()) && budget_choices(&a)?.contains(&BudgetChoice::Auto) {
+            return Err(Error::Input("--batch decodes tree methods at fixed budgets: pass --budgets N[,N…] (auto is not batched)".into()));
+        }
     }
     // Refuse bad values before loading anything.
     super::refuse_greedy_sampling_options(a.temperature, None, None, a.seed)?;
@@ -261,8 +266,17 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     let gen_args = generate_args(a);
     if !a.batch.is_empty() {
         pb.finish_and_clear();
-        let params = gen_params(Method::Ar, Some(BudgetChoice::Fixed(1)), &gen_args, stop, m.backend.host_memory())?;
-        return super::bench_batch::bench_batch(&m, &prompts, &params, a);
+        let mut batch_runs = Vec::new();
+        for &(meth, budget) in &runs {
+            let budget = match budget {
+                BudgetChoice::Fixed(n) => BudgetChoice::Fixed(n.max(1)),
+                auto => auto,
+            };
+            let mut params = gen_params(meth, Some(budget), &gen_args, stop.clone(), m.backend.host_memory())?;
+            super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
+            batch_runs.push((budget.name(), params));
+        }
+        return super::bench_batch::bench_batch(&m, &prompts, &batch_runs, a);
     }
     let mut reference: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
     let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());

@@ -1,6 +1,7 @@
 //! `sparkling bench --batch N[,N…]`: the prompt set decoded N sequences at a time with the
-//! batch API (`ar`, continuous batching: a finished sequence's slot goes to the next prompt at
-//! once), one row per N: aggregate tokens/s over the whole set and per-sequence latency.
+//! batch API (continuous batching: a finished sequence's slot goes to the next prompt at once),
+//! one row per method × budget × N: aggregate tokens/s over the whole set, tokens committed
+//! per sequence and step (τ for the tree methods) and per-sequence latency.
 
 use super::bench::BenchArgs;
 use super::load::Loaded;
@@ -13,8 +14,10 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use web_time::Instant;
 
-/// One batch size's measurements.
+/// One method × budget × batch size's measurements.
 struct Row {
+    method: Method,
+    budget: String,
     batch: usize,
     wall_s: f64,
     new_tokens: usize,
@@ -22,6 +25,10 @@ struct Row {
     rows: usize,
     latency_ms: Vec<f64>,
     first_token_ms: Vec<f64>,
+    /// Σ per-sequence steps (for tokens per sequence and step).
+    seq_steps: usize,
+    /// Drafter forwards and tree building, s.
+    draft_s: f64,
     mismatches: usize,
 }
 
@@ -37,11 +44,29 @@ fn summary(v: &[f64]) -> serde_json::Value {
 }
 
 /// Decode `prompts` with at most `n` in flight; returns the row and each prompt's tokens.
-fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], params: &GenParams, n: usize, pb: &ProgressBar) -> Result<(Row, Vec<Vec<u32>>)> {
+fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], budget: &str, params: &GenParams, n: usize, pb: &ProgressBar) -> Result<(Row, Vec<Vec<u32>>)> {
     let mut batch = Batch::new(&m.backend, &m.models.target, BatchOptions::default())?;
+    if let Some(kind) = params.method.drafter_kind() {
+        let d =
+            m.models.drafter(kind).ok_or_else(|| sparkling::Error::Input(format!("method `{}` needs a {kind:?} drafter (--drafter)", params.method.name())))?;
+        batch = batch.with_drafter(d)?;
+    }
     let mut owner: HashMap<SeqId, usize> = HashMap::new();
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-    let mut row = Row { batch: n, wall_s: 0.0, new_tokens: 0, steps: 0, rows: 0, latency_ms: Vec::new(), first_token_ms: Vec::new(), mismatches: 0 };
+    let mut row = Row {
+        method: params.method,
+        budget: budget.to_string(),
+        batch: n,
+        wall_s: 0.0,
+        new_tokens: 0,
+        steps: 0,
+        rows: 0,
+        latency_ms: Vec::new(),
+        first_token_ms: Vec::new(),
+        seq_steps: 0,
+        draft_s: 0.0,
+        mismatches: 0,
+    };
     let t0 = Instant::now();
     let mut next = 0;
     while next < prompts.len() || !batch.is_empty() {
@@ -53,6 +78,7 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], params: &GenParams, 
             row.new_tokens += f.tokens.len();
             row.latency_ms.push(f.stats.latency_ms);
             row.first_token_ms.push(f.stats.first_token_ms);
+            row.seq_steps += f.stats.steps;
             tokens[owner[&f.id]] = f.tokens;
             pb.inc(1);
         }
@@ -60,48 +86,55 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], params: &GenParams, 
     row.wall_s = t0.elapsed().as_secs_f64();
     row.steps = batch.stats().steps;
     row.rows = batch.stats().rows;
+    row.draft_s = batch.stats().draft_ms / 1e3;
     Ok((row, tokens))
 }
 
-/// `bench --batch`: every batch size of `a.batch` over the prompt set, `ar` only.
-pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], params: &GenParams, a: &BenchArgs) -> Result<()> {
-    if !a.methods.iter().any(|x| x == "ar") {
-        eprintln!("note: --batch decodes with `ar` only (tree methods are not batched yet)");
-    }
-    let params = GenParams { method: Method::Ar, ..params.clone() };
-    let pb = ProgressBar::new((a.batch.len() * prompts.len()) as u64);
-    pb.set_style(ProgressStyle::with_template("{msg:12} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+/// `bench --batch`: every batch size of `a.batch` over the prompt set, for every run (a
+/// method at a budget, its name and parameters). The "≠ first row" column counts the prompts
+/// whose tokens differ from the first row's (at T = 0 every method emits the `ar` tokens).
+pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(String, GenParams)], a: &BenchArgs) -> Result<()> {
+    let pb = ProgressBar::new((runs.len() * a.batch.len() * prompts.len()) as u64);
+    pb.set_style(ProgressStyle::with_template("{msg:20} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     let mut rows = Vec::new();
     let mut reference: Option<Vec<Vec<u32>>> = None;
-    for &n in &a.batch {
-        pb.set_message(format!("ar batch {n}"));
-        let (mut row, toks) = run_one(m, prompts, &params, n.max(1), &pb)?;
-        match &reference {
-            None => reference = Some(toks),
-            Some(r) => row.mismatches = r.iter().zip(&toks).filter(|(x, y)| x != y).count(),
+    for (budget, params) in runs {
+        for &n in &a.batch {
+            pb.set_message(format!("{} b{budget} batch {n}", params.method.name()));
+            let (mut row, toks) = run_one(m, prompts, budget, params, n.max(1), &pb)?;
+            match &reference {
+                None => reference = Some(toks),
+                Some(r) => row.mismatches = r.iter().zip(&toks).filter(|(x, y)| x != y).count(),
+            }
+            rows.push(row);
         }
-        rows.push(row);
     }
     pb.finish_and_clear();
-    let base = rows.iter().find(|r| r.batch == 1).map(|r| r.new_tokens as f64 / r.wall_s);
+    // Speeds against `ar` at batch 1 of this run, when it ran.
+    let base = rows.iter().find(|r| r.batch == 1 && r.method == Method::Ar).map(|r| r.new_tokens as f64 / r.wall_s);
     let mut table = String::new();
-    let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, method ar, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
+    let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
     let _ = writeln!(
         table,
-        "| batch | aggregate tok/s | vs batch 1 | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
+        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | tokens / seq step | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
     );
-    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
     for r in &rows {
         let agg = r.new_tokens as f64 / r.wall_s.max(1e-9);
-        let speed = base.map(|x| agg / x).unwrap_or(f64::NAN);
+        let speed = base.map(|x| agg / x);
         let lat = summary(&r.latency_ms);
         let ftl = summary(&r.first_token_ms);
         let rps = r.rows as f64 / r.steps.max(1) as f64;
+        let per_step = r.new_tokens as f64 / r.seq_steps.max(1) as f64;
+        let budget = if r.method == Method::Ar { "-" } else { r.budget.as_str() };
         let _ = writeln!(
             table,
-            "| {} | {agg:.1} | {speed:.2}× | {} | {:.1} | {rps:.1} | {:.0} / {:.0} | {:.0} | {} |",
+            "| {} | {budget} | {} | {agg:.1} | {} | {per_step:.2} | {:.2} | {} | {:.1} | {rps:.1} | {:.0} / {:.0} | {:.0} | {} |",
+            r.method.name(),
             r.batch,
+            speed.map_or("–".to_string(), |x| format!("{x:.2}×")),
+            r.draft_s,
             r.new_tokens,
             r.wall_s,
             lat["mean"].as_f64().unwrap_or(0.0),
@@ -110,7 +143,8 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], params: &Gen
             r.mismatches
         );
         json_rows.push(serde_json::json!({
-            "method": "ar", "batch": r.batch, "aggregate_tokens_per_s": agg, "speedup_vs_batch_1": speed,
+            "method": r.method.name(), "budget": budget, "batch": r.batch, "aggregate_tokens_per_s": agg,
+            "speedup_vs_ar_batch_1": speed, "tokens_per_sequence_step": per_step, "draft_s": r.draft_s,
             "sequences": r.latency_ms.len(), "new_tokens": r.new_tokens, "wall_s": r.wall_s, "steps": r.steps,
             "rows_per_step": rps, "latency_ms": lat, "first_token_ms": ftl,
             "per_sequence_latency_ms": r.latency_ms, "outputs_differing_from_first_row": r.mismatches,

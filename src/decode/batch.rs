@@ -34,23 +34,31 @@
 //! (the matmuls, which are the bulk of a decode step) is already batched on them. The API is
 //! blocking (native hosts); a browser page should keep using `Engine::generate_async`.
 //!
-//! # Speculative methods (design; `ar` runs end to end today)
-//! The packed forward already takes a tree block per sequence: a [`SeqInput`] with
-//! `mask: AttnMask::Tree { parents }`, `positions = root_pos + depth` and `logits: All`, so a
-//! batched speculative round is: (1) each sequence's drafter forward on its own draft cache
-//! (batchable the same way: a `Drafter::forward_batch` over per-sequence draft caches, context
-//! taps and anchors), (2) `propose` per sequence (host tree build), (3) ONE
-//! `Target::forward_batch` verifying every sequence's tree, (4) per-sequence acceptance over its
-//! `logit_rows` with the same walk as `Engine::generate_async`, then
-//! `KvCache::compact(root_pos, accepted)` on that sequence's cache and its accepted taps as its
-//! next drafter context. Sequences whose trees differ in size are simply ragged blocks. Until
-//! that lands, [`Batch::add`] refuses methods other than `ar`.
+//! # Speculative methods
+//! A batch built with drafters ([`Batch::with_drafter`]) also decodes the methods that use them
+//! (`dflash`, `ddtree`, `dspark`, `sparkling`, `treespark`) at a fixed tree budget. Each step,
+//! every such sequence past its prefill (1) runs its drafter on its own draft cache with the
+//! taps of the tokens it committed since its last round as context, (2) builds its tree on the
+//! host ([`propose_scored`], as [`Engine::generate`](super::Engine::generate) does), and feeds
+//! the tree as its block of the ONE packed target forward (`AttnMask::Tree`, positions
+//! `root + depth`, logits of every node); then (3) walks its own logit rows down the tree (the
+//! target's token per node: argmax at T = 0, else the counter-based draw of the node's
+//! position), commits the accepted path plus the bonus token, compacts its KV cache to that
+//! path and keeps the path's taps as its next drafter context. Sequences with trees of
+//! different sizes are ragged blocks, and `ar` sequences feed their one row beside them. So
+//! each sequence emits exactly the tokens of decoding it alone with the same method — which,
+//! at T = 0 and at T > 0 with the same seed, are the `ar` tokens. The drafter forwards run one
+//! sequence after another (each on its own draft cache); `--budget auto` is not batched (its
+//! policy measures single-sequence rounds) and is refused.
 
+use super::propose::{propose_scored, DraftLogits, TreeParams, TreePrep};
 use super::rng;
 use super::{Engine, GenParams, Method};
 use crate::error::{Error, Result};
+use crate::model::drafter::Drafter;
 use crate::model::layer::KvCache;
 use crate::model::target::{LogitRows, SeqInput, Target};
+use sparkling_core::tree::DraftTree;
 use sparkling_core::{AttnMask, Backend};
 use std::ops::Range;
 use web_time::Instant;
@@ -114,10 +122,18 @@ pub struct SeqStep {
     pub input_rows: Range<usize>,
     /// Absolute position of its first fed row.
     pub first_position: usize,
-    /// Its row of [`StepOutput::logits`], when it took a token this step.
+    /// Its row of [`StepOutput::logits`], when it took one token from one row this step (`ar`,
+    /// and the prefill's last chunk of every method); `None` for a verified tree block, whose
+    /// rows are [`SeqStep::tree_rows`].
     pub logit_row: Option<usize>,
-    /// The token it committed this step (`None` for a non-final prefill chunk or a tail step).
+    /// The last token it committed this step (`None` for a non-final prefill chunk or a tail
+    /// step).
     pub token: Option<u32>,
+    /// Every token it committed this step, in order: one for `ar`, the accepted path plus the
+    /// bonus token for a verified tree (after stop-token / max-new-tokens trimming).
+    pub tokens: Vec<u32>,
+    /// Rows of [`StepOutput::logits`] of its tree block (one per node), when it verified a tree.
+    pub tree_rows: Option<Range<usize>>,
 }
 
 /// Result of one [`Batch::step`].
@@ -143,15 +159,31 @@ pub struct BatchStats {
     pub tokens: usize,
     /// Target forward time, ms.
     pub forward_ms: f64,
-    /// Token choice (argmax / sampling), ms.
+    /// Token choice (argmax / sampling) and tree acceptance, ms.
     pub pick_ms: f64,
+    /// Drafter forwards and tree building of the speculative sequences, ms.
+    pub draft_ms: f64,
 }
 
-struct Seq<B: Backend> {
+/// A speculative sequence's drafter state.
+struct Spec<'a, B: Backend> {
+    drafter: &'a Drafter<B>,
+    /// The drafter's own KV cache.
+    dcache: KvCache<B>,
+    /// Taps of committed tokens the drafter has not consumed yet (prefill chunks, then one
+    /// entry per round).
+    pending: Vec<B::Tensor>,
+    /// Tree knobs with the prep resolved for this backend.
+    tree: TreeParams,
+}
+
+struct Seq<'a, B: Backend> {
     id: SeqId,
     prompt: Vec<u32>,
     params: GenParams,
     cache: KvCache<B>,
+    /// `Some` for a method with a drafter.
+    spec: Option<Spec<'a, B>>,
     out: Vec<u32>,
     stopped: bool,
     /// No more tokens to generate.
@@ -161,7 +193,7 @@ struct Seq<B: Backend> {
     steps: usize,
 }
 
-impl<B: Backend> Seq<B> {
+impl<B: Backend> Seq<'_, B> {
     /// Tokens whose K/V are in the cache.
     fn fed(&self) -> usize {
         self.cache.len
@@ -188,6 +220,24 @@ impl<B: Backend> Seq<B> {
         None
     }
 
+    /// Append `new` to the output, stopping after a stop token or at max-new-tokens (as
+    /// `Engine::generate` commits a round); returns the tokens appended and updates `done`.
+    fn commit(&mut self, new: &[u32]) -> Vec<u32> {
+        let start = self.out.len();
+        for &t in new {
+            if self.out.len() >= self.params.max_new_tokens {
+                break;
+            }
+            self.out.push(t);
+            if self.params.stop.contains(&t) {
+                self.stopped = true;
+                break;
+            }
+        }
+        self.done = self.stopped || self.out.len() >= self.params.max_new_tokens;
+        self.out[start..].to_vec()
+    }
+
     fn finish(self, cancelled: bool) -> Finished {
         let stats = SeqStats {
             prompt_tokens: self.prompt.len(),
@@ -200,14 +250,60 @@ impl<B: Backend> Seq<B> {
     }
 }
 
+/// A speculative sequence's tree for the round rooted at `anchor` (position `root`): its
+/// drafter over the pending taps, then [`propose_scored`] — the first steps of an
+/// [`Engine::generate`](super::Engine::generate) round at a fixed budget.
+fn draft_tree<B: Backend>(b: &B, target: &Target<B>, spec: &mut Spec<'_, B>, p: &GenParams, anchor: u32, root: usize) -> Result<DraftTree> {
+    let d = spec.drafter;
+    if spec.pending.is_empty() {
+        return Ok(super::propose::Proposal::root(anchor).tree);
+    }
+    let ctx = if spec.pending.len() == 1 {
+        spec.pending.pop().expect("one pending entry")
+    } else {
+        let parts: Vec<&B::Tensor> = spec.pending.iter().collect();
+        let c = b.concat_rows(&parts)?;
+        spec.pending.clear();
+        c
+    };
+    let depth = d.cfg.draft_depth().min(spec.tree.budget.max(1));
+    let (logits, _hidden) = d.draft_rows(b, target, &mut spec.dcache, &ctx, anchor, root, depth)?;
+    let markov_dev = if p.method == Method::Sparkling && spec.tree.prep == TreePrep::Device { d.markov_device(b)? } else { None };
+    let draft = DraftLogits {
+        logits: &logits,
+        depth,
+        vocab: d.draft_vocab(),
+        markov: d.markov.as_ref(),
+        markov_dev,
+        map: d.vocab_map.as_ref(),
+        markov_w1_target: d.markov_w1_target.as_deref(),
+    };
+    Ok(pollster::block_on(propose_scored(b, p.method, &draft, anchor, &spec.tree, false))?.tree)
+}
+
 /// Sequences decoded together, one target forward per step (module docs).
 pub struct Batch<'a, B: Backend> {
     backend: &'a B,
     target: &'a Target<B>,
     opts: BatchOptions,
-    seqs: Vec<Seq<B>>,
+    /// Drafters the speculative sequences may use ([`Batch::with_drafter`]), at most one per
+    /// kind, all tapping the same target layers.
+    drafters: Vec<&'a Drafter<B>>,
+    seqs: Vec<Seq<'a, B>>,
     next_id: SeqId,
     stats: BatchStats,
+}
+
+/// One sequence's block of a step's packed input.
+struct Feed {
+    /// Index in `Batch::seqs`.
+    seq: usize,
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    /// Whether the block ends in a logits row (a one-token block) — trees take every row.
+    wants_logits: bool,
+    /// The draft tree this block verifies.
+    tree: Option<DraftTree>,
 }
 
 impl<'a, B: Backend> Batch<'a, B> {
@@ -217,24 +313,74 @@ impl<'a, B: Backend> Batch<'a, B> {
         if let Some(&bad) = opts.taps.iter().find(|&&l| l + 1 >= target.cfg.layers) {
             return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (never tap the last layer)", target.cfg.layers)));
         }
-        Ok(Batch { backend, target, opts, seqs: Vec::new(), next_id: 0, stats: BatchStats::default() })
+        Ok(Batch { backend, target, opts, drafters: Vec::new(), seqs: Vec::new(), next_id: 0, stats: BatchStats::default() })
+    }
+
+    /// Let sequences of the methods that use `drafter`'s kind (DFlash: `dflash`, `ddtree`;
+    /// DSpark: `dspark`, `sparkling`, `treespark`) join this batch.
+    /// Errors: a drafter of that kind already added; a drafter tapping other target layers than
+    /// one already added; a batch whose [`BatchOptions::taps`] are set (those steps return the
+    /// taps of every fed row, which speculative rounds do not keep); the drafter's output head
+    /// failing to load.
+    pub fn with_drafter(mut self, drafter: &'a Drafter<B>) -> Result<Self> {
+        if !self.opts.taps.is_empty() {
+            return Err(Error::Input("a batch with taps (BatchOptions::taps, gen-data) decodes `ar` only: no drafter".into()));
+        }
+        if let Some(d) = self.drafters.iter().find(|d| d.cfg.kind == drafter.cfg.kind) {
+            let _ = d;
+            return Err(Error::Input(format!("the batch has a {:?} drafter already", drafter.cfg.kind)));
+        }
+        if let Some(d) = self.drafters.first() {
+            if d.cfg.target_layer_ids != drafter.cfg.target_layer_ids {
+                return Err(Error::Input(format!(
+                    "the batch's drafters must tap the same target layers ({:?} vs {:?})",
+                    d.cfg.target_layer_ids, drafter.cfg.target_layer_ids
+                )));
+            }
+        }
+        pollster::block_on(drafter.prepare_output_head_async(self.backend, self.target))?;
+        self.drafters.push(drafter);
+        Ok(self)
     }
 
     /// Queue `prompt` with its own parameters; it joins the batch at the next [`Batch::step`].
     /// Errors (nothing is queued): the checks of [`Engine::check`] (empty prompt, ids outside
-    /// the vocabulary, prompt + max-new-tokens beyond the context), invalid sampling parameters
-    /// ([`GenParams::validate`]), a method other than `ar`, KV allocation failures.
+    /// the vocabulary, prompt + max-new-tokens + the largest tree beyond the context), invalid
+    /// sampling parameters ([`GenParams::validate`]), a method whose drafter kind the batch has
+    /// not got ([`Batch::with_drafter`]), `--budget auto` for a speculative method, KV
+    /// allocation failures.
     pub fn add(&mut self, prompt: &[u32], params: &GenParams) -> Result<SeqId> {
-        if params.method != Method::Ar {
-            return Err(Error::Input(format!(
-                "batch decoding runs `ar` only so far (method `{}`: tree blocks per sequence are designed, see decode::batch)",
-                params.method.name()
-            )));
-        }
         params.validate()?;
-        let engine = Engine { backend: self.backend, target: self.target, drafter: None };
+        let drafter = match params.method.drafter_kind() {
+            None => None,
+            Some(kind) => {
+                let Some(&d) = self.drafters.iter().find(|d| d.cfg.kind == kind) else {
+                    return Err(Error::Input(format!(
+                        "method `{}` needs a {kind:?} drafter, and the batch has none (Batch::with_drafter)",
+                        params.method.name()
+                    )));
+                };
+                if params.auto_budget.is_some() {
+                    return Err(Error::Input(format!(
+                        "method `{}` in a batch needs a fixed tree budget: `--budget auto` is not batched",
+                        params.method.name()
+                    )));
+                }
+                Some(d)
+            }
+        };
+        let engine = Engine { backend: self.backend, target: self.target, drafter };
         let checked = engine.check(prompt, params)?;
         let cache = self.target.new_cache(self.backend, checked.capacity)?;
+        let spec = match drafter {
+            Some(d) => Some(Spec {
+                drafter: d,
+                dcache: d.new_cache(self.backend, checked.capacity + d.cfg.block_size)?,
+                pending: Vec::new(),
+                tree: TreeParams { prep: params.tree.prep.resolve(self.backend.host_memory()), ..params.tree },
+            }),
+            None => None,
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.seqs.push(Seq {
@@ -242,6 +388,7 @@ impl<'a, B: Backend> Batch<'a, B> {
             prompt: prompt.to_vec(),
             params: params.clone(),
             cache,
+            spec,
             out: Vec::new(),
             stopped: false,
             done: params.max_new_tokens == 0,
@@ -281,32 +428,52 @@ impl<'a, B: Backend> Batch<'a, B> {
     }
 
     /// One step: one packed target forward over every sequence with rows to feed, a token for
-    /// each sequence whose block ends in a logits row, and the sequences that finished leave.
-    /// A step with nothing to feed (empty batch, or only `max_new_tokens == 0` requests) runs
-    /// no forward. Errors: backend failures (the batch should then be dropped).
+    /// each sequence whose block ends in a logits row — or, for a speculative sequence past its
+    /// prefill, its drafter's tree verified and the accepted path plus the bonus token — and the
+    /// sequences that finished leave. A step with nothing to feed (empty batch, or only
+    /// `max_new_tokens == 0` requests) runs no forward. Errors: backend failures (the batch
+    /// should then be dropped).
     pub fn step(&mut self) -> Result<StepOutput<B>> {
         let b = self.backend;
         let tail = !self.opts.taps.is_empty();
-        // Inputs of every sequence that feeds rows this step.
-        let mut feeding: Vec<(usize, Vec<u32>, Vec<u32>, bool)> = Vec::new();
-        for (i, s) in self.seqs.iter().enumerate() {
-            if let Some((ids, wants_logits)) = s.next_input(self.opts.max_prefill_rows, tail) {
-                let p0 = s.fed() as u32;
-                let positions: Vec<u32> = (p0..p0 + ids.len() as u32).collect();
-                feeding.push((i, ids, positions, wants_logits));
+        // Inputs of every sequence that feeds rows this step; a speculative sequence past its
+        // prefill drafts its tree now (its own draft cache, one sequence after another).
+        let mut feeding: Vec<Feed> = Vec::new();
+        let t = Instant::now();
+        for (i, s) in self.seqs.iter_mut().enumerate() {
+            let Some((ids, wants_logits)) = s.next_input(self.opts.max_prefill_rows, tail) else { continue };
+            let root = s.fed();
+            let decoding = root >= s.prompt.len() && !s.done;
+            match s.spec.as_mut() {
+                Some(spec) if decoding => {
+                    let tree = draft_tree(b, self.target, spec, &s.params, ids[0], root)?;
+                    let positions = tree.depths.iter().map(|&d| root as u32 + d).collect();
+                    feeding.push(Feed { seq: i, ids: tree.tokens.clone(), positions, wants_logits: true, tree: Some(tree) });
+                }
+                _ => {
+                    let positions = (root as u32..(root + ids.len()) as u32).collect();
+                    feeding.push(Feed { seq: i, ids, positions, wants_logits, tree: None });
+                }
             }
         }
+        self.stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
         let mut out = StepOutput { seqs: Vec::new(), logits: None, taps: None, finished: Vec::new() };
         if !feeding.is_empty() {
             let t = Instant::now();
+            let spec_taps = self.seqs.iter().any(|s| s.spec.is_some());
             let inputs: Vec<SeqInput<'_>> = feeding
                 .iter()
-                .map(|(_, ids, pos, wl)| SeqInput { ids, positions: pos, mask: AttnMask::Causal, logits: wl.then_some(LogitRows::Last) })
+                .map(|f| match &f.tree {
+                    Some(tree) => {
+                        SeqInput { ids: &f.ids, positions: &f.positions, mask: AttnMask::Tree { parents: &tree.parents }, logits: Some(LogitRows::All) }
+                    }
+                    None => SeqInput { ids: &f.ids, positions: &f.positions, mask: AttnMask::Causal, logits: f.wants_logits.then_some(LogitRows::Last) },
+                })
                 .collect();
             // Mutable borrows of the feeding sequences' caches, in `feeding` order.
             let mut caches: Vec<&mut KvCache<B>> = Vec::with_capacity(feeding.len());
             {
-                let mut next = feeding.iter().map(|f| f.0).peekable();
+                let mut next = feeding.iter().map(|f| f.seq).peekable();
                 for (i, s) in self.seqs.iter_mut().enumerate() {
                     if next.peek() == Some(&i) {
                         caches.push(&mut s.cache);
@@ -314,53 +481,93 @@ impl<'a, B: Backend> Batch<'a, B> {
                     }
                 }
             }
-            let fwd = self.target.forward_batch(b, &mut caches, &inputs, &self.opts.taps)?;
+            // Taps: those the options ask for, else the drafters' layers while a speculative
+            // sequence is in the batch (its prefill and its trees' accepted rows feed its drafter).
+            let tap_layers: &[usize] = match self.drafters.first() {
+                Some(d) if self.opts.taps.is_empty() && spec_taps => &d.cfg.target_layer_ids,
+                _ => &self.opts.taps,
+            };
+            let fwd = self.target.forward_batch(b, &mut caches, &inputs, tap_layers)?;
             drop(caches);
             self.stats.forward_ms += t.elapsed().as_secs_f64() * 1e3;
             self.stats.steps += 1;
             self.stats.rows += fwd.input_rows.last().map_or(0, |r| r.end);
 
             // Token choice: argmax once over every row when any greedy sequence took a row; a
-            // sampled sequence draws from its own row with its own parameters.
+            // sampled sequence draws from its own rows with its own parameters.
             let t = Instant::now();
-            let greedy_rows = feeding.iter().zip(&fwd.logit_rows).any(|(f, r)| !r.is_empty() && self.seqs[f.0].params.sampling.temperature < 1e-5);
+            let greedy_rows = feeding.iter().zip(&fwd.logit_rows).any(|(f, r)| !r.is_empty() && self.seqs[f.seq].params.sampling.temperature < 1e-5);
             let argmax = match (&fwd.logits, greedy_rows) {
                 (Some(l), true) => Some(b.argmax(l)?),
                 _ => None,
             };
-            for (k, (i, ids, _, _)) in feeding.iter().enumerate() {
-                let s = &mut self.seqs[*i];
-                s.steps += 1;
-                let first_position = s.fed() - ids.len();
-                let lr = fwd.logit_rows[k].clone();
-                let mut step = SeqStep { id: s.id, input_rows: fwd.input_rows[k].clone(), first_position, logit_row: None, token: None };
-                if let (Some(logits), Some(r)) = (&fwd.logits, lr.clone().next()) {
-                    // The token at absolute position `fed` (the uniform of that position).
-                    let pos = s.fed() as u64;
-                    let p = &s.params;
-                    let tok = if p.sampling.temperature < 1e-5 {
-                        argmax.as_ref().expect("argmax taken when a greedy row exists")[r]
-                    } else {
-                        let row = b.gather_rows(logits, &[r])?;
-                        b.sample(&row, p.sampling, &[rng::uniform(p.seed, pos)])?[0]
-                    };
-                    if s.out.is_empty() {
-                        s.first_token_ms = s.added.elapsed().as_secs_f64() * 1e3;
-                    }
-                    s.out.push(tok);
-                    self.stats.tokens += 1;
-                    if p.stop.contains(&tok) {
-                        s.stopped = true;
-                    }
-                    s.done = s.stopped || s.out.len() >= p.max_new_tokens;
-                    step.logit_row = Some(r);
-                    step.token = Some(tok);
+            // The target's token for logits row `r`, whose sequence position is `pos` (the
+            // uniform of that position at T > 0).
+            let token_at = |p: &GenParams, r: usize, pos: u64| -> Result<u32> {
+                if p.sampling.temperature < 1e-5 {
+                    Ok(argmax.as_ref().expect("argmax taken when a greedy row exists")[r])
+                } else {
+                    let logits = fwd.logits.as_ref().expect("a row was asked for");
+                    Ok(b.sample(&b.gather_rows(logits, &[r])?, p.sampling, &[rng::uniform(p.seed, pos)])?[0])
                 }
+            };
+            for (k, f) in feeding.iter().enumerate() {
+                let s = &mut self.seqs[f.seq];
+                s.steps += 1;
+                let first_position = f.positions[0] as usize;
+                let rows = fwd.input_rows[k].clone();
+                let lr = fwd.logit_rows[k].clone();
+                let mut step =
+                    SeqStep { id: s.id, input_rows: rows.clone(), first_position, logit_row: None, token: None, tokens: Vec::new(), tree_rows: None };
+                match &f.tree {
+                    Some(tree) => {
+                        // Walk the target's tokens down the tree (Engine::generate's accept).
+                        let mut accepted = vec![0usize];
+                        let mut cur = 0usize;
+                        let bonus = loop {
+                            let token = token_at(&s.params, lr.start + cur, f.positions[cur] as u64 + 1)?;
+                            match tree.child_with_token(cur, token) {
+                                Some(child) => {
+                                    accepted.push(child);
+                                    cur = child;
+                                }
+                                None => break token,
+                            }
+                        };
+                        let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
+                        new.push(bonus);
+                        step.tokens = s.commit(&new);
+                        s.cache.compact(b, first_position, &accepted)?;
+                        if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
+                            spec.pending.push(b.gather_rows(tp, &accepted.iter().map(|&a| rows.start + a).collect::<Vec<_>>())?);
+                        }
+                        step.tree_rows = Some(lr);
+                    }
+                    None => {
+                        if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
+                            // A prefill chunk's taps: the drafter's first context.
+                            spec.pending.push(b.gather_rows(tp, &rows.clone().collect::<Vec<_>>())?);
+                        }
+                        if let Some(r) = lr.clone().next() {
+                            // The token at absolute position `fed`.
+                            let tok = token_at(&s.params, r, s.fed() as u64)?;
+                            if s.out.is_empty() {
+                                s.first_token_ms = s.added.elapsed().as_secs_f64() * 1e3;
+                            }
+                            step.tokens = s.commit(&[tok]);
+                            step.logit_row = Some(r);
+                        }
+                    }
+                }
+                step.token = step.tokens.last().copied();
+                self.stats.tokens += step.tokens.len();
                 out.seqs.push(step);
             }
             self.stats.pick_ms += t.elapsed().as_secs_f64() * 1e3;
             out.logits = fwd.logits;
-            out.taps = fwd.taps;
+            if !self.opts.taps.is_empty() {
+                out.taps = fwd.taps;
+            }
         }
         // Leavers: done, and (with taps) their last token fed.
         let mut i = 0;
