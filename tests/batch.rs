@@ -13,6 +13,7 @@ use common::*;
 use sparkling::core::{AttnMask, AttnShape, Backend, RaggedSeq, NO_PARENT};
 use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::decode::batch::{Batch, BatchOptions, SeqId};
+use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{Engine, GenParams, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{Arch, DrafterKind, TargetConfig};
@@ -257,9 +258,14 @@ fn joins_leaves_cancels_and_bad_requests() {
     assert!(batch.step().unwrap().seqs.is_empty(), "an empty batch steps without a forward");
 }
 
-/// Speculative requests (every drafter method, fixed budgets, T = 0 and T > 0, an early stop)
-/// mixed with `ar` ones, batched at once or staggered, whole or chunked prefill: each request
-/// emits its alone tokens, which are the `ar` tokens; trees of different sizes share steps.
+/// One round of a speculative sequence: the tree's tokens and parents, and the accepted path.
+type Round = (Vec<u32>, Vec<u32>, Vec<usize>);
+
+/// Speculative requests (every drafter method, fixed budgets, host and device tree prep,
+/// T = 0 and T > 0, an early stop, one new token only) mixed with `ar` ones, batched at once or
+/// staggered, whole or chunked prefill: each request emits its alone tokens, which are the `ar`
+/// tokens, and verifies the very trees it verifies alone, round by round (so its drafter saw
+/// the same context), accepting the same paths; trees of different sizes share steps.
 #[test]
 fn speculative_methods_batched_equal_alone_and_ar() {
     let b = CpuBackend::new();
@@ -286,13 +292,30 @@ fn speculative_methods_batched_equal_alone_and_ar() {
             (PROMPTS[4].to_vec(), params(Method::DDTree, 8, 0.7, 3, 15, vec![])),
             (PROMPTS[1].to_vec(), params(Method::TreeSpark, 8, 0.0, 0, 14, vec![])),
             (PROMPTS[2].to_vec(), params(Method::Sparkling, 3, 1.0, 9, 18, vec![])),
+            (
+                PROMPTS[3].to_vec(),
+                GenParams {
+                    tree: TreeParams { prep: TreePrep::Device, ..params(Method::Sparkling, 6, 0.0, 0, 16, vec![]).tree },
+                    ..params(Method::Sparkling, 6, 0.0, 0, 16, vec![])
+                },
+            ),
+            (PROMPTS[0].to_vec(), params(Method::DSpark, 8, 0.0, 0, 1, vec![])),
         ];
         // Alone, with the request's method, and as `ar` with the same sampling.
+        let mut alone_rounds: Vec<Vec<Round>> = Vec::new();
         let alone: Vec<(Vec<u32>, bool)> = reqs
             .iter()
             .map(|(p, g)| {
                 let e = Engine { backend: &b, target: &t, drafter: drafter_of(g.method) };
-                let got = e.generate(p, g, &mut |_| {}).unwrap();
+                let mut rounds = Vec::new();
+                let got = e
+                    .generate_observed(p, g, &mut |_| {}, &mut |r| {
+                        if g.method != Method::Ar {
+                            rounds.push((r.tree.tokens.clone(), r.tree.parents.clone(), r.accepted.to_vec()));
+                        }
+                    })
+                    .unwrap();
+                alone_rounds.push(rounds);
                 let as_ar = ar.generate(p, &GenParams { method: Method::Ar, ..g.clone() }, &mut |_| {}).unwrap();
                 assert_eq!((&got.tokens, got.stopped), (&as_ar.tokens, as_ar.stopped), "{arch:?} {:?} alone vs ar", g.method);
                 (got.tokens, got.stopped)
@@ -311,6 +334,7 @@ fn speculative_methods_batched_equal_alone_and_ar() {
                         .unwrap();
                     let mut owner: HashMap<SeqId, usize> = HashMap::new();
                     let mut got: Vec<Option<(Vec<u32>, bool)>> = vec![None; reqs.len()];
+                    let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); reqs.len()];
                     let (mut next, mut step) = (0, 0);
                     while next < reqs.len() || !batch.is_empty() {
                         while next < reqs.len() && batch.len() < max_in_flight && (!stagger || 2 * next <= step) {
@@ -320,6 +344,9 @@ fn speculative_methods_batched_equal_alone_and_ar() {
                         let out = batch.step().unwrap();
                         for st in &out.seqs {
                             assert_eq!(st.token, st.tokens.last().copied());
+                            if let Some(tree) = &st.tree {
+                                rounds[owner[&st.id]].push((tree.tokens.clone(), tree.parents.clone(), st.accepted.clone()));
+                            }
                             multi_token_steps += usize::from(st.tokens.len() > 1);
                             if let Some(r) = &st.tree_rows {
                                 assert_eq!(r.len(), st.input_rows.len(), "a tree block asks for logits of every node");
@@ -333,7 +360,9 @@ fn speculative_methods_batched_equal_alone_and_ar() {
                         assert!(step < 10_000, "batch never drained");
                     }
                     for (i, (g, w)) in got.into_iter().map(|g| g.expect("finished")).zip(&alone).enumerate() {
-                        assert_eq!(&g, w, "{arch:?} request {i} ({:?}) stagger {stagger} in flight {max_in_flight} chunk {chunk}", reqs[i].1.method);
+                        let what = format!("{arch:?} request {i} ({:?}) stagger {stagger} in flight {max_in_flight} chunk {chunk}", reqs[i].1.method);
+                        assert_eq!(&g, w, "{what}");
+                        assert_eq!(rounds[i], alone_rounds[i], "{what}: trees and accepted paths");
                     }
                 }
             }
@@ -366,6 +395,7 @@ fn speculative_batch_requests_are_checked() {
     let s = batch.add(&[1, 2, 3], &params(Method::Sparkling, 8, 0.0, 0, 10, vec![])).unwrap();
     let a = batch.add(&[4, 5], &params(Method::Ar, 1, 0.0, 0, 10, vec![])).unwrap();
     let done = batch.run_to_end().unwrap();
+    assert_eq!(done.len(), 2);
     let want_s =
         Engine { backend: &b, target: &t, drafter: Some(&d) }.generate(&[1, 2, 3], &params(Method::Sparkling, 8, 0.0, 0, 10, vec![]), &mut |_| {}).unwrap();
     let want_a = Engine { backend: &b, target: &t, drafter: None }.generate(&[4, 5], &params(Method::Ar, 1, 0.0, 0, 10, vec![]), &mut |_| {}).unwrap();

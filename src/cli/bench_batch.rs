@@ -1,7 +1,8 @@
 //! `sparkling bench --batch N[,N…]`: the prompt set decoded N sequences at a time with the
 //! batch API (continuous batching: a finished sequence's slot goes to the next prompt at once),
-//! one row per method × budget × N: aggregate tokens/s over the whole set, tokens committed
-//! per sequence and step (τ for the tree methods) and per-sequence latency.
+//! one row per method × budget × N (`ar`: per N): aggregate tokens/s over the whole set, τ
+//! (tokens committed per sequence and decode step after the first token) and per-sequence
+//! latency.
 
 use super::bench::BenchArgs;
 use super::load::Loaded;
@@ -25,7 +26,7 @@ struct Row {
     rows: usize,
     latency_ms: Vec<f64>,
     first_token_ms: Vec<f64>,
-    /// Σ per-sequence steps (for tokens per sequence and step).
+    /// Σ per-sequence decode steps (for τ).
     seq_steps: usize,
     /// Drafter forwards and tree building, s.
     draft_s: f64,
@@ -78,7 +79,7 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], budget: &str, params
             row.new_tokens += f.tokens.len();
             row.latency_ms.push(f.stats.latency_ms);
             row.first_token_ms.push(f.stats.first_token_ms);
-            row.seq_steps += f.stats.steps;
+            row.seq_steps += f.stats.decode_steps;
             tokens[owner[&f.id]] = f.tokens;
             pb.inc(1);
         }
@@ -100,7 +101,8 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     let mut reference: Option<Vec<Vec<u32>>> = None;
     for (budget, params) in runs {
         for &n in &a.batch {
-            pb.set_message(format!("{} b{budget} batch {n}", params.method.name()));
+            let what = if params.method == Method::Ar { "ar".to_string() } else { format!("{} b{budget}", params.method.name()) };
+            pb.set_message(format!("{what} batch {n}"));
             let (mut row, toks) = run_one(m, prompts, budget, params, n.max(1), &pb)?;
             match &reference {
                 None => reference = Some(toks),
@@ -116,7 +118,7 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
     let _ = writeln!(
         table,
-        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | tokens / seq step | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
+        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | τ | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
     );
     let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
@@ -126,7 +128,8 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
         let lat = summary(&r.latency_ms);
         let ftl = summary(&r.first_token_ms);
         let rps = r.rows as f64 / r.steps.max(1) as f64;
-        let per_step = r.new_tokens as f64 / r.seq_steps.max(1) as f64;
+        // τ: tokens after each sequence's first, per decode step.
+        let per_step = r.new_tokens.saturating_sub(r.latency_ms.len()) as f64 / r.seq_steps.max(1) as f64;
         let budget = if r.method == Method::Ar { "-" } else { r.budget.as_str() };
         let _ = writeln!(
             table,
@@ -144,7 +147,7 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
         );
         json_rows.push(serde_json::json!({
             "method": r.method.name(), "budget": budget, "batch": r.batch, "aggregate_tokens_per_s": agg,
-            "speedup_vs_ar_batch_1": speed, "tokens_per_sequence_step": per_step, "draft_s": r.draft_s,
+            "speedup_vs_ar_batch_1": speed, "tau": per_step, "draft_s": r.draft_s,
             "sequences": r.latency_ms.len(), "new_tokens": r.new_tokens, "wall_s": r.wall_s, "steps": r.steps,
             "rows_per_step": rps, "latency_ms": lat, "first_token_ms": ftl,
             "per_sequence_latency_ms": r.latency_ms, "outputs_differing_from_first_row": r.mismatches,

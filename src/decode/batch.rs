@@ -6,7 +6,8 @@
 //! [`GenParams`] (stop tokens, max-new-tokens, temperature / top-k / top-p and seed) and returns
 //! its [`SeqId`]; the sequence joins at the next [`Batch::step`]. Each step packs, for every
 //! sequence in flight, the rows it feeds — its prompt (or the next chunk of it, see
-//! [`BatchOptions::max_prefill_rows`]) when it has just joined, else its last token — into one
+//! [`BatchOptions::max_prefill_rows`]) when it has just joined, else its last token (or, for a
+//! speculative method, its draft tree rooted at that token: below) — into one
 //! [`Target::forward_batch`]: matmuls, norms and RoPE run once over all rows, attention runs
 //! ragged ([`sparkling_core::Backend::attention_ragged`]) with each sequence against its own KV
 //! cache. Each sequence then takes its token from its own logits row (argmax at T = 0; at T > 0
@@ -42,8 +43,8 @@
 //! host ([`propose_scored`], as [`Engine::generate`](super::Engine::generate) does), and feeds
 //! the tree as its block of the ONE packed target forward (`AttnMask::Tree`, positions
 //! `root + depth`, logits of every node); then (3) walks its own logit rows down the tree (the
-//! target's token per node: argmax at T = 0, else the counter-based draw of the node's
-//! position), commits the accepted path plus the bonus token, compacts its KV cache to that
+//! target's token per node: argmax at T = 0, else the counter-based draw of the position the
+//! node predicts, its own + 1), commits the accepted path plus the bonus token, compacts its KV cache to that
 //! path and keeps the path's taps as its next drafter context. Sequences with trees of
 //! different sizes are ragged blocks, and `ar` sequences feed their one row beside them. So
 //! each sequence emits exactly the tokens of decoding it alone with the same method — which,
@@ -89,6 +90,9 @@ pub struct SeqStats {
     pub new_tokens: usize,
     /// Steps this sequence took part in (prefill chunks and a taps-only tail step included).
     pub steps: usize,
+    /// Steps that committed tokens after the first one (one token each for `ar`, a verified
+    /// tree for a speculative method): τ = (new_tokens − 1) / decode_steps.
+    pub decode_steps: usize,
     /// From [`Batch::add`] to its first generated token, ms.
     pub first_token_ms: f64,
     /// From [`Batch::add`] to leaving the batch, ms (the per-sequence latency).
@@ -134,13 +138,19 @@ pub struct SeqStep {
     pub tokens: Vec<u32>,
     /// Rows of [`StepOutput::logits`] of its tree block (one per node), when it verified a tree.
     pub tree_rows: Option<Range<usize>>,
+    /// The draft tree it verified this step (root = its last committed token), if any.
+    pub tree: Option<DraftTree>,
+    /// Nodes of `tree` on the accepted path, root first (the bonus token follows the last).
+    pub accepted: Vec<usize>,
 }
 
 /// Result of one [`Batch::step`].
 pub struct StepOutput<B: Backend> {
     /// Every sequence that fed rows this step, in batch order.
     pub seqs: Vec<SeqStep>,
-    /// Logits of the rows that produced a token (`[rows, V]`), when any did.
+    /// Logits of the rows that asked for them (`[rows, V]`): the last row of each one-token
+    /// block or final prefill chunk, and every node of each tree block (rejected ones included);
+    /// `None` when no row asked.
     pub logits: Option<B::Tensor>,
     /// Taps `[Σ fed rows, n_taps·H]` when [`BatchOptions::taps`] asked for them.
     pub taps: Option<B::Tensor>,
@@ -159,7 +169,8 @@ pub struct BatchStats {
     pub tokens: usize,
     /// Target forward time, ms.
     pub forward_ms: f64,
-    /// Token choice (argmax / sampling) and tree acceptance, ms.
+    /// Token choice (argmax / sampling), tree acceptance, KV compaction and the drafters'
+    /// context taps, ms.
     pub pick_ms: f64,
     /// Drafter forwards and tree building of the speculative sequences, ms.
     pub draft_ms: f64,
@@ -191,6 +202,7 @@ struct Seq<'a, B: Backend> {
     added: Instant,
     first_token_ms: f64,
     steps: usize,
+    decode_steps: usize,
 }
 
 impl<B: Backend> Seq<'_, B> {
@@ -243,6 +255,7 @@ impl<B: Backend> Seq<'_, B> {
             prompt_tokens: self.prompt.len(),
             new_tokens: self.out.len(),
             steps: self.steps,
+            decode_steps: self.decode_steps,
             first_token_ms: self.first_token_ms,
             latency_ms: self.added.elapsed().as_secs_f64() * 1e3,
         };
@@ -256,7 +269,8 @@ impl<B: Backend> Seq<'_, B> {
 fn draft_tree<B: Backend>(b: &B, target: &Target<B>, spec: &mut Spec<'_, B>, p: &GenParams, anchor: u32, root: usize) -> Result<DraftTree> {
     let d = spec.drafter;
     if spec.pending.is_empty() {
-        return Ok(super::propose::Proposal::root(anchor).tree);
+        // Every committed token's taps are pushed as it is fed; none pending is a logic error.
+        return Err(Error::Input(format!("batch: no drafter context for the round at position {root}")));
     }
     let ctx = if spec.pending.len() == 1 {
         spec.pending.pop().expect("one pending entry")
@@ -326,8 +340,7 @@ impl<'a, B: Backend> Batch<'a, B> {
         if !self.opts.taps.is_empty() {
             return Err(Error::Input("a batch with taps (BatchOptions::taps, gen-data) decodes `ar` only: no drafter".into()));
         }
-        if let Some(d) = self.drafters.iter().find(|d| d.cfg.kind == drafter.cfg.kind) {
-            let _ = d;
+        if self.drafters.iter().any(|d| d.cfg.kind == drafter.cfg.kind) {
             return Err(Error::Input(format!("the batch has a {:?} drafter already", drafter.cfg.kind)));
         }
         if let Some(d) = self.drafters.first() {
@@ -395,6 +408,7 @@ impl<'a, B: Backend> Batch<'a, B> {
             added: Instant::now(),
             first_token_ms: 0.0,
             steps: 0,
+            decode_steps: 0,
         });
         Ok(id)
     }
@@ -517,8 +531,17 @@ impl<'a, B: Backend> Batch<'a, B> {
                 let first_position = f.positions[0] as usize;
                 let rows = fwd.input_rows[k].clone();
                 let lr = fwd.logit_rows[k].clone();
-                let mut step =
-                    SeqStep { id: s.id, input_rows: rows.clone(), first_position, logit_row: None, token: None, tokens: Vec::new(), tree_rows: None };
+                let mut step = SeqStep {
+                    id: s.id,
+                    input_rows: rows.clone(),
+                    first_position,
+                    logit_row: None,
+                    token: None,
+                    tokens: Vec::new(),
+                    tree_rows: None,
+                    tree: None,
+                    accepted: Vec::new(),
+                };
                 match &f.tree {
                     Some(tree) => {
                         // Walk the target's tokens down the tree (Engine::generate's accept).
@@ -542,6 +565,8 @@ impl<'a, B: Backend> Batch<'a, B> {
                             spec.pending.push(b.gather_rows(tp, &accepted.iter().map(|&a| rows.start + a).collect::<Vec<_>>())?);
                         }
                         step.tree_rows = Some(lr);
+                        step.tree = Some(tree.clone());
+                        step.accepted = accepted;
                     }
                     None => {
                         if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
@@ -560,6 +585,9 @@ impl<'a, B: Backend> Batch<'a, B> {
                     }
                 }
                 step.token = step.tokens.last().copied();
+                if first_position >= s.prompt.len() && !step.tokens.is_empty() {
+                    s.decode_steps += 1;
+                }
                 self.stats.tokens += step.tokens.len();
                 out.seqs.push(step);
             }
