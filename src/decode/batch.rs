@@ -44,8 +44,8 @@
 //! the tree as its block of the ONE packed target forward (`AttnMask::Tree`, positions
 //! `root + depth`, logits of every node); then (3) walks its own logit rows down the tree (the
 //! target's token per node: argmax at T = 0, else the counter-based draw of the position the
-//! node predicts, its own + 1), commits the accepted path plus the bonus token, compacts its KV cache to that
-//! path and keeps the path's taps as its next drafter context. Sequences with trees of
+//! node predicts, its own + 1), commits the accepted path plus the bonus token, compacts its KV
+//! cache to that path and keeps the path's taps as its next drafter context. Sequences with trees of
 //! different sizes are ragged blocks, and `ar` sequences feed their one row beside them. So
 //! each sequence emits exactly the tokens of decoding it alone with the same method — which,
 //! at T = 0 and at T > 0 with the same seed, are the `ar` tokens. The drafter forwards run one
