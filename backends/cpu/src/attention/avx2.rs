@@ -17,6 +17,89 @@ unsafe fn reduce8x8(a: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))
 }
 
+/// Most query heads one multi-query pass keeps in registers: 4 accumulators each (8 keys of
+/// scores, or 64 outputs of values) plus 4 registers of keys or values, within AVX-512's 32.
+const MULTI: usize = 6;
+
+/// [`scores16`] for `Q` query heads at once over keys `t0..t1` (whole 8-key tiles, every key a
+/// prefix row of every query's row, so cache row = `t`): each tile of keys is loaded and
+/// converted once for all `Q` heads instead of once per head. Head `i`'s query, duplicated into
+/// both 256-bit halves chunk by chunk, is at `qd[i]` (`2·hd` values); its scores go to
+/// `sp[i][t]`. Each head's lanes run [`scores16`]'s chains in the same order (the same bits).
+#[inline(always)]
+unsafe fn scores16_multi<E: KvElem, const Q: usize>(kv: &KvHead<'_, E>, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
+    let hd = kv.hd;
+    let kp = kv.k.as_ptr().add(kv.off);
+    let mut t = t0;
+    while t < t1 {
+        let base = kp.add(t * kv.stride);
+        let mut acc = [[_mm512_setzero_ps(); 4]; Q];
+        let mut d = 0;
+        while d < hd {
+            let mut kt = [_mm512_setzero_ps(); 4];
+            for (i, k) in kt.iter_mut().enumerate() {
+                *k = E::load8x2(base.add(2 * i * kv.stride + d), base.add((2 * i + 1) * kv.stride + d));
+            }
+            for (h, a) in acc.iter_mut().enumerate() {
+                let qv = _mm512_loadu_ps(qd[h].add(2 * d));
+                for (i, ai) in a.iter_mut().enumerate() {
+                    *ai = _mm512_fmadd_ps(qv, kt[i], *ai);
+                }
+            }
+            d += 8;
+        }
+        for (h, a) in acc.iter().enumerate() {
+            let mut halves = [_mm256_setzero_ps(); 8];
+            for (i, ai) in a.iter().enumerate() {
+                halves[2 * i] = _mm512_castps512_ps256(*ai);
+                halves[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*ai)));
+            }
+            _mm256_storeu_ps(sp[h].add(t), _mm256_mul_ps(reduce8x8(&halves), scale));
+        }
+        t += 8;
+    }
+}
+
+/// [`values16`] for `Q` query heads at once over keys `t0..t1` (prefix rows of every query's
+/// row, cache row = `t`): each value row's `16·C` values from `base` are loaded and converted
+/// once for all heads. Head `i`'s probabilities at `p[i]`, outputs at `out[i]`; each output is
+/// the same fused chain, in the same order, as in [`values16`] (the same bits).
+#[inline(always)]
+unsafe fn values16_multi<E: KvElem, const C: usize, const Q: usize>(
+    kv: &KvHead<'_, E>,
+    p: &[*const f32; MULTI],
+    t0: usize,
+    t1: usize,
+    base: usize,
+    out: &[*mut f32; MULTI],
+) {
+    let mut o = [[_mm512_setzero_ps(); C]; Q];
+    for (h, oh) in o.iter_mut().enumerate() {
+        for (c, oc) in oh.iter_mut().enumerate() {
+            *oc = _mm512_loadu_ps(out[h].add(base + 16 * c));
+        }
+    }
+    let vp = kv.v.as_ptr().add(kv.off + base);
+    for t in t0..t1 {
+        let row = vp.add(t * kv.stride);
+        let mut vt = [_mm512_setzero_ps(); C];
+        for (c, v) in vt.iter_mut().enumerate() {
+            *v = E::load16(row.add(16 * c));
+        }
+        for (h, oh) in o.iter_mut().enumerate() {
+            let pb = _mm512_set1_ps(*p[h].add(t));
+            for (c, oc) in oh.iter_mut().enumerate() {
+                *oc = _mm512_fmadd_ps(pb, vt[c], *oc);
+            }
+        }
+    }
+    for (h, oh) in o.iter().enumerate() {
+        for (c, oc) in oh.iter().enumerate() {
+            _mm512_storeu_ps(out[h].add(base + 16 * c), *oc);
+        }
+    }
+}
+
 /// `r8` of one vector.
 #[inline(always)]
 unsafe fn reduce8(v: __m256) -> f32 {
@@ -151,7 +234,8 @@ pub(super) unsafe fn attend_rows_avx512<E: KvElem>(
     body::<E, true>(rows, group, kv, scale, out, scratch)
 }
 
-/// Both entry points (`WIDE`: 512-bit score and value passes).
+/// Both entry points (`WIDE`: 512-bit score and value passes; query heads whose rows share a
+/// prefix of keys also share their loads, [`scores16_multi`] / [`values16_multi`]).
 #[inline(always)]
 unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_, E>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
     let hd = kv.hd;
@@ -165,41 +249,91 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
         assert!(n > 0 && row.q.len() >= w && last * kv.stride + kv.off + hd <= kv.k.len());
         nmax = nmax.max(n);
     }
-    // Scores (then probabilities) of row r, head g at `(r·group + g)·stride`, and the
-    // heads' 1/sum after them.
+    // Scores (then probabilities) of row r, head g at `(r·group + g)·stride`, the heads'
+    // 1/sum after them, then (WIDE) each head's query duplicated into both 256-bit halves.
     let stride = nmax.div_ceil(8) * 8;
     let heads = rows.len() * group;
+    let dup = if WIDE { heads * 2 * hd } else { 0 };
     scratch.clear();
-    scratch.resize(heads * stride + heads, 0.0);
+    scratch.resize(heads * stride + heads + dup, 0.0);
     let sp = scratch.as_mut_ptr();
     let inv = sp.add(heads * stride);
+    let qdp = inv.add(heads);
+    let qp = |h: usize| rows[h / group].q.as_ptr().add((h % group) * hd);
+    if WIDE {
+        for h in 0..heads {
+            let mut d = 0;
+            while d < hd {
+                std::ptr::copy_nonoverlapping(qp(h).add(d), qdp.add(h * 2 * hd + 2 * d), 8);
+                std::ptr::copy_nonoverlapping(qp(h).add(d), qdp.add(h * 2 * hd + 2 * d + 8), 8);
+                d += 8;
+            }
+        }
+    }
+    // Query sets of the multi-query passes: up to MULTI consecutive heads (row after row) and
+    // the keys every one of their rows sees as prefix rows.
+    let set = |s0: usize| {
+        let s1 = (s0 + MULTI).min(heads);
+        let common = (s0 / group..=(s1 - 1) / group).map(|r| rows[r].vis.prefix).min().unwrap_or(0);
+        (s1, common)
+    };
     let scale_v = _mm256_set1_ps(scale);
     // 1. Scores, chunk by chunk of keys, every row over a chunk while it is in cache.
     let mut c0 = 0;
     while c0 < nmax {
         let c1 = (c0 + super::CHUNK).min(nmax);
-        for (r, row) in rows.iter().enumerate() {
-            let end = c1.min(row.vis.len());
-            for g in 0..group {
-                let (qp, spg) = (row.q.as_ptr().add(g * hd), sp.add((r * group + g) * stride));
-                if WIDE {
-                    scores16(&kv, &row.vis, qp, c0, end, scale_v, spg);
-                } else {
-                    scores(&kv, &row.vis, qp, c0, end, scale_v, spg);
+        if WIDE {
+            let mut s0 = 0;
+            while s0 < heads {
+                let (s1, common) = set(s0);
+                // Whole tiles of shared prefix keys in this chunk, then each head's own rest.
+                let m1 = if common > c0 { c0 + (c1.min(common) - c0) / 8 * 8 } else { c0 };
+                if m1 > c0 {
+                    let (mut qd, mut so) = ([std::ptr::null(); MULTI], [std::ptr::null_mut(); MULTI]);
+                    for h in s0..s1 {
+                        qd[h - s0] = qdp.add(h * 2 * hd) as *const f32;
+                        so[h - s0] = sp.add(h * stride);
+                    }
+                    match s1 - s0 {
+                        1 => scores16_multi::<E, 1>(&kv, &qd, c0, m1, scale_v, &so),
+                        2 => scores16_multi::<E, 2>(&kv, &qd, c0, m1, scale_v, &so),
+                        3 => scores16_multi::<E, 3>(&kv, &qd, c0, m1, scale_v, &so),
+                        4 => scores16_multi::<E, 4>(&kv, &qd, c0, m1, scale_v, &so),
+                        5 => scores16_multi::<E, 5>(&kv, &qd, c0, m1, scale_v, &so),
+                        _ => scores16_multi::<E, 6>(&kv, &qd, c0, m1, scale_v, &so),
+                    }
+                }
+                for h in s0..s1 {
+                    let vis = &rows[h / group].vis;
+                    scores16(&kv, vis, qp(h), m1, c1.min(vis.len()), scale_v, sp.add(h * stride));
+                }
+                s0 = s1;
+            }
+        } else {
+            for (r, row) in rows.iter().enumerate() {
+                let end = c1.min(row.vis.len());
+                for g in 0..group {
+                    scores(&kv, &row.vis, qp(r * group + g), c0, end, scale_v, sp.add((r * group + g) * stride));
                 }
             }
         }
         c0 = c1;
     }
-    // 2. Per head: max, probabilities (padding lanes 0), 1/sum.
+    // 2. Per head: max (exact in any order: one vector pass, NaN scores ignored as
+    //    `f32::max` ignores them), probabilities (padding lanes 0), 1/sum.
     for (r, row) in rows.iter().enumerate() {
         let (n, n8) = (row.vis.len(), row.vis.len().div_ceil(8) * 8);
         for g in 0..group {
             let s = std::slice::from_raw_parts_mut(sp.add((r * group + g) * stride), n8);
-            let mut mx = f32::NEG_INFINITY;
-            for &v in &s[..n] {
-                mx = mx.max(v);
+            let mut lanes = _mm256_set1_ps(f32::NEG_INFINITY);
+            let mut t = 0;
+            while t + 8 <= n {
+                lanes = _mm256_max_ps(_mm256_loadu_ps(s.as_ptr().add(t)), lanes);
+                t += 8;
             }
+            let mut l8 = [0.0f32; 8];
+            _mm256_storeu_ps(l8.as_mut_ptr(), lanes);
+            let mx = l8.iter().chain(&s[t..n]).fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             let mv = _mm256_set1_ps(mx);
             let mut t = 0;
             while t < n8 {
@@ -222,31 +356,56 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
     let mut c0 = 0;
     while c0 < nmax {
         let c1 = (c0 + super::CHUNK).min(nmax);
-        for (r, row) in rows.iter().enumerate() {
-            let end = c1.min(row.vis.len());
-            if c0 >= end {
-                continue;
-            }
-            for g in 0..group {
-                let (p, o) = (sp.add((r * group + g) * stride) as *const f32, op.add((r * group + g) * hd));
+        let mut s0 = 0;
+        while s0 < heads {
+            let (s1, common) = if WIDE { set(s0) } else { (s0 + 1, 0) };
+            // Shared prefix keys of this chunk for the whole set, then each head's own rest.
+            let m1 = c1.min(common).max(c0);
+            if m1 > c0 {
+                let (mut pp, mut oo) = ([std::ptr::null(); MULTI], [std::ptr::null_mut(); MULTI]);
+                for h in s0..s1 {
+                    pp[h - s0] = sp.add(h * stride) as *const f32;
+                    oo[h - s0] = op.add(h * hd);
+                }
                 let mut base = 0;
-                while WIDE && base + 64 <= hd {
-                    values16::<E, 4>(&kv, &row.vis, p, c0, end, base, o);
+                while base + 64 <= hd {
+                    match s1 - s0 {
+                        1 => values16_multi::<E, 4, 1>(&kv, &pp, c0, m1, base, &oo),
+                        2 => values16_multi::<E, 4, 2>(&kv, &pp, c0, m1, base, &oo),
+                        3 => values16_multi::<E, 4, 3>(&kv, &pp, c0, m1, base, &oo),
+                        4 => values16_multi::<E, 4, 4>(&kv, &pp, c0, m1, base, &oo),
+                        5 => values16_multi::<E, 4, 5>(&kv, &pp, c0, m1, base, &oo),
+                        _ => values16_multi::<E, 4, 6>(&kv, &pp, c0, m1, base, &oo),
+                    }
                     base += 64;
                 }
-                while WIDE && base + 16 <= hd {
-                    values16::<E, 1>(&kv, &row.vis, p, c0, end, base, o);
+                while base + 16 <= hd {
+                    match s1 - s0 {
+                        1 => values16_multi::<E, 1, 1>(&kv, &pp, c0, m1, base, &oo),
+                        2 => values16_multi::<E, 1, 2>(&kv, &pp, c0, m1, base, &oo),
+                        3 => values16_multi::<E, 1, 3>(&kv, &pp, c0, m1, base, &oo),
+                        4 => values16_multi::<E, 1, 4>(&kv, &pp, c0, m1, base, &oo),
+                        5 => values16_multi::<E, 1, 5>(&kv, &pp, c0, m1, base, &oo),
+                        _ => values16_multi::<E, 1, 6>(&kv, &pp, c0, m1, base, &oo),
+                    }
                     base += 16;
                 }
-                while base + 64 <= hd {
-                    values::<E, 8>(&kv, &row.vis, p, c0, end, base, o);
-                    base += 64;
-                }
-                while base < hd {
-                    values::<E, 1>(&kv, &row.vis, p, c0, end, base, o);
-                    base += 8;
+                for h in s0..s1 {
+                    let mut b = base;
+                    while b < hd {
+                        values::<E, 1>(&kv, &rows[h / group].vis, pp[h - s0], c0, m1, b, oo[h - s0]);
+                        b += 8;
+                    }
                 }
             }
+            for h in s0..s1 {
+                let vis = &rows[h / group].vis;
+                let end = c1.min(vis.len());
+                if m1 < end {
+                    values_head::<E, WIDE>(&kv, vis, sp.add(h * stride), m1, end, op.add(h * hd));
+                }
+            }
+            s0 = s1;
         }
         c0 = c1;
     }
@@ -258,5 +417,29 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
             _mm256_storeu_ps(o.add(d), _mm256_mul_ps(_mm256_loadu_ps(o.add(d)), iv));
             d += 8;
         }
+    }
+}
+
+/// One head's value pass over visible keys `t0..t1`: every output of the head (module docs,
+/// step 4), in 64-, then 16- (`WIDE`) or 8-value blocks.
+#[inline(always)]
+unsafe fn values_head<E: KvElem, const WIDE: bool>(kv: &KvHead<'_, E>, vis: &Visible<'_>, p: *const f32, t0: usize, t1: usize, o: *mut f32) {
+    let hd = kv.hd;
+    let mut base = 0;
+    while WIDE && base + 64 <= hd {
+        values16::<E, 4>(kv, vis, p, t0, t1, base, o);
+        base += 64;
+    }
+    while WIDE && base + 16 <= hd {
+        values16::<E, 1>(kv, vis, p, t0, t1, base, o);
+        base += 16;
+    }
+    while base + 64 <= hd {
+        values::<E, 8>(kv, vis, p, t0, t1, base, o);
+        base += 64;
+    }
+    while base < hd {
+        values::<E, 1>(kv, vis, p, t0, t1, base, o);
+        base += 8;
     }
 }

@@ -20,7 +20,12 @@
 //! 64 output values in registers, so a key costs about 20 vector instructions per head
 //! (scalar `exp` and a load/store per value before). On CPUs with AVX-512 the same arithmetic
 //! runs on 512-bit registers (two keys per score instruction, 16 outputs per value
-//! instruction), every lane doing the same operations in the same order: the same bits.
+//! instruction), every lane doing the same operations in the same order: the same bits. There,
+//! up to six query heads of a call (a GQA group's heads, and the rows of a tree verify or a
+//! prefill) run together over the keys that all their rows see as prefix rows, so each key and
+//! value row is loaded and converted once for the six instead of once per head; each head's
+//! chains are unchanged (the same bits). The max of step 2 is one vector pass (exact in any
+//! order).
 //!
 //! # The portable path
 //! `s_t = dot(q, k_t)·scale` ([`crate::kernels::dot`]'s blocked order), `m = max s_t`, then for

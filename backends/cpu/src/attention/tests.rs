@@ -148,3 +148,71 @@ fn attention_equals_the_reference_of_the_path_in_use_bit_for_bit() {
         }
     }
 }
+
+/// The shapes the multi-query passes share loads on: a 1+8 tree verify (every row sees the same
+/// prefix, then its own ancestors), a prefill block (each row one key more than the last) and
+/// a mix of both with rows that see no prefix, each row against the reference of the path in
+/// use, with every head count per call from 1 to 7 (query sets of 1–6 heads and a remainder).
+#[test]
+fn rows_that_share_a_prefix_equal_the_reference_bit_for_bit() {
+    let mut seed = 11u64;
+    let avx2 = cfg!(target_arch = "x86_64") && crate::isa::active() >= crate::isa::Isa::Avx2;
+    let (hd, kvh, prefix) = (64usize, 2usize, 141usize);
+    let parents = [usize::MAX, 0, 0, 1, 1, 2, 3, 6, 5];
+    let n = prefix + parents.len();
+    let stride = hd * kvh;
+    let (k, v) = (rnd(&mut seed, n * stride), rnd(&mut seed, n * stride));
+    let (k16, v16): (Vec<half::f16>, Vec<half::f16>) =
+        (k.iter().map(|&x| half::f16::from_f32(x)).collect(), v.iter().map(|&x| half::f16::from_f32(x)).collect());
+    let (kr, vr): (Vec<f32>, Vec<f32>) = (k16.iter().map(|h| h.to_f32()).collect(), v16.iter().map(|h| h.to_f32()).collect());
+    let scale = 1.0 / (hd as f32).sqrt();
+    // Tree rows: ancestors (block offsets) of node i, itself included, ascending.
+    let anc: Vec<Vec<usize>> = (0..parents.len())
+        .map(|i| {
+            let mut a = vec![i];
+            while parents[*a.last().unwrap()] != usize::MAX {
+                a.push(parents[*a.last().unwrap()]);
+            }
+            a.reverse();
+            a.into_iter().map(|j| prefix + j).collect()
+        })
+        .collect();
+    let sparse: Vec<usize> = (0..n).step_by(5).collect();
+    let mut shapes: Vec<(&str, Vec<Visible<'_>>)> = vec![
+        ("tree verify", anc.iter().map(|a| Visible { prefix, extra: a }).collect()),
+        ("prefill", (0..17).map(|i| Visible { prefix: prefix - 16 + i, extra: &[] }).collect()),
+    ];
+    let mut mixed: Vec<Visible<'_>> = anc.iter().take(4).map(|a| Visible { prefix, extra: a }).collect();
+    mixed.insert(2, Visible { prefix: 0, extra: &sparse });
+    mixed.push(Visible { prefix: 7, extra: &[] });
+    shapes.push(("mixed", mixed));
+    for group in 1..=7usize {
+        let w = group * hd;
+        for (name, vis) in &shapes {
+            let qs: Vec<Vec<f32>> = vis.iter().map(|_| rnd(&mut seed, w)).collect();
+            for kh in 0..kvh {
+                let kv = KvHead { k: &kr[..], v: &vr[..], stride, off: kh * hd, hd };
+                let rows: Vec<QueryRow<'_>> = vis.iter().zip(&qs).map(|(&vis, q)| QueryRow { q, vis }).collect();
+                let mut got = vec![3.0f32; rows.len() * w];
+                attend_rows(&rows, group, kv, scale, &mut got, &mut vec![5.0; 2]);
+                let mut got16 = vec![4.0f32; rows.len() * w];
+                attend_rows(&rows, group, KvHead { k: &k16[..], v: &v16[..], stride, off: kh * hd, hd }, scale, &mut got16, &mut Vec::new());
+                for (r, (vis, q)) in vis.iter().zip(&qs).enumerate() {
+                    let keys: Vec<usize> = (0..vis.len()).map(|t| vis.row(t)).collect();
+                    let mut want = vec![0.0f32; w];
+                    for g in 0..group {
+                        let (qg, og) = (&q[g * hd..(g + 1) * hd], &mut want[g * hd..(g + 1) * hd]);
+                        if avx2 {
+                            avx2_reference(qg, kv, &keys, scale, og);
+                        } else {
+                            portable_reference(qg, kv, &keys, scale, og);
+                        }
+                    }
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got[r * w..(r + 1) * w]), bits(&want), "{name}, row {r} of {}, group {group}, kv head {kh}, f32 cache", rows.len());
+                    assert_eq!(bits(&got16[r * w..(r + 1) * w]), bits(&want), "{name}, row {r}, group {group}, kv head {kh}, f16 cache");
+                }
+            }
+        }
+    }
+}
