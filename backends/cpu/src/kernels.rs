@@ -80,8 +80,62 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     total
 }
 
-/// Index of the largest value (lowest index on ties; NaN never wins).
+/// Index of the largest value (lowest index on ties; NaN never wins; 0 when no value is above
+/// −∞). AVX2 where the CPU has it (8 lanes each keeping its first maximum, then the lowest index
+/// among the lanes holding the overall maximum: the same index as the scalar scan), else
+/// [`argmax_portable`].
 pub fn argmax(row: &[f32]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if row.len() >= 16 && crate::isa::active() >= crate::isa::Isa::Avx2 {
+            // SAFETY: `isa::active` only reports Avx2 when avx2 was detected.
+            return unsafe { argmax_avx2(row) };
+        }
+    }
+    argmax_portable(row)
+}
+
+/// [`argmax`] on 8 lanes. Caller guarantees avx2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn argmax_avx2(row: &[f32]) -> u32 {
+    use std::arch::x86_64::*;
+    let n8 = row.len() / 8 * 8;
+    let mut best = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut best_at = _mm256_setzero_si256();
+    let mut at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let eight = _mm256_set1_epi32(8);
+    let mut i = 0;
+    while i < n8 {
+        let v = _mm256_loadu_ps(row.as_ptr().add(i));
+        // Ordered compare: false for NaN, and strict, so a lane keeps its first maximum.
+        let gt = _mm256_cmp_ps::<_CMP_GT_OQ>(v, best);
+        best = _mm256_blendv_ps(best, v, gt);
+        best_at = _mm256_blendv_epi8(best_at, at, _mm256_castps_si256(gt));
+        at = _mm256_add_epi32(at, eight);
+        i += 8;
+    }
+    let (mut lanes, mut lanes_at) = ([0.0f32; 8], [0i32; 8]);
+    _mm256_storeu_ps(lanes.as_mut_ptr(), best);
+    _mm256_storeu_si256(lanes_at.as_mut_ptr() as *mut __m256i, best_at);
+    let (mut best_v, mut best_i) = (f32::NEG_INFINITY, 0usize);
+    for (&v, &a) in lanes.iter().zip(&lanes_at) {
+        if v > best_v || (v == best_v && v > f32::NEG_INFINITY && (a as usize) < best_i) {
+            best_v = v;
+            best_i = a as usize;
+        }
+    }
+    for (j, &v) in row.iter().enumerate().skip(n8) {
+        if v > best_v {
+            best_v = v;
+            best_i = j;
+        }
+    }
+    best_i as u32
+}
+
+/// The portable [`argmax`]: one scan, strict `>`.
+pub fn argmax_portable(row: &[f32]) -> u32 {
     let mut best = 0usize;
     let mut best_v = f32::NEG_INFINITY;
     for (i, &v) in row.iter().enumerate() {
@@ -155,6 +209,36 @@ mod tests {
     #[test]
     fn argmax_lowest_index_on_ties() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+    }
+
+    /// The dispatched argmax (AVX2 where the CPU has it) equals the portable scan on rows with
+    /// ties across and within lanes, NaNs, infinities, only −∞ and lengths around the 8 lanes.
+    #[test]
+    fn argmax_equals_the_portable_scan() {
+        let mut seed = 3u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for len in [1usize, 7, 8, 15, 16, 17, 23, 64, 100, 1001] {
+            for case in 0..40 {
+                // Few distinct values, so ties are common; some NaN and ±∞.
+                let row: Vec<f32> = (0..len)
+                    .map(|_| match next() % 23 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 if case % 5 == 0 => f32::INFINITY,
+                        r => (r % 7) as f32 - 3.0,
+                    })
+                    .collect();
+                assert_eq!(argmax(&row), argmax_portable(&row), "len {len} case {case}: {row:?}");
+                let low: Vec<f32> = row.iter().map(|&v| if v.is_nan() { v } else { f32::NEG_INFINITY }).collect();
+                assert_eq!(argmax(&low), argmax_portable(&low), "len {len} case {case}: only -inf and NaN");
+                let mut late = vec![0.0f32; len];
+                late[len - 1] = 1.0;
+                assert_eq!(argmax(&late), (len - 1) as u32);
+            }
+        }
     }
 
     #[test]
