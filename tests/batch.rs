@@ -17,7 +17,7 @@ use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{Engine, GenParams, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{Arch, DrafterKind, TargetConfig};
-use sparkling::model::drafter::Drafter;
+use sparkling::model::drafter::{DraftJob, Drafter};
 use sparkling::model::target::{LogitRows, Target};
 use std::collections::HashMap;
 
@@ -180,6 +180,74 @@ fn cpu_ragged_attention_equals_per_sequence_attention() {
     bad[0].q_rows = 0;
     assert!(b.attention_ragged(&q, &bad, shape).is_err());
     assert!(b.attention_ragged(&q, &[], shape).is_err());
+}
+
+/// A packed drafter forward (`Drafter::draft_batch`: jobs of different context lengths, cache
+/// lengths and depths) gives each job the logits of its forward alone, bit for bit, and leaves
+/// its draft cache as the forward alone does (the next round, alone, agrees too); for both
+/// drafter kinds, on random models.
+#[test]
+fn packed_drafter_forward_equals_each_forward_alone() {
+    let b = CpuBackend::new();
+    let td = tmpdir("target");
+    let t = random_target(td.path(), Arch::Llama, 48, 17);
+    let pseudo = |n: usize, seed: u64| -> Vec<f32> {
+        let mut s = seed;
+        (0..n).map(|_| (sparkling::decode::rng::splitmix64_next(&mut s) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).collect()
+    };
+    for (kind, rank) in [(DrafterKind::DSpark, 4), (DrafterKind::DFlash, 0)] {
+        let dd = tmpdir("drafter");
+        let d = random_drafter(dd.path(), &t.cfg, kind, 8, rank, 23);
+        let width = d.cfg.target_layer_ids.len() * t.cfg.hidden;
+        // (context rows of round 1, of round 2, depth of round 2, anchor).
+        let jobs = [(3usize, 2usize, 8usize, 5u32), (1, 1, 2, 9), (6, 4, 5, 11)];
+        let taps = |rows: usize, seed: u64| b.upload(&pseudo(rows * width, seed), rows, width).unwrap();
+        let (mut alone, mut packed) = (Vec::new(), Vec::new());
+        for (i, &(l1, _, _, anchor)) in jobs.iter().enumerate() {
+            for caches in [&mut alone, &mut packed] {
+                let mut c = d.new_cache(&b, 64).unwrap();
+                d.draft(&b, &t, &mut c, &taps(l1, 100 + i as u64), anchor, l1, 8).unwrap();
+                caches.push(c);
+            }
+        }
+        let round2: Vec<_> = jobs.iter().enumerate().map(|(i, &(_, l2, _, _))| taps(l2, 200 + i as u64)).collect();
+        let want: Vec<Vec<f32>> = jobs
+            .iter()
+            .zip(alone.iter_mut())
+            .zip(&round2)
+            .map(|((&(l1, l2, depth, anchor), c), tp)| b.download(&d.draft(&b, &t, c, tp, anchor + 1, l1 + l2, depth).unwrap()).unwrap())
+            .collect();
+        let mut batch: Vec<DraftJob<'_, CpuBackend>> = jobs
+            .iter()
+            .zip(packed.iter_mut())
+            .zip(&round2)
+            .map(|((&(l1, l2, depth, anchor), cache), taps)| DraftJob { cache, taps, anchor: anchor + 1, root_pos: l1 + l2, depth })
+            .collect();
+        let got = d.draft_batch(&b, &t, &mut batch).unwrap();
+        drop(batch);
+        assert_eq!(got.len(), jobs.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(&b.download(g).unwrap(), w, "{kind:?} job {i}: packed logits differ from the forward alone");
+            assert_eq!(packed[i].len, alone[i].len, "{kind:?} job {i}: cache length");
+        }
+        for (i, &(l1, l2, _, anchor)) in jobs.iter().enumerate() {
+            let next = taps(1, 300 + i as u64);
+            let a = b.download(&d.draft(&b, &t, &mut alone[i], &next, anchor, l1 + l2 + 1, 3).unwrap()).unwrap();
+            let p = b.download(&d.draft(&b, &t, &mut packed[i], &next, anchor, l1 + l2 + 1, 3).unwrap()).unwrap();
+            assert_eq!(a, p, "{kind:?} job {i}: the round after the packed one");
+        }
+        // A job whose context does not end at its root is refused, naming it.
+        let mut bad: Vec<DraftJob<'_, CpuBackend>> = packed
+            .iter_mut()
+            .zip(&round2)
+            .map(|(cache, taps)| {
+                let root_pos = cache.len + 9;
+                DraftJob { cache, taps, anchor: 1, root_pos, depth: 2 }
+            })
+            .collect();
+        let e = d.draft_batch(&b, &t, &mut bad).err().expect("a misplaced context is an error").to_string();
+        assert!(e.contains("drafter job 0"), "{e}");
+    }
 }
 
 /// With taps requested, every token of prompt + answer gets its tap row (a finished sequence

@@ -48,15 +48,17 @@
 //! cache to that path and keeps the path's taps as its next drafter context. Sequences with trees of
 //! different sizes are ragged blocks, and `ar` sequences feed their one row beside them. So
 //! each sequence emits exactly the tokens of decoding it alone with the same method — which,
-//! at T = 0 and at T > 0 with the same seed, are the `ar` tokens. The drafter forwards run one
-//! sequence after another (each on its own draft cache); `--budget auto` is not batched (its
-//! policy measures single-sequence rounds) and is refused.
+//! at T = 0 and at T > 0 with the same seed, are the `ar` tokens. The sequences of one drafter
+//! draft in ONE packed drafter forward per step ([`Drafter::draft_batch`]: their rows packed,
+//! attention ragged over their own draft caches; each sequence's logits the bits of its forward
+//! alone); `--budget auto` is not batched (its policy measures single-sequence rounds) and is
+//! refused.
 
-use super::propose::{propose_scored, DraftLogits, TreeParams, TreePrep};
+use super::propose::{propose_scored, take_context, DraftLogits, TreeParams, TreePrep};
 use super::rng;
 use super::{Engine, GenParams, Method};
 use crate::error::{Error, Result};
-use crate::model::drafter::Drafter;
+use crate::model::drafter::{DraftJob, Drafter};
 use crate::model::layer::KvCache;
 use crate::model::target::{LogitRows, SeqInput, Target};
 use sparkling_core::tree::DraftTree;
@@ -263,36 +265,67 @@ impl<B: Backend> Seq<'_, B> {
     }
 }
 
-/// A speculative sequence's tree for the round rooted at `anchor` (position `root`): its
-/// drafter over the pending taps, then [`propose_scored`] — the first steps of an
-/// [`Engine::generate`](super::Engine::generate) round at a fixed budget.
-fn draft_tree<B: Backend>(b: &B, target: &Target<B>, spec: &mut Spec<'_, B>, p: &GenParams, anchor: u32, root: usize) -> Result<DraftTree> {
-    let d = spec.drafter;
-    if spec.pending.is_empty() {
-        // Every committed token's taps are pushed as it is fed; none pending is a logic error.
-        return Err(Error::Input(format!("batch: no drafter context for the round at position {root}")));
+/// The trees of the speculative sequences in `want` (`(index in seqs, anchor, root
+/// position)`, ascending indices, each past its prefill) — the first steps of an
+/// [`Engine::generate`](super::Engine::generate) round at a fixed budget: every sequence of one
+/// drafter drafts in ONE packed forward over its own draft cache and pending taps
+/// ([`Drafter::draft_batch`], each sequence's logits the same bits as alone), then each builds
+/// its tree ([`propose_scored`]). Returns the trees in `want` order. Errors: a sequence with no
+/// pending taps or with a drafter not in `drafters` (logic errors), backend failures.
+fn draft_trees<B: Backend>(
+    b: &B,
+    target: &Target<B>,
+    drafters: &[&Drafter<B>],
+    seqs: &mut [Seq<'_, B>],
+    want: &[(usize, u32, usize)],
+) -> Result<Vec<DraftTree>> {
+    let mut ctx = Vec::with_capacity(want.len());
+    for &(i, _, root) in want {
+        let spec = seqs[i].spec.as_mut().ok_or_else(|| Error::Input(format!("batch: sequence {i} drafts without a drafter")))?;
+        if spec.pending.is_empty() {
+            // Every committed token's taps are pushed as it is fed; none pending is a logic error.
+            return Err(Error::Input(format!("batch: no drafter context for the round at position {root}")));
+        }
+        ctx.push(take_context(b, &mut spec.pending)?);
     }
-    let ctx = if spec.pending.len() == 1 {
-        spec.pending.pop().expect("one pending entry")
-    } else {
-        let parts: Vec<&B::Tensor> = spec.pending.iter().collect();
-        let c = b.concat_rows(&parts)?;
-        spec.pending.clear();
-        c
-    };
-    let depth = d.cfg.draft_depth().min(spec.tree.budget.max(1));
-    let (logits, _hidden) = d.draft_rows(b, target, &mut spec.dcache, &ctx, anchor, root, depth)?;
-    let markov_dev = if p.method == Method::Sparkling && spec.tree.prep == TreePrep::Device { d.markov_device(b)? } else { None };
-    let draft = DraftLogits {
-        logits: &logits,
-        depth,
-        vocab: d.draft_vocab(),
-        markov: d.markov.as_ref(),
-        markov_dev,
-        map: d.vocab_map.as_ref(),
-        markov_w1_target: d.markov_w1_target.as_deref(),
-    };
-    Ok(pollster::block_on(propose_scored(b, p.method, &draft, anchor, &spec.tree, false))?.tree)
+    let mut trees: Vec<Option<DraftTree>> = (0..want.len()).map(|_| None).collect();
+    for &d in drafters {
+        // This drafter's sequences: (index in `want`, its params, its speculative state).
+        let mut members: Vec<(usize, &GenParams, &mut Spec<'_, B>)> = Vec::new();
+        let mut next = want.iter().enumerate().peekable();
+        for (i, s) in seqs.iter_mut().enumerate() {
+            let Some(&(k, &(wi, _, _))) = next.peek() else { break };
+            if wi != i {
+                continue;
+            }
+            next.next();
+            let Seq { params, spec, .. } = s;
+            if let Some(spec) = spec.as_mut().filter(|sp| std::ptr::eq(sp.drafter, d)) {
+                members.push((k, params, spec));
+            }
+        }
+        if members.is_empty() {
+            continue;
+        }
+        let depths: Vec<usize> = members.iter().map(|(_, _, sp)| d.cfg.draft_depth().min(sp.tree.budget.max(1))).collect();
+        let mut jobs: Vec<DraftJob<'_, B>> = members
+            .iter_mut()
+            .zip(&depths)
+            .map(|((k, _, sp), &depth)| DraftJob { cache: &mut sp.dcache, taps: &ctx[*k], anchor: want[*k].1, root_pos: want[*k].2, depth })
+            .collect();
+        let logits = d.draft_batch(b, target, &mut jobs)?;
+        drop(jobs);
+        for ((k, p, sp), (l, &depth)) in members.iter().zip(logits.iter().zip(&depths)) {
+            let markov_dev = if p.method == Method::Sparkling && sp.tree.prep == TreePrep::Device { d.markov_device(b)? } else { None };
+            let draft = DraftLogits::of(d, l, depth, markov_dev);
+            trees[*k] = Some(pollster::block_on(propose_scored(b, p.method, &draft, want[*k].1, &sp.tree, false))?.tree);
+        }
+    }
+    trees
+        .into_iter()
+        .enumerate()
+        .map(|(k, t)| t.ok_or_else(|| Error::Input(format!("batch: sequence {} has a drafter this batch was not given", want[k].0))))
+        .collect()
 }
 
 /// Sequences decoded together, one target forward per step (module docs).
@@ -450,24 +483,31 @@ impl<'a, B: Backend> Batch<'a, B> {
     pub fn step(&mut self) -> Result<StepOutput<B>> {
         let b = self.backend;
         let tail = !self.opts.taps.is_empty();
-        // Inputs of every sequence that feeds rows this step; a speculative sequence past its
-        // prefill drafts its tree now (its own draft cache, one sequence after another).
+        // Inputs of every sequence that feeds rows this step.
         let mut feeding: Vec<Feed> = Vec::new();
         let t = Instant::now();
-        for (i, s) in self.seqs.iter_mut().enumerate() {
+        // Speculative sequences past their prefill draft their trees first (every sequence of a
+        // drafter in one packed drafter forward); their blocks are filled in below.
+        let (mut want, mut want_feed) = (Vec::new(), Vec::new());
+        for (i, s) in self.seqs.iter().enumerate() {
             let Some((ids, wants_logits)) = s.next_input(self.opts.max_prefill_rows, tail) else { continue };
             let root = s.fed();
-            let decoding = root >= s.prompt.len() && !s.done;
-            match s.spec.as_mut() {
-                Some(spec) if decoding => {
-                    let tree = draft_tree(b, self.target, spec, &s.params, ids[0], root)?;
-                    let positions = tree.depths.iter().map(|&d| root as u32 + d).collect();
-                    feeding.push(Feed { seq: i, ids: tree.tokens.clone(), positions, wants_logits: true, tree: Some(tree) });
-                }
-                _ => {
-                    let positions = (root as u32..(root + ids.len()) as u32).collect();
-                    feeding.push(Feed { seq: i, ids, positions, wants_logits, tree: None });
-                }
+            if s.spec.is_some() && root >= s.prompt.len() && !s.done {
+                want.push((i, ids[0], root));
+                want_feed.push(feeding.len());
+                feeding.push(Feed { seq: i, ids: Vec::new(), positions: Vec::new(), wants_logits: true, tree: None });
+            } else {
+                let positions = (root as u32..(root + ids.len()) as u32).collect();
+                feeding.push(Feed { seq: i, ids, positions, wants_logits, tree: None });
+            }
+        }
+        if !want.is_empty() {
+            let trees = draft_trees(b, self.target, &self.drafters, &mut self.seqs, &want)?;
+            for ((&f, &(_, _, root)), tree) in want_feed.iter().zip(&want).zip(trees) {
+                let f = &mut feeding[f];
+                f.positions = tree.depths.iter().map(|&d| root as u32 + d).collect();
+                f.ids = tree.tokens.clone();
+                f.tree = Some(tree);
             }
         }
         self.stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;

@@ -16,7 +16,7 @@ use crate::model::config::DrafterKind;
 use crate::model::drafter::Drafter;
 use crate::model::target::{LogitRows, Target};
 use budget::{AutoBudget, AutoState, CostModel};
-use propose::{propose_scored, DraftLogits, Proposal, TreeParams, TreePrep};
+use propose::{propose_scored, take_context, DraftLogits, Proposal, TreeParams, TreePrep};
 use sparkling_core::tree::DraftTree;
 use sparkling_core::{AttnMask, Backend, SampleParams};
 pub use stats::Stats;
@@ -426,29 +426,14 @@ impl<'a, B: Backend> Engine<'a, B> {
             let mut drafted = false;
             let prop = match (drafter, dcache.as_mut()) {
                 (Some(d), Some(dc)) if run_drafter && !pending.is_empty() => {
-                    let ctx = if pending.len() == 1 {
-                        pending.pop().expect("one pending entry")
-                    } else {
-                        let parts: Vec<&B::Tensor> = pending.iter().collect();
-                        let c = b.concat_rows(&parts)?;
-                        pending.clear();
-                        c
-                    };
+                    let ctx = take_context(b, &mut pending)?;
                     // A tree of `budget` nodes is at most `budget` deep; under `--budget auto`,
                     // as deep as the recent kept trees allow (a smaller drafter block).
                     let full = d.cfg.draft_depth().min(tree_params.budget.max(1));
                     let depth = auto.as_ref().map_or(full, |a| a.draft_depth(full));
                     let (logits, hidden) = d.draft_rows(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
                     let forward_ms = ms(t);
-                    let draft = DraftLogits {
-                        logits: &logits,
-                        depth,
-                        vocab: d.draft_vocab(),
-                        markov: d.markov.as_ref(),
-                        markov_dev,
-                        map: d.vocab_map.as_ref(),
-                        markov_w1_target: d.markov_w1_target.as_deref(),
-                    };
+                    let draft = DraftLogits::of(d, &logits, depth, markov_dev);
                     let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
                     stats.draft_ms += forward_ms;
                     drafted = true;

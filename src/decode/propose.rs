@@ -11,6 +11,7 @@
 use super::Method;
 use crate::error::Result;
 use crate::model::draft_vocab::DraftVocab;
+use crate::model::drafter::Drafter;
 use crate::tree::{self, DraftTree, MarkovHead};
 use sparkling_core::Backend;
 use web_time::Instant;
@@ -93,6 +94,34 @@ pub struct DraftLogits<'a, B: Backend> {
     /// With `map`: the Markov head's `W1` as stored, `[V, r]` by target id, for an anchor
     /// outside the draft vocabulary.
     pub markov_w1_target: Option<&'a [f32]>,
+}
+
+impl<'a, B: Backend> DraftLogits<'a, B> {
+    /// The draft logits `[depth, V_d]` of one forward of drafter `d` (its vocabulary, Markov
+    /// head and draft → target map), with the Markov head on the device where `markov_dev`
+    /// holds it ([`Drafter::markov_device`]).
+    pub fn of(d: &'a Drafter<B>, logits: &'a B::Tensor, depth: usize, markov_dev: Option<(&'a B::Tensor, &'a B::Tensor)>) -> Self {
+        DraftLogits {
+            logits,
+            depth,
+            vocab: d.draft_vocab(),
+            markov: d.markov.as_ref(),
+            markov_dev,
+            map: d.vocab_map.as_ref(),
+            markov_w1_target: d.markov_w1_target.as_deref(),
+        }
+    }
+}
+
+/// The drafter context of a round: the taps of every committed token the drafter has not
+/// consumed yet (`pending`, emptied), as one `[Lc, n_taps·H]` tensor. Errors: backend failures.
+pub fn take_context<B: Backend>(b: &B, pending: &mut Vec<B::Tensor>) -> Result<B::Tensor> {
+    if pending.len() == 1 {
+        return Ok(pending.pop().expect("one pending entry"));
+    }
+    let c = b.concat_rows(&pending.iter().collect::<Vec<_>>())?;
+    pending.clear();
+    Ok(c)
 }
 
 /// The logit of the virtual draft column that stands for an anchor outside the draft

@@ -10,10 +10,24 @@ use super::target::Target;
 use crate::error::{Error, Result};
 use crate::loader::TensorSource;
 use crate::tree::MarkovHead;
-use sparkling_core::{AttnMask, AttnShape, Backend, DraftTree};
+use sparkling_core::{AttnMask, AttnShape, Backend, DraftTree, RaggedSeq};
 
 /// The fewest block rows a drafter forward runs ([`Drafter::block_rows`]).
 pub const MIN_BLOCK_ROWS: usize = 4;
+
+/// One sequence's part of a [`Drafter::draft_batch`]: the arguments of [`Drafter::draft`].
+pub struct DraftJob<'a, B: Backend> {
+    /// The sequence's own draft cache (ends at `root_pos` afterwards).
+    pub cache: &'a mut KvCache<B>,
+    /// Taps `[Lc, n_taps·H]` of the committed tokens at positions `cache.len .. root_pos`.
+    pub taps: &'a B::Tensor,
+    /// The block's anchor (root) token.
+    pub anchor: u32,
+    /// The root's position.
+    pub root_pos: usize,
+    /// Draft depths wanted (clamped to `1 ..= draft_depth()`).
+    pub depth: usize,
+}
 
 /// The DSpark confidence head (reference §3.8): `α_k = sigmoid(w·[h_k ; W1[t_{k-1}]] + b)`, the
 /// predicted acceptance rate of block slot `k` (trained towards `1 − ½‖p_draft − p_target‖₁`,
@@ -369,6 +383,107 @@ impl<B: Backend> Drafter<B> {
         let head = self.output_head(b, target)?;
         let logits = b.matmul(&out, head, None)?;
         Ok((logits, out))
+    }
+
+    /// Several sequences' drafter forwards packed into ONE (batch decoding): every matmul, norm
+    /// and RoPE runs once over all jobs' rows (their context rows, then their blocks), the
+    /// context-and-block K/V of job `i` go to `jobs[i].cache` only, and attention runs ragged
+    /// ([`Backend::attention_ragged`], each block over its own draft cache). Every backend op
+    /// computes a row independently of the others in its call, so job `i`'s logits are
+    /// bit-identical to [`Drafter::draft`] on that job alone. Returns each job's draft logits
+    /// `[depth_i, V_d]` in job order. Errors: as [`Drafter::draft`] (naming the job).
+    pub fn draft_batch(&self, b: &B, target: &Target<B>, jobs: &mut [DraftJob<'_, B>]) -> Result<Vec<B::Tensor>> {
+        if let [j] = jobs {
+            return Ok(vec![self.draft(b, target, j.cache, j.taps, j.anchor, j.root_pos, j.depth)?]);
+        }
+        let c = &self.cfg;
+        let (mut ids, mut ctx_pos, mut block_pos) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut lcs, mut bks, mut starts) = (Vec::with_capacity(jobs.len()), Vec::with_capacity(jobs.len()), Vec::with_capacity(jobs.len()));
+        for (i, j) in jobs.iter_mut().enumerate() {
+            let lc = b.shape(j.taps).0;
+            if j.cache.len + lc != j.root_pos {
+                return Err(Error::Input(format!(
+                    "drafter job {i}: context covers positions {}..{} but the root is at {}",
+                    j.cache.len,
+                    j.cache.len + lc,
+                    j.root_pos
+                )));
+            }
+            let bk = self.block_rows(j.depth);
+            j.cache.ensure_room(lc + bk)?;
+            ctx_pos.extend((j.cache.len..j.root_pos).map(|p| p as u32));
+            block_pos.extend((j.root_pos..j.root_pos + bk).map(|p| p as u32));
+            ids.push(j.anchor);
+            ids.extend(std::iter::repeat_n(c.mask_token_id, bk - 1));
+            starts.push(j.cache.len);
+            lcs.push(lc);
+            bks.push(bk);
+        }
+        // The packed K/V input is [every job's context rows ; every job's block rows]; job i's
+        // cache rows are its context rows, then its block rows.
+        let n_ctx: usize = lcs.iter().sum();
+        let all_pos: Vec<u32> = ctx_pos.iter().chain(&block_pos).copied().collect();
+        let (mut c0, mut b0) = (0, n_ctx);
+        let kv_rows: Vec<Vec<usize>> = lcs
+            .iter()
+            .zip(&bks)
+            .map(|(&lc, &bk)| {
+                let r: Vec<usize> = (c0..c0 + lc).chain(b0..b0 + bk).collect();
+                (c0, b0) = (c0 + lc, b0 + bk);
+                r
+            })
+            .collect();
+        let embed = self.embed.as_ref().unwrap_or(&target.embed);
+        let mut x = b.embedding(embed, &ids)?;
+        let ctx_h = if n_ctx > 0 {
+            let parts: Vec<&B::Tensor> = jobs.iter().zip(&lcs).filter(|(_, &lc)| lc > 0).map(|(j, _)| j.taps).collect();
+            let taps = b.concat_rows(&parts)?;
+            let f = b.matmul(&taps, &self.fc, None)?;
+            Some(b.rms_norm(&f, &self.hidden_norm, c.hidden, c.rms_eps)?)
+        } else {
+            None
+        };
+        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        for (li, layer) in self.layers.iter().enumerate() {
+            let y = b.rms_norm(&x, &layer.attn_norm, c.hidden, c.rms_eps)?;
+            let q = layer.project_q(b, &y, &block_pos, c.head_dim, c.rms_eps, c.rope_theta)?;
+            let kv_in = match &ctx_h {
+                Some(ch) => b.concat_rows(&[ch, &y])?,
+                None => b.concat_rows(&[&y])?,
+            };
+            let (k, v) = layer.project_kv(b, &kv_in, &all_pos, c.head_dim, c.rms_eps, c.rope_theta)?;
+            for ((j, rows), &start) in jobs.iter_mut().zip(&kv_rows).zip(&starts) {
+                b.write_rows(&mut j.cache.k[li], start, &b.gather_rows(&k, rows)?)?;
+                b.write_rows(&mut j.cache.v[li], start, &b.gather_rows(&v, rows)?)?;
+            }
+            let ragged: Vec<RaggedSeq<'_, B::Tensor>> = jobs
+                .iter()
+                .zip(&bks)
+                .map(|(j, &bk)| RaggedSeq { k_cache: &j.cache.k[li], v_cache: &j.cache.v[li], kv_len: j.root_pos + bk, q_rows: bk, mask: AttnMask::Full })
+                .collect();
+            let a = b.attention_ragged(&q, &ragged, shape)?;
+            drop(ragged);
+            layer.finish(b, &mut x, &a, c.rms_eps)?;
+        }
+        // Keep the context rows, crop the blocks (§2.5); each job's logit rows as in `draft`.
+        let mut rows = Vec::new();
+        let mut spans = Vec::with_capacity(jobs.len());
+        let mut r0 = 0;
+        for (j, &bk) in jobs.iter_mut().zip(&bks) {
+            j.cache.len = j.root_pos;
+            let depth = j.depth.clamp(1, c.draft_depth());
+            let first = rows.len();
+            match c.kind {
+                DrafterKind::DFlash => rows.extend(r0 + 1..=r0 + depth),
+                DrafterKind::DSpark => rows.extend(r0..r0 + depth),
+            }
+            spans.push(first..rows.len());
+            r0 += bk;
+        }
+        let out = b.gather_rows(&x, &rows)?;
+        let out = b.rms_norm(&out, &self.norm, c.hidden, c.rms_eps)?;
+        let logits = b.matmul(&out, self.output_head(b, target)?, None)?;
+        spans.into_iter().map(|r| Ok(b.gather_rows(&logits, &r.collect::<Vec<_>>())?)).collect()
     }
 
     /// The Markov head's `W1` row of target id `t` (`[r]`; `None` without a Markov head or for
