@@ -245,7 +245,7 @@ fn packed_drafter_forward_equals_each_forward_alone() {
                 DraftJob { cache, taps, anchor: 1, root_pos, depth: 2 }
             })
             .collect();
-        let e = d.draft_batch(&b, &t, &mut bad).err().expect("a misplaced context is an error").to_string();
+        let e = d.draft_batch(&b, &t, &mut bad).expect_err("a misplaced context is an error").to_string();
         assert!(e.contains("drafter job 0"), "{e}");
     }
 }
