@@ -17,6 +17,20 @@ unsafe fn reduce8x8(a: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))
 }
 
+/// How far ahead (in keys) the multi-query passes prefetch key and value rows.
+const PREFETCH_KEYS: usize = 32;
+
+/// Prefetch the cache lines of `n` elements at `p` into L1.
+#[inline(always)]
+unsafe fn prefetch_row<E>(p: *const E, n: usize) {
+    let bytes = n * std::mem::size_of::<E>();
+    let mut o = 0;
+    while o < bytes {
+        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).add(o));
+        o += 64;
+    }
+}
+
 /// Most query heads one multi-query pass keeps in registers: 4 accumulators each (8 keys of
 /// scores, or 64 outputs of values) plus 4 registers of keys or values, within AVX-512's 32.
 const MULTI: usize = 6;
@@ -33,6 +47,13 @@ unsafe fn scores16_multi<E: KvElem, const Q: usize>(kv: &KvHead<'_, E>, qd: &[*c
     let mut t = t0;
     while t < t1 {
         let base = kp.add(t * kv.stride);
+        // The keys a few tiles ahead (a head's rows are `stride` apart, so the hardware's
+        // stream prefetch alone leaves the pass waiting on memory at long contexts).
+        if t + PREFETCH_KEYS < t1 {
+            for j in 0..8 {
+                prefetch_row(base.add((PREFETCH_KEYS + j) * kv.stride), hd);
+            }
+        }
         let mut acc = [[_mm512_setzero_ps(); 4]; Q];
         let mut d = 0;
         while d < hd {
@@ -82,6 +103,9 @@ unsafe fn values16_multi<E: KvElem, const C: usize, const Q: usize>(
     let vp = kv.v.as_ptr().add(kv.off + base);
     for t in t0..t1 {
         let row = vp.add(t * kv.stride);
+        if t + PREFETCH_KEYS < t1 {
+            prefetch_row(row.add(PREFETCH_KEYS * kv.stride), 16 * C);
+        }
         let mut vt = [_mm512_setzero_ps(); C];
         for (c, v) in vt.iter_mut().enumerate() {
             *v = E::load16(row.add(16 * c));
