@@ -200,7 +200,8 @@ fn packed_drafter_forward_equals_each_forward_alone() {
         let d = random_drafter(dd.path(), &t.cfg, kind, 8, rank, 23);
         let width = d.cfg.target_layer_ids.len() * t.cfg.hidden;
         // (context rows of round 1, of round 2, depth of round 2, anchor).
-        let jobs = [(3usize, 2usize, 8usize, 5u32), (1, 1, 2, 9), (6, 4, 5, 11)];
+        // The second job has no new context this round (its taps have no rows).
+        let jobs = [(3usize, 2usize, 8usize, 5u32), (2, 0, 3, 7), (1, 1, 2, 9), (6, 4, 5, 11)];
         let taps = |rows: usize, seed: u64| b.upload(&pseudo(rows * width, seed), rows, width).unwrap();
         let (mut alone, mut packed) = (Vec::new(), Vec::new());
         for (i, &(l1, _, _, anchor)) in jobs.iter().enumerate() {

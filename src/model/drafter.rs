@@ -391,10 +391,14 @@ impl<B: Backend> Drafter<B> {
     /// ([`Backend::attention_ragged`], each block over its own draft cache). Every backend op
     /// computes a row independently of the others in its call, so job `i`'s logits are
     /// bit-identical to [`Drafter::draft`] on that job alone. Returns each job's draft logits
-    /// `[depth_i, V_d]` in job order. Errors: as [`Drafter::draft`] (naming the job).
+    /// `[depth_i, V_d]` in job order (none for no jobs). Errors: as [`Drafter::draft`]; a
+    /// misplaced context or a full draft cache names the job (checked for every job before any
+    /// cache changes).
     pub fn draft_batch(&self, b: &B, target: &Target<B>, jobs: &mut [DraftJob<'_, B>]) -> Result<Vec<B::Tensor>> {
-        if let [j] = jobs {
-            return Ok(vec![self.draft(b, target, j.cache, j.taps, j.anchor, j.root_pos, j.depth)?]);
+        match jobs {
+            [] => return Ok(Vec::new()),
+            [j] => return Ok(vec![self.draft(b, target, j.cache, j.taps, j.anchor, j.root_pos, j.depth)?]),
+            _ => {}
         }
         let c = &self.cfg;
         let (mut ids, mut ctx_pos, mut block_pos) = (Vec::new(), Vec::new(), Vec::new());
@@ -403,14 +407,15 @@ impl<B: Backend> Drafter<B> {
             let lc = b.shape(j.taps).0;
             if j.cache.len + lc != j.root_pos {
                 return Err(Error::Input(format!(
-                    "drafter job {i}: context covers positions {}..{} but the root is at {}",
+                    "drafter job {i}: the taps cover positions {}..{} but must cover exactly {}..{} (the draft cache's length up to the root)",
                     j.cache.len,
                     j.cache.len + lc,
+                    j.cache.len,
                     j.root_pos
                 )));
             }
             let bk = self.block_rows(j.depth);
-            j.cache.ensure_room(lc + bk)?;
+            j.cache.ensure_room(lc + bk).map_err(|e| Error::Input(format!("drafter job {i}: {e}")))?;
             ctx_pos.extend((j.cache.len..j.root_pos).map(|p| p as u32));
             block_pos.extend((j.root_pos..j.root_pos + bk).map(|p| p as u32));
             ids.push(j.anchor);

@@ -17,17 +17,23 @@ unsafe fn reduce8x8(a: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))
 }
 
-/// How far ahead (in keys) the multi-query passes prefetch key and value rows.
+/// How far ahead (in keys) the multi-query passes prefetch key and value rows, within the
+/// pass's own keys (one [`super::CHUNK`] at most): prefetching on into the next chunk while
+/// the chunk's other query sets still use this one measured slower (BENCHMARKS.md §28).
 const PREFETCH_KEYS: usize = 32;
 
-/// Prefetch the cache lines of `n` elements at `p` into L1.
+/// Prefetch the cache lines of `n` elements from row `row` (`stride` elements per row) of the
+/// cache at `base` into L1. A hint only: the address is formed with wrapping arithmetic and
+/// never read, so a row past the cache's end is harmless.
 #[inline(always)]
-unsafe fn prefetch_row<E>(p: *const E, n: usize) {
-    let bytes = n * std::mem::size_of::<E>();
-    let mut o = 0;
-    while o < bytes {
-        _mm_prefetch::<_MM_HINT_T0>((p as *const i8).add(o));
-        o += 64;
+unsafe fn prefetch_row<E>(base: *const E, row: usize, stride: usize, n: usize) {
+    let start = base.wrapping_add(row * stride) as usize;
+    let end = start + n * std::mem::size_of::<E>();
+    // Every line the `n` elements touch, from the line holding the first.
+    let mut line = start & !63;
+    while line < end {
+        _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+        line += 64;
     }
 }
 
@@ -40,6 +46,7 @@ const MULTI: usize = 6;
 /// converted once for all `Q` heads instead of once per head. Head `i`'s query, duplicated into
 /// both 256-bit halves chunk by chunk, is at `qd[i]` (`2·hd` values); its scores go to
 /// `sp[i][t]`. Each head's lanes run [`scores16`]'s chains in the same order (the same bits).
+/// Keys [`PREFETCH_KEYS`] ahead are prefetched while inside `t0..t1`.
 #[inline(always)]
 unsafe fn scores16_multi<E: KvElem, const Q: usize>(kv: &KvHead<'_, E>, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
     let hd = kv.hd;
@@ -51,7 +58,7 @@ unsafe fn scores16_multi<E: KvElem, const Q: usize>(kv: &KvHead<'_, E>, qd: &[*c
         // stream prefetch alone leaves the pass waiting on memory at long contexts).
         if t + PREFETCH_KEYS < t1 {
             for j in 0..8 {
-                prefetch_row(base.add((PREFETCH_KEYS + j) * kv.stride), hd);
+                prefetch_row(base, PREFETCH_KEYS + j, kv.stride, hd);
             }
         }
         let mut acc = [[_mm512_setzero_ps(); 4]; Q];
@@ -84,7 +91,8 @@ unsafe fn scores16_multi<E: KvElem, const Q: usize>(kv: &KvHead<'_, E>, qd: &[*c
 /// [`values16`] for `Q` query heads at once over keys `t0..t1` (prefix rows of every query's
 /// row, cache row = `t`): each value row's `16·C` values from `base` are loaded and converted
 /// once for all heads. Head `i`'s probabilities at `p[i]`, outputs at `out[i]`; each output is
-/// the same fused chain, in the same order, as in [`values16`] (the same bits).
+/// the same fused chain, in the same order, as in [`values16`] (the same bits). Value rows
+/// [`PREFETCH_KEYS`] ahead are prefetched while inside `t0..t1`.
 #[inline(always)]
 unsafe fn values16_multi<E: KvElem, const C: usize, const Q: usize>(
     kv: &KvHead<'_, E>,
@@ -104,7 +112,7 @@ unsafe fn values16_multi<E: KvElem, const C: usize, const Q: usize>(
     for t in t0..t1 {
         let row = vp.add(t * kv.stride);
         if t + PREFETCH_KEYS < t1 {
-            prefetch_row(row.add(PREFETCH_KEYS * kv.stride), 16 * C);
+            prefetch_row(row, PREFETCH_KEYS, kv.stride, 16 * C);
         }
         let mut vt = [_mm512_setzero_ps(); C];
         for (c, v) in vt.iter_mut().enumerate() {

@@ -157,11 +157,29 @@ fn attention_equals_the_reference_of_the_path_in_use_bit_for_bit() {
 fn rows_that_share_a_prefix_equal_the_reference_bit_for_bit() {
     let mut seed = 11u64;
     let avx2 = cfg!(target_arch = "x86_64") && crate::isa::active() >= crate::isa::Isa::Avx2;
-    let (hd, kvh, prefix) = (64usize, 2usize, 141usize);
+    let wide = avx2 && crate::isa::active() >= crate::isa::Isa::Avx512Vnni;
+    eprintln!(
+        "attention path under test: {}",
+        if wide {
+            "multi-query sets on 512-bit registers"
+        } else if avx2 {
+            "avx2 (no multi-query sets)"
+        } else {
+            "portable"
+        }
+    );
+    for (hd, kvh, prefix) in [(64usize, 2usize, 141usize), (128, 1, 77), (72, 2, 40)] {
+        rows_sharing_a_prefix(&mut seed, avx2, hd, kvh, prefix);
+    }
+}
+
+/// [`rows_that_share_a_prefix_equal_the_reference_bit_for_bit`] at one head dim, KV head count
+/// and prefix length.
+fn rows_sharing_a_prefix(seed: &mut u64, avx2: bool, hd: usize, kvh: usize, prefix: usize) {
     let parents = [usize::MAX, 0, 0, 1, 1, 2, 3, 6, 5];
     let n = prefix + parents.len();
     let stride = hd * kvh;
-    let (k, v) = (rnd(&mut seed, n * stride), rnd(&mut seed, n * stride));
+    let (k, v) = (rnd(seed, n * stride), rnd(seed, n * stride));
     let (k16, v16): (Vec<half::f16>, Vec<half::f16>) =
         (k.iter().map(|&x| half::f16::from_f32(x)).collect(), v.iter().map(|&x| half::f16::from_f32(x)).collect());
     let (kr, vr): (Vec<f32>, Vec<f32>) = (k16.iter().map(|h| h.to_f32()).collect(), v16.iter().map(|h| h.to_f32()).collect());
@@ -189,7 +207,7 @@ fn rows_that_share_a_prefix_equal_the_reference_bit_for_bit() {
     for group in 1..=7usize {
         let w = group * hd;
         for (name, vis) in &shapes {
-            let qs: Vec<Vec<f32>> = vis.iter().map(|_| rnd(&mut seed, w)).collect();
+            let qs: Vec<Vec<f32>> = vis.iter().map(|_| rnd(seed, w)).collect();
             for kh in 0..kvh {
                 let kv = KvHead { k: &kr[..], v: &vr[..], stride, off: kh * hd, hd };
                 let rows: Vec<QueryRow<'_>> = vis.iter().zip(&qs).map(|(&vis, q)| QueryRow { q, vis }).collect();
