@@ -336,53 +336,8 @@ impl<B: Backend> Drafter<B> {
         root_pos: usize,
         depth: usize,
     ) -> Result<(B::Tensor, B::Tensor)> {
-        let c = &self.cfg;
-        let lc = b.shape(taps).0;
-        if cache.len + lc != root_pos {
-            return Err(Error::Input(format!("drafter context covers positions {}..{} but the root is at {root_pos}", cache.len, cache.len + lc)));
-        }
-        let bk = self.block_rows(depth);
-        cache.ensure_room(lc + bk)?;
-        let start = cache.len;
-        let ctx_pos: Vec<u32> = (start..root_pos).map(|p| p as u32).collect();
-        let block_pos: Vec<u32> = (root_pos..root_pos + bk).map(|p| p as u32).collect();
-        let all_pos: Vec<u32> = ctx_pos.iter().chain(&block_pos).copied().collect();
-        let mut ids = vec![c.mask_token_id; bk];
-        ids[0] = anchor;
-        let embed = self.embed.as_ref().unwrap_or(&target.embed);
-        let mut x = b.embedding(embed, &ids)?;
-        let ctx_h = if lc > 0 {
-            let f = b.matmul(taps, &self.fc, None)?;
-            Some(b.rms_norm(&f, &self.hidden_norm, c.hidden, c.rms_eps)?)
-        } else {
-            None
-        };
-        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
-        for (li, layer) in self.layers.iter().enumerate() {
-            let y = b.rms_norm(&x, &layer.attn_norm, c.hidden, c.rms_eps)?;
-            let q = layer.project_q(b, &y, &block_pos, c.head_dim, c.rms_eps, c.rope_theta)?;
-            let kv_in = match &ctx_h {
-                Some(ch) => b.concat_rows(&[ch, &y])?,
-                None => b.concat_rows(&[&y])?,
-            };
-            let (k, v) = layer.project_kv(b, &kv_in, &all_pos, c.head_dim, c.rms_eps, c.rope_theta)?;
-            b.write_rows(&mut cache.k[li], start, &k)?;
-            b.write_rows(&mut cache.v[li], start, &v)?;
-            let a = b.attention(&q, &cache.k[li], &cache.v[li], root_pos + bk, shape, AttnMask::Full)?;
-            layer.finish(b, &mut x, &a, c.rms_eps)?;
-        }
-        // Keep the context rows, crop the block (§2.5).
-        cache.len = root_pos;
-        let depth = depth.clamp(1, c.draft_depth());
-        let rows: Vec<usize> = match c.kind {
-            DrafterKind::DFlash => (1..=depth).collect(),
-            DrafterKind::DSpark => (0..depth).collect(),
-        };
-        let out = b.gather_rows(&x, &rows)?;
-        let out = b.rms_norm(&out, &self.norm, c.hidden, c.rms_eps)?;
-        let head = self.output_head(b, target)?;
-        let logits = b.matmul(&out, head, None)?;
-        Ok((logits, out))
+        let mut job = [DraftJob { cache, taps, anchor, root_pos, depth }];
+        self.forward_jobs(b, target, &mut job)?.pop().ok_or_else(|| Error::Input("drafter forward returned no output".into()))
     }
 
     /// Several sequences' drafter forwards packed into ONE (batch decoding): every matmul, norm
@@ -395,11 +350,17 @@ impl<B: Backend> Drafter<B> {
     /// misplaced context or a full draft cache names the job (checked for every job before any
     /// cache changes).
     pub fn draft_batch(&self, b: &B, target: &Target<B>, jobs: &mut [DraftJob<'_, B>]) -> Result<Vec<B::Tensor>> {
-        match jobs {
-            [] => return Ok(Vec::new()),
-            [j] => return Ok(vec![self.draft(b, target, j.cache, j.taps, j.anchor, j.root_pos, j.depth)?]),
-            _ => {}
+        if jobs.is_empty() {
+            return Ok(Vec::new());
         }
+        Ok(self.forward_jobs(b, target, jobs)?.into_iter().map(|(logits, _)| logits).collect())
+    }
+
+    /// The forward behind [`Drafter::draft_rows`] (one job) and [`Drafter::draft_batch`]:
+    /// `(logits, final-normed hidden rows)` per job (at least one). Errors: as
+    /// [`Drafter::draft_batch`].
+    fn forward_jobs(&self, b: &B, target: &Target<B>, jobs: &mut [DraftJob<'_, B>]) -> Result<Vec<(B::Tensor, B::Tensor)>> {
+        let single = jobs.len() == 1;
         let c = &self.cfg;
         let (mut ids, mut ctx_pos, mut block_pos) = (Vec::new(), Vec::new(), Vec::new());
         let (mut lcs, mut bks, mut starts) = (Vec::with_capacity(jobs.len()), Vec::with_capacity(jobs.len()), Vec::with_capacity(jobs.len()));
@@ -458,8 +419,13 @@ impl<B: Backend> Drafter<B> {
             };
             let (k, v) = layer.project_kv(b, &kv_in, &all_pos, c.head_dim, c.rms_eps, c.rope_theta)?;
             for ((j, rows), &start) in jobs.iter_mut().zip(&kv_rows).zip(&starts) {
-                b.write_rows(&mut j.cache.k[li], start, &b.gather_rows(&k, rows)?)?;
-                b.write_rows(&mut j.cache.v[li], start, &b.gather_rows(&v, rows)?)?;
+                if single {
+                    b.write_rows(&mut j.cache.k[li], start, &k)?;
+                    b.write_rows(&mut j.cache.v[li], start, &v)?;
+                } else {
+                    b.write_rows(&mut j.cache.k[li], start, &b.gather_rows(&k, rows)?)?;
+                    b.write_rows(&mut j.cache.v[li], start, &b.gather_rows(&v, rows)?)?;
+                }
             }
             let ragged: Vec<RaggedSeq<'_, B::Tensor>> = jobs
                 .iter()
@@ -488,7 +454,16 @@ impl<B: Backend> Drafter<B> {
         let out = b.gather_rows(&x, &rows)?;
         let out = b.rms_norm(&out, &self.norm, c.hidden, c.rms_eps)?;
         let logits = b.matmul(&out, self.output_head(b, target)?, None)?;
-        spans.into_iter().map(|r| Ok(b.gather_rows(&logits, &r.collect::<Vec<_>>())?)).collect()
+        if single {
+            return Ok(vec![(logits, out)]);
+        }
+        spans
+            .into_iter()
+            .map(|r| {
+                let r: Vec<usize> = r.collect();
+                Ok((b.gather_rows(&logits, &r)?, b.gather_rows(&out, &r)?))
+            })
+            .collect()
     }
 
     /// The Markov head's `W1` row of target id `t` (`[r]`; `None` without a Markov head or for
