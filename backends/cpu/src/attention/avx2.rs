@@ -266,6 +266,41 @@ pub(super) unsafe fn attend_rows_avx512<E: KvElem>(
     body::<E, true>(rows, group, kv, scale, out, scratch)
 }
 
+/// [`scores16_multi`] for the `q` (1 to [`MULTI`]) heads of a query set.
+#[inline(always)]
+unsafe fn scores16_set<E: KvElem>(q: usize, kv: &KvHead<'_, E>, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
+    match q {
+        1 => scores16_multi::<E, 1>(kv, qd, t0, t1, scale, sp),
+        2 => scores16_multi::<E, 2>(kv, qd, t0, t1, scale, sp),
+        3 => scores16_multi::<E, 3>(kv, qd, t0, t1, scale, sp),
+        4 => scores16_multi::<E, 4>(kv, qd, t0, t1, scale, sp),
+        5 => scores16_multi::<E, 5>(kv, qd, t0, t1, scale, sp),
+        _ => scores16_multi::<E, 6>(kv, qd, t0, t1, scale, sp),
+    }
+}
+
+/// [`values16_multi`] for the `q` (1 to [`MULTI`]) heads of a query set.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn values16_set<E: KvElem, const C: usize>(
+    q: usize,
+    kv: &KvHead<'_, E>,
+    p: &[*const f32; MULTI],
+    t0: usize,
+    t1: usize,
+    base: usize,
+    out: &[*mut f32; MULTI],
+) {
+    match q {
+        1 => values16_multi::<E, C, 1>(kv, p, t0, t1, base, out),
+        2 => values16_multi::<E, C, 2>(kv, p, t0, t1, base, out),
+        3 => values16_multi::<E, C, 3>(kv, p, t0, t1, base, out),
+        4 => values16_multi::<E, C, 4>(kv, p, t0, t1, base, out),
+        5 => values16_multi::<E, C, 5>(kv, p, t0, t1, base, out),
+        _ => values16_multi::<E, C, 6>(kv, p, t0, t1, base, out),
+    }
+}
+
 /// Both entry points (`WIDE`: 512-bit score and value passes; query heads whose rows share a
 /// prefix of keys also share their loads, [`scores16_multi`] / [`values16_multi`]).
 #[inline(always)]
@@ -326,14 +361,7 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
                         qd[h - s0] = qdp.add(h * 2 * hd) as *const f32;
                         so[h - s0] = sp.add(h * stride);
                     }
-                    match s1 - s0 {
-                        1 => scores16_multi::<E, 1>(&kv, &qd, c0, m1, scale_v, &so),
-                        2 => scores16_multi::<E, 2>(&kv, &qd, c0, m1, scale_v, &so),
-                        3 => scores16_multi::<E, 3>(&kv, &qd, c0, m1, scale_v, &so),
-                        4 => scores16_multi::<E, 4>(&kv, &qd, c0, m1, scale_v, &so),
-                        5 => scores16_multi::<E, 5>(&kv, &qd, c0, m1, scale_v, &so),
-                        _ => scores16_multi::<E, 6>(&kv, &qd, c0, m1, scale_v, &so),
-                    }
+                    scores16_set(s1 - s0, &kv, &qd, c0, m1, scale_v, &so);
                 }
                 for h in s0..s1 {
                     let vis = &rows[h / group].vis;
@@ -401,25 +429,11 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
                 }
                 let mut base = 0;
                 while base + 64 <= hd {
-                    match s1 - s0 {
-                        1 => values16_multi::<E, 4, 1>(&kv, &pp, c0, m1, base, &oo),
-                        2 => values16_multi::<E, 4, 2>(&kv, &pp, c0, m1, base, &oo),
-                        3 => values16_multi::<E, 4, 3>(&kv, &pp, c0, m1, base, &oo),
-                        4 => values16_multi::<E, 4, 4>(&kv, &pp, c0, m1, base, &oo),
-                        5 => values16_multi::<E, 4, 5>(&kv, &pp, c0, m1, base, &oo),
-                        _ => values16_multi::<E, 4, 6>(&kv, &pp, c0, m1, base, &oo),
-                    }
+                    values16_set::<E, 4>(s1 - s0, &kv, &pp, c0, m1, base, &oo);
                     base += 64;
                 }
                 while base + 16 <= hd {
-                    match s1 - s0 {
-                        1 => values16_multi::<E, 1, 1>(&kv, &pp, c0, m1, base, &oo),
-                        2 => values16_multi::<E, 1, 2>(&kv, &pp, c0, m1, base, &oo),
-                        3 => values16_multi::<E, 1, 3>(&kv, &pp, c0, m1, base, &oo),
-                        4 => values16_multi::<E, 1, 4>(&kv, &pp, c0, m1, base, &oo),
-                        5 => values16_multi::<E, 1, 5>(&kv, &pp, c0, m1, base, &oo),
-                        _ => values16_multi::<E, 1, 6>(&kv, &pp, c0, m1, base, &oo),
-                    }
+                    values16_set::<E, 1>(s1 - s0, &kv, &pp, c0, m1, base, &oo);
                     base += 16;
                 }
                 for h in s0..s1 {
