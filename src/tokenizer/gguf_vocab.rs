@@ -19,6 +19,11 @@
 //! a byte-level decoder (so `decode(encode(s)) == s` for any UTF-8 `s`). No post-processor: BOS
 //! is never added by the tokenizer; see [`SpecialTokens::add_bos`].
 
+/// The GGUF metadata arrays a vocabulary is stored in (tokens, their types, BPE merges, and
+/// SentencePiece scores): megabytes of strings once parsed, which a loader may drop
+/// ([`crate::loader::gguf::GgufFile::remove_metadata`]) once the tokenizer is built.
+pub const VOCAB_ARRAYS: [&str; 4] = ["tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores"];
+
 use crate::loader::gguf::{GgufError, GgufFile, MetaValue};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};

@@ -547,12 +547,21 @@ impl GgufFile {
             }
         }
 
+        // Everything before the data section is parsed into owned values: its pages (for a
+        // tokenizer-carrying file, megabytes of vocabulary strings) need not stay resident.
+        mmap.release(0, data_start as usize);
         Ok(GgufFile { path: path.to_path_buf(), version, metadata, tensors, alignment, index, mmap })
     }
 
     /// Alignment (bytes) of the data section and tensor offsets (`general.alignment`, default 32).
     pub fn alignment(&self) -> u64 {
         self.alignment
+    }
+
+    /// Remove and return the metadata value of `key` (e.g. the tokenizer's vocabulary arrays,
+    /// megabytes of owned strings, once the tokenizer is built); `None` if absent.
+    pub fn remove_metadata(&mut self, key: &str) -> Option<MetaValue> {
+        self.metadata.remove(key)
     }
 
     /// The metadata value of `key`, if present.
