@@ -216,14 +216,19 @@ fn main() {
         },
         Err(e) => e.exit(),
     };
-    if let Err(e) = run(cli) {
+    // As the engine's CLI: run the command on a worker of rayon's pool, so the engine's
+    // parallel ops (gen-data's target forwards) fork from a worker instead of handing each op
+    // to the pool from an outside thread and sleeping on a latch until it is done.
+    let result = configure_threads(cli.threads).and_then(|()| rayon::scope(move |_| run(cli)));
+    if let Err(e) = result {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
-    if let Some(n) = cli.threads {
+/// Size rayon's global pool from `--threads` (before its first use).
+fn configure_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
         if n == 0 {
             return Err(Error::arg("threads", "must be ≥ 1"));
         }
@@ -236,6 +241,10 @@ fn run(cli: Cli) -> Result<()> {
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
         let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
     }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
     let minutes_ok = |m: Option<f64>| match m {
         Some(x) if !(x.is_finite() && x > 0.0) => Err(Error::arg("max-minutes", format!("{x} must be a positive number of minutes"))),
         _ => Ok(()),
