@@ -8,8 +8,6 @@
 //! split, so a row's result is bit-identical whether it is computed alone (decode) or inside a
 //! 65-row tree verify — the property the exactness tests rely on.
 
-use rayon::prelude::*;
-
 /// Output columns per packed panel (two 8-wide AVX registers).
 pub const NR: usize = 16;
 
@@ -39,7 +37,7 @@ impl Packed {
         fn fill<T: Copy + Send>(data: &[f32], n: usize, k: usize, zero: T, conv: impl Fn(f32) -> T + Sync) -> Vec<T> {
             let np = n.div_ceil(NR);
             let mut out = vec![zero; np * k * NR];
-            out.par_chunks_mut(k * NR).enumerate().for_each(|(p, panel)| {
+            crate::team::for_each_chunk(&mut out, k * NR, |p, panel| {
                 for j in 0..NR.min(n - p * NR) {
                     let row = &data[(p * NR + j) * k..(p * NR + j + 1) * k];
                     for (kk, &v) in row.iter().enumerate() {
@@ -73,8 +71,7 @@ pub fn matmul(x: &[f32], m: usize, w: &Packed, bias: Option<&[f32]>) -> Vec<f32>
     let work = |g: usize| task(x, m, w, g);
     let groups = tasks(w);
     // Small products are not worth a parallel dispatch.
-    let parts: Vec<Vec<f32>> =
-        if m * w.n * w.k >= crate::PAR_MIN_MACS { (0..groups).into_par_iter().map(work).collect() } else { (0..groups).map(work).collect() };
+    let parts: Vec<Vec<f32>> = if m * w.n * w.k >= crate::PAR_MIN_MACS { crate::team::map(groups, work) } else { (0..groups).map(work).collect() };
     crate::assemble_columns(&parts, m, w.n, TASK_PANELS * NR, bias)
 }
 

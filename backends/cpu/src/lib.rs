@@ -1,4 +1,5 @@
-//! CPU reference backend: plain Rust, multithreaded with rayon; f32/f16 weights in packed
+//! CPU reference backend: plain Rust, multithreaded on a fork-join [`team`] (helpers that stay
+//! awake between ops; rayon's pool size); f32/f16 weights in packed
 //! panels ([`gemm`]) or ggml 32-value quantized blocks with integer dot products ([`quant`]).
 //!
 //! Every output element is produced by one reduction whose order does not depend on how many
@@ -15,9 +16,9 @@ pub mod isa;
 mod kernels;
 pub mod quant;
 pub mod select;
+pub mod team;
 mod vmath;
 
-use rayon::prelude::*;
 use sparkling_core::select::check_markov_table_args;
 use sparkling_core::{check_ragged, ggml, AttnMask, AttnShape, Backend, CandidateTable, Error, GgmlWeight, RaggedSeq, Result, SampleParams, TopK};
 
@@ -146,7 +147,8 @@ impl KvDtype {
     }
 }
 
-/// The CPU backend. Uses rayon's global pool (`RAYON_NUM_THREADS` sets the thread count).
+/// The CPU backend. Runs its parallel ops on [`team`], sized like rayon's current pool
+/// (`--threads` / `RAYON_NUM_THREADS`).
 #[derive(Debug, Default, Clone)]
 pub struct CpuBackend {
     weight_dtype: WeightDtype,
@@ -246,16 +248,18 @@ fn check_matmul(op: &'static str, x: &CpuTensor, w: &CpuWeight, bias: Option<&Cp
     Ok(())
 }
 
-/// Below this many elements an elementwise op runs on the calling thread (a rayon dispatch
-/// costs more than the work).
-const PAR_MIN_ELEMS: usize = 1 << 15;
+/// Below this many elements an elementwise op runs on the calling thread: a dispatch to the
+/// [`team`] (≈ 0.1 µs while its helpers spin) plus the split costs more than the work. At this
+/// size a 1 + 8-row verify's norms, RoPE and SwiGLU (9 × 576 or 9 × 1 536 values) run on
+/// every thread.
+const PAR_MIN_ELEMS: usize = 1 << 12;
 
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
 
     fn name(&self) -> String {
-        let n = rayon::current_num_threads();
+        let n = team::threads();
         format!(
             "cpu ({n} thread{}, {}, {} weights, {} kv cache, isa {})",
             if n == 1 { "" } else { "s" },
@@ -454,7 +458,7 @@ impl Backend for CpuBackend {
             return Ok(ws.iter().map(|(w, _)| CpuTensor { rows: 0, cols: w.n, data: Vec::new(), half: Vec::new() }).collect());
         }
         let isa = isa::active();
-        let threads = rayon::current_num_threads();
+        let threads = team::threads();
         let acts = ws.iter().any(|(w, _)| matches!(w.data, WeightData::Quant(_))).then(|| quant::quantize_acts(&x.data, m, x.cols));
         // Per weight: (tasks, columns per task, groups per task for quantized weights).
         let plans: Vec<(usize, usize, usize)> = ws
@@ -494,7 +498,7 @@ impl Backend for CpuBackend {
             }
         };
         let macs: usize = ws.iter().map(|(w, _)| m * w.n * w.k).sum();
-        let mut parts: Vec<Option<Vec<f32>>> = if macs >= PAR_MIN_MACS { jobs.par_iter().map(run).collect() } else { jobs.iter().map(run).collect() };
+        let mut parts: Vec<Option<Vec<f32>>> = if macs >= PAR_MIN_MACS { team::map(jobs.len(), |j| run(&jobs[j])) } else { jobs.iter().map(run).collect() };
         let mut out = Vec::with_capacity(ws.len());
         let mut at = 0;
         for ((&(w, bias), &(tasks, cols, _)), d) in ws.iter().zip(&plans).zip(direct) {
@@ -529,7 +533,7 @@ impl Backend for CpuBackend {
             }
         };
         if out.len() >= PAR_MIN_ELEMS {
-            out.par_chunks_mut(group).for_each(norm);
+            team::for_each_chunk(&mut out, group, |_, g| norm(g));
         } else {
             out.chunks_mut(group).for_each(norm);
         }
@@ -560,7 +564,7 @@ impl Backend for CpuBackend {
             }
         };
         if x.data.len() >= PAR_MIN_ELEMS {
-            x.data.par_chunks_mut(cols).zip(positions.par_iter()).for_each(rotate);
+            team::for_each_chunk(&mut x.data, cols, |i, row| rotate((row, &positions[i])));
         } else {
             x.data.chunks_mut(cols).zip(positions.iter()).for_each(rotate);
         }
@@ -572,7 +576,15 @@ impl Backend for CpuBackend {
             return Err(shape_err("silu_mul", format!("[{}, {}] vs [{}, {}]", gate.rows, gate.cols, up.rows, up.cols)));
         }
         let mut data = vec![0.0f32; gate.data.len()];
-        vmath::silu_mul(&gate.data, &up.data, &mut data);
+        if data.len() >= PAR_MIN_ELEMS {
+            // Chunks of a multiple of 8 values: every value takes the same path as in one call.
+            let chunk = data.len().div_ceil(2 * team::threads()).next_multiple_of(64);
+            team::for_each_chunk(&mut data, chunk, |i, out| {
+                vmath::silu_mul(&gate.data[i * chunk..i * chunk + out.len()], &up.data[i * chunk..i * chunk + out.len()], out)
+            });
+        } else {
+            vmath::silu_mul(&gate.data, &up.data, &mut data);
+        }
         Ok(CpuTensor { rows: gate.rows, cols: gate.cols, data, half: Vec::new() })
     }
 
@@ -673,8 +685,9 @@ impl Backend for CpuBackend {
         // on all threads: a row costs ~0.3 ms at a 49 152-token vocabulary (one exp per logit).
         // Many rows come from batch decoding (one per sequence) and from device-style callers;
         // the single-sequence decode loop draws one row at a time on host-memory backends.
-        let rows = logits.data.par_chunks(logits.cols.max(1)).zip(uniforms.par_iter());
-        Ok(rows.map(|(row, &u)| kernels::sample_row(row, params, u)).collect())
+        let cols = logits.cols.max(1);
+        let rows = logits.data.len().div_ceil(cols).min(uniforms.len());
+        Ok(team::map(rows, |i| kernels::sample_row(&logits.data[i * cols..((i + 1) * cols).min(logits.data.len())], params, uniforms[i])))
     }
 
     fn topk(&self, logits: &CpuTensor, k: usize) -> Result<TopK> {

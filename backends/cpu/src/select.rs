@@ -2,20 +2,17 @@
 //! [`sparkling_core::select`], run in parallel over rows (each row is computed exactly as the
 //! reference computes it, so the results are the same bit for bit).
 
-use rayon::prelude::*;
+use crate::team;
 use sparkling_core::select::{gather_candidates, markov_bias_row, markov_table_row, topk_row};
 use sparkling_core::{CandidateTable, TopK};
 
 /// [`sparkling_core::select::topk`] parallel over rows (`1 ≤ k ≤ cols`, `cols ≥ 1`).
 pub fn topk(logits: &[f32], rows: usize, cols: usize, k: usize) -> TopK {
-    let parts: Vec<TopK> = logits[..rows * cols]
-        .par_chunks(cols)
-        .map(|row| {
-            let mut t = TopK { k, ids: Vec::with_capacity(k), vals: Vec::with_capacity(k), lse: Vec::with_capacity(1) };
-            topk_row(row, k, &mut t);
-            t
-        })
-        .collect();
+    let parts: Vec<TopK> = team::map(rows, |i| {
+        let mut t = TopK { k, ids: Vec::with_capacity(k), vals: Vec::with_capacity(k), lse: Vec::with_capacity(1) };
+        topk_row(&logits[i * cols..(i + 1) * cols], k, &mut t);
+        t
+    });
     let mut out = TopK { k, ids: Vec::with_capacity(rows * k), vals: Vec::with_capacity(rows * k), lse: Vec::with_capacity(rows) };
     for p in parts {
         out.ids.extend(p.ids);
@@ -33,14 +30,17 @@ pub fn markov_table(base: &[f32], ld: usize, vocab: usize, markov: Option<(&[f32
     // Dense bias [n, n] (row = parent slot), or none.
     let bias: Option<Vec<f32>> = markov.map(|(w1, w2, r)| {
         let mut b = vec![0.0f32; n * n];
-        b.par_chunks_mut(n.max(1)).enumerate().for_each(|(p, out)| markov_bias_row(w1, w2, r, cand[p], cand, out));
+        team::for_each_chunk(&mut b, n.max(1), |p, out| markov_bias_row(w1, w2, r, cand[p], cand, out));
         b
     });
     let ub = gather_candidates(base, ld, vocab, cand);
     let mut vals = vec![0.0f32; ld * n * k];
     let mut slots = vec![0u32; ld * n * k];
-    vals.par_chunks_mut(k).zip(slots.par_chunks_mut(k)).enumerate().for_each(|(row, (v, s))| {
+    let (vp, sp) = (team::Shared::new(&mut vals), team::Shared::new(&mut slots));
+    team::for_each(ld * n, |row| {
         let (d, p) = (row / n, row % n);
+        // SAFETY: task `row` alone touches row `row` (`k` values) of `vals` and of `slots`.
+        let (v, s) = unsafe { (vp.slice(row * k, k), sp.slice(row * k, k)) };
         markov_table_row(&ub[d * n..(d + 1) * n], bias.as_ref().map(|b| &b[p * n..(p + 1) * n]), v, s);
     });
     CandidateTable { cand: cand.to_vec(), ld, k, vals, slots }

@@ -33,7 +33,6 @@
 //! `o *= 1/sum`. The AVX2 build runs it for head dims that are not a multiple of 8.
 
 use crate::{shape_err, CpuTensor, PAR_MIN_ELEMS};
-use rayon::prelude::*;
 use sparkling_core::select::ancestor_table;
 use sparkling_core::{AttnMask, AttnShape, RaggedSeq, Result};
 
@@ -289,7 +288,7 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
     // The rows of a block read each chunk of their shared cache once (attend_rows); blocks are
     // cut so that there are at least two tasks per thread, and at most 32 rows each (a prefill
     // has many).
-    let per_seq_blocks = (2 * rayon::current_num_threads()).div_ceil(n_kv_heads).max(1);
+    let per_seq_blocks = (2 * crate::team::threads()).div_ceil(n_kv_heads).max(1);
     let mut blocks: Vec<(usize, usize)> = Vec::new();
     let mut r0 = 0;
     for s in seqs {
@@ -305,7 +304,7 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
     // Too few (KV head, block) tasks for the threads — a decode step has one per KV head —
     // split each KV head's query heads into parts too: every head's result is computed the
     // same way whichever heads share its call, so the split changes no bit.
-    let threads = rayon::current_num_threads();
+    let threads = crate::team::threads();
     let per_head_parts = if n_kv_heads * blocks.len() < 2 * threads { (2 * threads).div_ceil(n_kv_heads * blocks.len()).min(group) } else { 1 };
     let head_parts: Vec<(usize, usize)> =
         (0..per_head_parts).map(|p| (p * group / per_head_parts, (p + 1) * group / per_head_parts)).filter(|(a, b)| a < b).collect();
@@ -330,7 +329,7 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         o
     };
     let parts: Vec<Vec<f32>> = if work >= PAR_MIN_ELEMS {
-        tasks.par_iter().map_with(Vec::new(), task).collect()
+        crate::team::map(tasks.len(), |i| SCRATCH.with(|s| task(&mut s.borrow_mut(), &tasks[i])))
     } else {
         let mut scratch = Vec::new();
         tasks.iter().map(|t| task(&mut scratch, t)).collect()
@@ -345,6 +344,11 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         }
     }
     Ok(CpuTensor { rows: total, cols: q.cols, data: out, half: Vec::new() })
+}
+
+thread_local! {
+    /// Each thread's score scratch for [`attend_rows`], reused from call to call.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The portable path (module docs); `key` is scratch for an f16 cache's key row as f32.

@@ -44,7 +44,7 @@
 //! any number of threads, and every SIMD path equals the scalar reference bit for bit.
 
 use crate::isa::Isa;
-use rayon::prelude::*;
+use crate::team;
 
 /// Values per block.
 pub const QK: usize = 32;
@@ -138,14 +138,19 @@ pub fn quantize_acts(x: &[f32], m: usize, k: usize) -> QActs {
             s[b] = db * sum as f32;
         }
     };
-    if m * k >= 1 << 16 {
-        a.qs.par_chunks_mut(k)
-            .zip(a.d.par_chunks_mut(nb))
-            .zip(a.sq.par_chunks_mut(nb))
-            .zip(a.sh.par_chunks_mut(nb))
-            .zip(a.s.par_chunks_mut(nb))
-            .enumerate()
-            .for_each(row);
+    // Rows are tasks: a 1 + 8-row verify's 9 rows of 576 values split across the threads.
+    if m >= 2 && m * k >= 1 << 12 {
+        let (qs, d, sq, sh, s) = (
+            team::Shared::new(&mut a.qs),
+            team::Shared::new(&mut a.d),
+            team::Shared::new(&mut a.sq),
+            team::Shared::new(&mut a.sh),
+            team::Shared::new(&mut a.s),
+        );
+        // SAFETY: task `i` touches only row `i` of each buffer, all borrowed mutably here.
+        team::for_each(m, |i| unsafe {
+            row((i, ((((qs.slice(i * k, k), d.slice(i * nb, nb)), sq.slice(i * nb, nb)), sh.slice(i * nb, nb)), s.slice(i * nb, nb))))
+        });
     } else {
         a.qs.chunks_mut(k).zip(a.d.chunks_mut(nb)).zip(a.sq.chunks_mut(nb)).zip(a.sh.chunks_mut(nb)).zip(a.s.chunks_mut(nb)).enumerate().for_each(row);
     }
@@ -188,7 +193,7 @@ pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) 
         return Vec::new();
     }
     let a = quantize_acts(x, m, w.k);
-    let (gpt, tasks) = tasks(w, rayon::current_num_threads());
+    let (gpt, tasks) = tasks(w, team::threads());
     let par = m * w.n * w.k >= crate::PAR_MIN_MACS;
     if let Some(mut y) = direct_output(w, m) {
         let out = crate::SendPtr(y.as_mut_ptr());
@@ -196,7 +201,7 @@ pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) 
         // writes only its own columns.
         let work = |t: usize| unsafe { task_into(isa, w, &a, t, gpt, out.get(), w.n) };
         if par {
-            (0..tasks).into_par_iter().for_each(work);
+            team::for_each(tasks, work);
         } else {
             (0..tasks).for_each(work);
         }
@@ -204,7 +209,7 @@ pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) 
         return y;
     }
     let work = |t: usize| task(isa, w, &a, t, gpt);
-    let parts: Vec<Vec<f32>> = if par { (0..tasks).into_par_iter().map(work).collect() } else { (0..tasks).map(work).collect() };
+    let parts: Vec<Vec<f32>> = if par { team::map(tasks, work) } else { (0..tasks).map(work).collect() };
     crate::assemble_columns(&parts, m, w.n, gpt * GC, bias)
 }
 
