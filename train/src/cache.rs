@@ -44,6 +44,11 @@ pub struct CacheMeta {
     pub source: String,
     /// Maximum new tokens per answer.
     pub max_new_tokens: usize,
+    /// The target's weight storage on the CPU (`native`, `q8_0`, `f16`, `f32`): a GGUF target
+    /// kept in its 4-bit blocks answers (and taps) differently from the same file widened to
+    /// f16, so one cache holds one of them. `None` in caches written before it was recorded.
+    #[serde(default)]
+    pub weights: Option<String>,
 }
 
 impl CacheMeta {

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 /// A target with its tokenizer on the CPU backend.
 pub struct LoadedTarget {
-    /// CPU backend (f16 weights for GGUF targets, as the engine CLI's `--weights auto`).
+    /// CPU backend (native weights for GGUF targets, as the engine CLI's `--weights auto`).
     pub backend: CpuBackend,
     /// The target model.
     pub target: Target<CpuBackend>,
@@ -31,15 +31,26 @@ pub struct LoadedTarget {
     pub tokenizer: Option<TextTokenizer>,
 }
 
+/// The target weight storage `gen-data` uses when `--weights` is not given: the engine CLI's
+/// `--weights auto` on the CPU (a GGUF target's blocks kept native, so the drafter learns the
+/// target the engine serves; f32 for safetensors checkpoints).
+pub fn default_weights(path: &Path) -> WeightDtype {
+    if path.extension().is_some_and(|e| e == "gguf") {
+        WeightDtype::Native
+    } else {
+        WeightDtype::F32
+    }
+}
+
 /// Load a target from a `.gguf` file or an HF directory the way the engine CLI does.
-/// `weights`: storage precision on the CPU backend (`None` = f16 for GGUF, f32 otherwise).
+/// `weights`: storage on the CPU backend (`None` = [`default_weights`]).
 /// Errors name the file.
 pub fn load_target(path: &Path, weights: Option<WeightDtype>) -> Result<LoadedTarget> {
     if !path.exists() {
         return Err(Error::file(path, "target not found (run `scripts/fetch-assets smollm2` or pass --target)"));
     }
     let is_gguf = path.extension().is_some_and(|e| e == "gguf");
-    let dtype = weights.unwrap_or(if is_gguf { WeightDtype::F16 } else { WeightDtype::F32 });
+    let dtype = weights.unwrap_or(default_weights(path));
     let backend = CpuBackend::with_weight_dtype(dtype);
     if is_gguf {
         let src = GgufSource::open(path)?;
@@ -358,6 +369,7 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
         topk: o.topk.min(tcfg.vocab),
         source,
         max_new_tokens: o.max_new_tokens,
+        weights: Some(o.weights.unwrap_or(default_weights(&o.target)).name().to_string()),
     };
     match CacheMeta::read(&o.out)? {
         Some(m) if (m.tap_layers != meta.tap_layers || m.topk != meta.topk || m.hidden != meta.hidden || m.vocab != meta.vocab) => {
@@ -373,7 +385,21 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
         Some(m) if canonical_sources(&m.source) != canonical_sources(&meta.source) => {
             return Err(Error::file(&o.out, format!("holds answers to other prompt files ({}); use another --out", m.source)));
         }
+        // Answers of the target in another weight storage would mix two targets' outputs.
+        Some(m) if m.weights.is_some() && m.weights != meta.weights => {
+            let (had, now) = (m.weights.unwrap_or_default(), meta.weights.unwrap_or_default());
+            return Err(Error::file(
+                &o.out,
+                format!("holds answers of the target with --weights {had}; this run would add answers with --weights {now} (pass --weights {had}, or use another --out)"),
+            ));
+        }
         Some(m) => {
+            if m.weights.is_none() {
+                eprintln!(
+                    "note: this cache does not record the target's weight storage (written before it was recorded); new answers use --weights {}",
+                    meta.weights.as_deref().unwrap_or("?")
+                );
+            }
             if m.max_new_tokens != meta.max_new_tokens {
                 eprintln!(
                     "note: this cache was made with --max-new-tokens {}; cached answers keep their length, new ones get {}",

@@ -74,8 +74,10 @@ enum Cmd {
         /// Stop once the cache holds this many answer tokens (cached ones count).
         #[arg(long)]
         max_tokens: Option<usize>,
-        /// Target weights on the CPU: `f16` (default for GGUF), `native` (GGUF blocks as
-        /// stored, the engine's default), `q8_0` or `f32`.
+        /// Target weights on the CPU: `native` (GGUF blocks as stored on int8 kernels; the
+        /// default for GGUF targets, as in the engine), `q8_0`, `f16` or `f32` (the default for
+        /// safetensors checkpoints). A cache holds answers of one storage: resuming with
+        /// another is refused.
         #[arg(long)]
         weights: Option<String>,
     },
