@@ -1,5 +1,6 @@
 //! The fork-join team that runs the CPU backend's parallel ops: the calling thread plus
-//! `threads − 1` helper threads that stay awake between ops instead of sleeping.
+//! `threads − 1` helper threads that stay awake between the ops of a forward (and park once
+//! the process has been idle for [`SPIN`]).
 //!
 //! A decode step is ~150 short parallel ops (a matmul of one layer takes 3–30 µs on two
 //! threads), separated by serial work: norms, RoPE, the activations' quantization. Run through
@@ -16,22 +17,24 @@
 //! contiguous stretch of a matmul's weights (claiming tasks one by one from a shared counter
 //! interleaved the threads' stretches and made the memory-bound 1-row step 15 % slower than
 //! rayon). Which thread runs a task never changes a result: every op's tasks compute disjoint
-//! outputs, each in a fixed order (the row invariance the exactness tests rest on). The team
-//! has as many threads as rayon's current pool (`--threads`, or a test's
-//! `ThreadPool::install`). When the team is busy (another thread's op, or an op called from
-//! inside a team task) the op runs on rayon instead: the same tasks, so the same bits.
+//! outputs, each in a fixed order (the row invariance the exactness tests rest on). An op uses
+//! as many threads as rayon's current pool (`--threads`, or a test's `ThreadPool::install`);
+//! helpers are spawned on demand and kept (those beyond an op's count sit it out). When the
+//! team is busy (another thread's op, or an op called from inside a team task), or no helper
+//! could be spawned, the op runs on rayon instead: the same tasks, so the same bits.
 //!
 //! Measured (BENCHMARKS §29): `ar` 262 / 268 → 292 / 280 tokens/s and batch 8 584 / 476 →
 //! 725 / 603 tokens/s against rayon, alternated runs on a 2-vCPU AMD EPYC (Zen 5).
 
 use rayon::prelude::*;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
-/// How long a helper polls for the next op before it parks (a decode step's host work between
-/// forwards — tree building, sampling, printing — takes well under this).
+/// How long after its last task a helper polls for the next op before it parks (a decode
+/// step's host work between forwards — tree building, sampling, printing — takes well under
+/// this).
 pub const SPIN: Duration = Duration::from_millis(4);
 
 /// Most helper threads the team spawns.
@@ -50,14 +53,15 @@ struct Job {
     /// Per thread: the next task of its range, and the range's end.
     next: Vec<(AtomicUsize, usize)>,
     done: AtomicUsize,
-    panicked: AtomicBool,
+    /// The first task panic's payload, re-raised by the caller.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 impl Job {
     fn new(f: *const (dyn Fn(usize) + Sync), n: usize, helpers: usize) -> Job {
         let t = helpers + 1;
         let next = (0..t).map(|w| (AtomicUsize::new(w * n / t), (w + 1) * n / t)).collect();
-        Job { f, helpers, next, done: AtomicUsize::new(0), panicked: AtomicBool::new(false) }
+        Job { f, helpers, next, done: AtomicUsize::new(0), panic: Mutex::new(None) }
     }
 
     /// Claim and run tasks until none is left: thread `w`'s own range first, then the others'.
@@ -72,8 +76,8 @@ impl Job {
                 }
                 // SAFETY: `f` is alive while the job is published or a helper is inside it.
                 let f = unsafe { &*self.f };
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))).is_err() {
-                    self.panicked.store(true, SeqCst);
+                if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
+                    self.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(payload);
                 }
                 self.done.fetch_add(1, SeqCst);
             }
@@ -132,7 +136,8 @@ impl Team {
         *spawned
     }
 
-    /// A helper's life: wait for a new epoch (spin, then park), work on the job, repeat.
+    /// A helper's life: wait for a new epoch (poll with yields, then park), work on the job
+    /// if it takes part, repeat.
     fn helper(&'static self, idx: usize) {
         IN_TEAM.with(|c| c.set(true));
         let mut seen = self.epoch.load(SeqCst);
@@ -153,7 +158,7 @@ impl Team {
                     }
                     self.sleeping.fetch_sub(1, SeqCst);
                     drop(g);
-                    last_work = Instant::now();
+                    // `last_work` stays: a helper woken for an op it sits out parks again.
                 }
                 std::thread::yield_now();
             };
@@ -182,7 +187,13 @@ struct Publication<'a>(&'a Team);
 impl Drop for Publication<'_> {
     fn drop(&mut self) {
         self.0.current.store(std::ptr::null_mut(), SeqCst);
+        let mut spins = 0u32;
         while self.0.inside.load(SeqCst) != 0 {
+            spins = spins.wrapping_add(1);
+            // A helper preempted inside the job (a busy machine): let it run.
+            if spins.is_multiple_of(4096) {
+                std::thread::yield_now();
+            }
             std::hint::spin_loop();
         }
     }
@@ -195,7 +206,8 @@ pub fn threads() -> usize {
 
 /// Run `f(0)`, …, `f(n − 1)`, each once, spread over [`threads`] threads; returns when all are
 /// done. Tasks must not depend on which thread runs them or in which order (every caller's
-/// tasks write disjoint outputs). A panic in a task is re-raised here after every task ended.
+/// tasks write disjoint outputs). The first task panic is re-raised here (its payload, as
+/// rayon does) after every task ended.
 pub fn for_each<F: Fn(usize) + Sync>(n: usize, f: F) {
     let t = threads();
     if n <= 1 || t == 1 {
@@ -216,6 +228,10 @@ pub fn for_each<F: Fn(usize) + Sync>(n: usize, f: F) {
         }
     };
     let helpers = team.ensure_helpers(t - 1).min(t - 1);
+    if helpers == 0 {
+        (0..n).into_par_iter().for_each(&f);
+        return;
+    }
     let body: &(dyn Fn(usize) + Sync) = &f;
     // SAFETY: only the lifetime is erased; `Publication` keeps `f` in use no longer than here.
     let body: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(body) };
@@ -240,8 +256,9 @@ pub fn for_each<F: Fn(usize) + Sync>(n: usize, f: F) {
         std::hint::spin_loop();
     }
     drop(publication);
-    if job.panicked.load(SeqCst) {
-        panic!("a task of a CPU backend op panicked (its message is above)");
+    let payload = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(payload) = payload {
+        std::panic::resume_unwind(payload);
     }
 }
 
@@ -257,7 +274,8 @@ pub fn map<T: Send, F: Fn(usize) -> T + Sync>(n: usize, f: F) -> Vec<T> {
     out.into_iter().map(|v| v.expect("for_each ran every task")).collect()
 }
 
-/// `chunks_mut(size)` of `data`, chunk `i` handed to `f(i, chunk)` with [`for_each`].
+/// `chunks_mut(size)` of `data`, chunk `i` handed to `f(i, chunk)` with [`for_each`] (a `size`
+/// of 0 is taken as 1).
 pub fn for_each_chunk<T: Send, F: Fn(usize, &mut [T]) + Sync>(data: &mut [T], size: usize, f: F) {
     let size = size.max(1);
     let (len, base) = (data.len(), Shared::new(data));
@@ -269,34 +287,41 @@ pub fn for_each_chunk<T: Send, F: Fn(usize, &mut [T]) + Sync>(data: &mut [T], si
     });
 }
 
-/// A buffer's base pointer handed to the tasks of one op, each of which touches its own
-/// disjoint part of the buffer (the buffer outlives the op).
-pub struct Shared<T>(*mut T);
+/// A buffer handed to the tasks of one op, each of which writes its own disjoint part of it
+/// (through [`Shared::slice`] or [`Shared::get`]); the buffer stays mutably borrowed while the
+/// handle lives. Reads of one element by several tasks would need `T: Sync`: no user does that.
+pub struct Shared<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _buf: std::marker::PhantomData<&'a mut [T]>,
+}
 
-// SAFETY: tasks only touch disjoint elements through it (each user's safety argument).
-unsafe impl<T: Send> Send for Shared<T> {}
+// SAFETY: tasks only touch disjoint elements through it (each user's safety argument), which
+// is what handing `&mut` parts of a `T: Send` buffer to other threads requires.
+unsafe impl<T: Send> Send for Shared<'_, T> {}
 // SAFETY: as above.
-unsafe impl<T: Send> Sync for Shared<T> {}
+unsafe impl<T: Send> Sync for Shared<'_, T> {}
 
-impl<T> Shared<T> {
-    /// The base of `buf`.
-    pub fn new(buf: &mut [T]) -> Shared<T> {
-        Shared(buf.as_mut_ptr())
+impl<'a, T> Shared<'a, T> {
+    /// A handle on `buf` for the tasks of one op.
+    pub fn new(buf: &'a mut [T]) -> Shared<'a, T> {
+        Shared { ptr: buf.as_mut_ptr(), len: buf.len(), _buf: std::marker::PhantomData }
     }
 
-    /// The base pointer (a method, so closures capture the `Sync` wrapper, not the raw field).
+    /// The buffer's base pointer (a method, so closures capture the `Sync` handle, not the raw
+    /// field).
     pub fn get(&self) -> *mut T {
-        self.0
+        self.ptr
     }
 
-    /// Elements `start..start + len` of the buffer.
+    /// Elements `start..start + len` of the buffer. Panics when the range is outside it.
     ///
     /// # Safety
-    /// The range lies inside the buffer, the buffer is alive and borrowed by nobody else, and
-    /// no other task touches the range during the borrow.
+    /// No other task touches the range while the returned slice lives.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
-        std::slice::from_raw_parts_mut(self.0.add(start), len)
+        assert!(start.checked_add(len).is_some_and(|end| end <= self.len), "Shared::slice: {start}+{len} outside a buffer of {}", self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
     }
 }
 
@@ -341,8 +366,14 @@ mod tests {
 
     #[test]
     fn a_panicking_task_panics_the_op_and_the_team_still_works() {
-        let r = std::panic::catch_unwind(|| for_each(16, |i| assert!(i != 11, "task 11 fails")));
-        assert!(r.is_err());
+        for threads in [2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let r = pool.install(|| std::panic::catch_unwind(|| for_each(16, |i| assert!(i != 11, "task 11 fails"))));
+            // The task's own payload comes back, as from rayon.
+            let payload = r.expect_err("the op must panic");
+            let msg = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
+            assert_eq!(msg.as_deref(), Some("task 11 fails"), "{threads} threads");
+        }
         assert_eq!(map(16, |i| i + 1), (1..=16).collect::<Vec<_>>());
     }
 }
