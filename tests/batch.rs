@@ -18,6 +18,7 @@ use sparkling::decode::{Engine, GenParams, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{Arch, DrafterKind, TargetConfig};
 use sparkling::model::drafter::{DraftJob, Drafter};
+use sparkling::model::synth::{tiny_target_config, write_random_target, StoreDtype};
 use sparkling::model::target::{LogitRows, Target};
 use std::collections::HashMap;
 
@@ -529,5 +530,55 @@ fn smollm2_batched_equals_alone() {
         let (got, _) = run_batched(&b, &t, &reqs, 5, BatchOptions::default());
         assert_eq!(got, want, "{dtype:?} all at once");
         eprintln!("{dtype:?}: {} requests (prompts of {lens:?} tokens) batched == alone", reqs.len());
+    }
+}
+
+/// `sparkling bench --batch`: the JSON splits off the decode-only steps (no prompt row fed).
+/// At batch 1 every token after each sequence's first comes from such a step; at batch 2 a step
+/// that prefills one prompt beside another's decode is not one, so they hold at most that many.
+#[test]
+fn bench_batch_reports_decode_only_steps() {
+    let d = tmpdir("bench-batch-decode");
+    let mut cfg = tiny_target_config(Arch::Qwen3, 64);
+    cfg.layers = 2;
+    let t = d.path().join("tiny");
+    write_random_target(&t, &cfg, 3, StoreDtype::F32).unwrap();
+    let tok = d.path().join("tokenizer.json");
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..cfg.vocab as u32).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    std::fs::write(&tok, json.to_string()).unwrap();
+    let prompts = d.path().join("p.txt");
+    std::fs::write(&prompts, "w1 w2 w3\nw4 w5\nw6 w7 w8 w9 w10\nw11\n").unwrap();
+    let j = d.path().join("b.json");
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_string();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_sparkling"))
+        .env("SPARKLING_ASSETS", d.path())
+        .args(["bench", "--target", &p(&t), "--tokenizer", &p(&tok), "--prompts", &p(&prompts), "--methods", "ar"])
+        .args(["--max-new-tokens", "6", "--batch", "1,2", "--json", &p(&j)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        let (n, seqs, new) = (r["batch"].as_u64().unwrap(), r["sequences"].as_u64().unwrap(), r["new_tokens"].as_u64().unwrap());
+        let dec = &r["decode_only"];
+        let (tokens, steps, occ) = (dec["tokens"].as_u64().unwrap(), dec["steps"].as_u64().unwrap(), dec["mean_sequences_per_step"].as_f64().unwrap());
+        assert_eq!(seqs, 4);
+        assert!(steps > 0 && dec["tokens_per_s"].as_f64().unwrap() > 0.0 && dec["seconds"].as_f64().unwrap() > 0.0, "{r}");
+        assert!((1.0..=n as f64).contains(&occ), "occupancy {occ} at batch {n}");
+        if n == 1 {
+            // One sequence per step: its first token ends its prefill, every other one decodes.
+            assert_eq!(tokens, new - seqs, "{r}");
+            assert_eq!(steps, tokens, "ar commits one token per decode step: {r}");
+            assert_eq!(dec["speedup_vs_ar_batch_1"].as_f64(), Some(1.0));
+        } else {
+            assert!(tokens <= new - seqs && tokens as f64 <= occ * steps as f64 + 1e-9, "{r}");
+        }
     }
 }

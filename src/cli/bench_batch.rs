@@ -1,8 +1,9 @@
 //! `sparkling bench --batch N[,N…]`: the prompt set decoded N sequences at a time with the
 //! batch API (continuous batching: a finished sequence's slot goes to the next prompt at once),
-//! one row per method × budget × N (`ar`: per N): aggregate tokens/s over the whole set, τ
-//! (tokens committed per sequence and decode step after the first token) and per-sequence
-//! latency.
+//! one row per method × budget × N (`ar`: per N): aggregate tokens/s over the whole set
+//! (prefills and the draining tail included), decode-only tokens/s (the steps that fed no
+//! prompt row: the batch's steady state, with its mean occupancy), τ (tokens committed per
+//! sequence and decode step after the first token) and per-sequence latency.
 
 use super::bench::BenchArgs;
 use super::load::Loaded;
@@ -30,6 +31,14 @@ struct Row {
     seq_steps: usize,
     /// Drafter forwards and tree building, s.
     draft_s: f64,
+    /// Steps that fed no prompt row (every sequence in them decoding): their wall time, s…
+    decode_s: f64,
+    /// …the tokens they committed…
+    decode_tokens: usize,
+    /// …and the sequences they carried, summed (÷ their count = the mean occupancy).
+    decode_seqs: usize,
+    /// How many such steps.
+    decode_steps: usize,
     mismatches: usize,
 }
 
@@ -66,16 +75,33 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], budget: &str, params
         first_token_ms: Vec::new(),
         seq_steps: 0,
         draft_s: 0.0,
+        decode_s: 0.0,
+        decode_tokens: 0,
+        decode_seqs: 0,
+        decode_steps: 0,
         mismatches: 0,
     };
+    let mut prompt_len: HashMap<SeqId, usize> = HashMap::new();
     let t0 = Instant::now();
     let mut next = 0;
     while next < prompts.len() || !batch.is_empty() {
         while next < prompts.len() && batch.len() < n {
-            owner.insert(batch.add(&prompts[next], params)?, next);
+            let id = batch.add(&prompts[next], params)?;
+            owner.insert(id, next);
+            prompt_len.insert(id, prompts[next].len());
             next += 1;
         }
-        for f in batch.step()?.finished {
+        let ts = Instant::now();
+        let out = batch.step()?;
+        let dt = ts.elapsed().as_secs_f64();
+        // A decode-only step: every sequence in it fed a row past its prompt (no prefill chunk).
+        if !out.seqs.is_empty() && out.seqs.iter().all(|s| prompt_len.get(&s.id).is_some_and(|&p| s.first_position >= p)) {
+            row.decode_s += dt;
+            row.decode_tokens += out.seqs.iter().map(|s| s.tokens.len()).sum::<usize>();
+            row.decode_seqs += out.seqs.len();
+            row.decode_steps += 1;
+        }
+        for f in out.finished {
             row.new_tokens += f.tokens.len();
             row.latency_ms.push(f.stats.latency_ms);
             row.first_token_ms.push(f.stats.first_token_ms);
@@ -113,18 +139,25 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     }
     pb.finish_and_clear();
     // Speeds against `ar` at batch 1 of this run, when it ran.
-    let base = rows.iter().find(|r| r.batch == 1 && r.method == Method::Ar).map(|r| r.new_tokens as f64 / r.wall_s);
+    let ar1 = rows.iter().find(|r| r.batch == 1 && r.method == Method::Ar);
+    let base = ar1.map(|r| r.new_tokens as f64 / r.wall_s);
+    let decode_rate = |r: &Row| (r.decode_steps > 0).then(|| r.decode_tokens as f64 / r.decode_s.max(1e-9));
+    let decode_base = ar1.and_then(decode_rate);
     let mut table = String::new();
     let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
     let _ = writeln!(
         table,
-        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | τ | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
+        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | decode-only tok/s (seqs/step) | vs ar batch 1 | τ | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
     );
-    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
     for r in &rows {
         let agg = r.new_tokens as f64 / r.wall_s.max(1e-9);
         let speed = base.map(|x| agg / x);
+        // Steady state: the steps with no prefill row, where the batch's cost is decode alone.
+        let dec = decode_rate(r);
+        let dec_speed = dec.zip(decode_base).map(|(d, x)| d / x);
+        let occupancy = r.decode_seqs as f64 / r.decode_steps.max(1) as f64;
         let lat = summary(&r.latency_ms);
         let ftl = summary(&r.first_token_ms);
         let rps = r.rows as f64 / r.steps.max(1) as f64;
@@ -133,10 +166,12 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
         let budget = if r.method == Method::Ar { "-" } else { r.budget.as_str() };
         let _ = writeln!(
             table,
-            "| {} | {budget} | {} | {agg:.1} | {} | {per_step:.2} | {:.2} | {} | {:.1} | {rps:.1} | {:.0} / {:.0} | {:.0} | {} |",
+            "| {} | {budget} | {} | {agg:.1} | {} | {} | {} | {per_step:.2} | {:.2} | {} | {:.1} | {rps:.1} | {:.0} / {:.0} | {:.0} | {} |",
             r.method.name(),
             r.batch,
             speed.map_or("–".to_string(), |x| format!("{x:.2}×")),
+            dec.map_or("–".to_string(), |d| format!("{d:.1} ({occupancy:.1})")),
+            dec_speed.map_or("–".to_string(), |x| format!("{x:.2}×")),
             r.draft_s,
             r.new_tokens,
             r.wall_s,
@@ -147,7 +182,9 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
         );
         json_rows.push(serde_json::json!({
             "method": r.method.name(), "budget": budget, "batch": r.batch, "aggregate_tokens_per_s": agg,
-            "speedup_vs_ar_batch_1": speed, "tau": per_step, "draft_s": r.draft_s,
+            "speedup_vs_ar_batch_1": speed,
+            "decode_only": {"tokens_per_s": dec, "speedup_vs_ar_batch_1": dec_speed, "steps": r.decode_steps, "seconds": r.decode_s, "tokens": r.decode_tokens, "mean_sequences_per_step": occupancy},
+            "tau": per_step, "draft_s": r.draft_s,
             "sequences": r.latency_ms.len(), "new_tokens": r.new_tokens, "wall_s": r.wall_s, "steps": r.steps,
             "rows_per_step": rps, "latency_ms": lat, "first_token_ms": ftl,
             "per_sequence_latency_ms": r.latency_ms, "outputs_differing_from_first_row": r.mismatches,
