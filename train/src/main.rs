@@ -162,6 +162,12 @@ enum Cmd {
         /// makes the context rows exactly the normalised input of target layer F).
         #[arg(long)]
         init_from_target: Option<usize>,
+        /// Warm start from a trained drafter: an exported checkpoint directory (config.json +
+        /// model.safetensors, e.g. models/smollm2-135m-dspark-b8) of the same kind, layers, taps
+        /// and Markov rank; Markov W2 rows are matched by target id, so --draft-vocab may differ.
+        /// Fresh optimizer moments; ignored by --resume (the checkpoint has the weights).
+        #[arg(long, value_name = "DIR")]
+        init_from: Option<PathBuf>,
         /// Reduced draft vocabulary V_d: the output layer (the target lm_head's rows) and the
         /// Markov W2 cover the V_d most frequent target ids of the training answers (counted
         /// once, frozen into --out/draft_vocab.json); CE to a label outside it is skipped.
@@ -339,6 +345,7 @@ fn run(cli: Cli) -> Result<()> {
             ckpt_every,
             eval_every,
             init_from_target,
+            init_from,
             draft_vocab,
             max_seqs,
             resume,
@@ -378,6 +385,7 @@ fn run(cli: Cli) -> Result<()> {
                 seed,
                 holdout,
                 init_from_target,
+                init_from: init_from.map(|p| p.display().to_string()),
                 draft_vocab,
                 max_seqs,
             };

@@ -26,7 +26,7 @@ use crate::head::{vocab_head, HeadTargets, ABSENT, N_COLS};
 use crate::model::{feature_scale, BlockInput, CandleDrafter, Params};
 use crate::optim::{lr_at, AdamW, AdamWConfig};
 use crate::rng::Rng;
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::model::config::{DrafterConfig, DrafterKind, TargetConfig};
 use sparkling::model::draft_vocab::DraftVocab;
@@ -87,6 +87,10 @@ pub struct RunConfig {
     /// [`warm_start`]); `None` = random initialisation.
     #[serde(default)]
     pub init_from_target: Option<usize>,
+    /// Warm start from a trained drafter (`--init-from DIR`, an exported checkpoint): every
+    /// parameter starts at its value there (see [`init_from_drafter`]); `None` = no such start.
+    #[serde(default)]
+    pub init_from: Option<String>,
     /// Reduced draft vocabulary V_d (`--draft-vocab`): the output layer and the Markov `W2`
     /// cover the V_d most frequent target ids of the training answers ([`count_draft_vocab`]);
     /// `None` = the full vocabulary.
@@ -158,6 +162,9 @@ impl RunConfig {
         if self.max_seqs == Some(0) {
             return Err(Error::arg("max-seqs", "must be ≥ 1"));
         }
+        if self.init_from.is_some() && self.init_from_target.is_some() {
+            return Err(Error::arg("init-from", "give --init-from (a trained drafter) or --init-from-target (the target's layers), not both"));
+        }
         for (w, arg) in [(self.w_ce, "ce"), (self.w_kl, "kl"), (self.w_l1, "l1"), (self.w_conf, "conf")] {
             if !(w.is_finite() && w >= 0.0) {
                 return Err(Error::arg(arg, format!("{w}: a loss weight must be a finite number ≥ 0")));
@@ -213,6 +220,108 @@ pub fn count_draft_vocab(train: &[Sequence], vocab: usize, v_d: usize, eos: &[u3
     let ids = sparkling::model::reduce::top_ids(&counts, &prompt, v_d, eos);
     let cov = sparkling::model::reduce::coverage(&counts, &ids);
     Ok((DraftVocab::from_ids(&ids, vocab)?, cov))
+}
+
+/// Warm start from a trained drafter (`--init-from DIR`): the exported checkpoint in `DIR`
+/// (`config.json` + `model.safetensors`, as `sparkling-train export` writes them, bf16 or f32)
+/// gives every parameter its starting value, so training continues across machines and sessions
+/// from the committed drafter rather than from random weights (the optimizer's moments start
+/// at zero). The checkpoint must have this run's kind, layer geometry, context taps, Markov rank
+/// and confidence head; its block size may differ (no parameter depends on it).
+///
+/// Two tensors are not copied as they are:
+/// - `fc.weight`: the export folds the context-feature preconditioner `s` of its run into the
+///   columns (`fc ⊙ s`, [`crate::checkpoint::fold_ctx_scale`]); this run trains on taps times its
+///   own `scale`, so the column `j` starts at `fc_exported[:, j] / scale[j]` (the same map from raw
+///   taps to `c`).
+/// - the Markov `W2` (`[V_d, r]`, one row per draft id): rows are matched by **target id**
+///   through the two draft→target maps (the checkpoint's `draft_to_target`, or the identity for
+///   a full-vocabulary checkpoint; this run's `draft_vocab`), so a different V_d or a recounted
+///   vocabulary keeps every row the two share; a draft id the checkpoint lacks starts at 0, as
+///   in [`Params::init`]. `W1` is indexed by target id in both.
+///
+/// Returns a one-line account (rows matched). Errors name the file, the tensor or the setting
+/// that differs, and what this run expects.
+pub fn init_from_drafter(params: &Params, dir: &Path, dcfg: &DrafterConfig, n_feat: usize, scale: &[f32], draft_vocab: Option<&DraftVocab>) -> Result<String> {
+    let what = |m: String| Error::arg("init-from", format!("{}: {m}", dir.display()));
+    let (cp, v) = sparkling::model::config::read_json(dir)?;
+    let src = DrafterConfig::from_hf_json(&cp, &v)?;
+    for (name, theirs, ours) in [
+        ("layers", src.layers, dcfg.layers),
+        ("hidden size", src.hidden, dcfg.hidden),
+        ("attention heads", src.n_heads, dcfg.n_heads),
+        ("KV heads", src.n_kv_heads, dcfg.n_kv_heads),
+        ("head dim", src.head_dim, dcfg.head_dim),
+        ("intermediate size", src.intermediate, dcfg.intermediate),
+        ("target vocabulary", src.vocab, dcfg.vocab),
+        ("Markov rank", src.markov_rank, dcfg.markov_rank),
+    ] {
+        if theirs != ours {
+            return Err(what(format!("{name} {theirs}, but this run's drafter has {ours}")));
+        }
+    }
+    if src.kind != dcfg.kind {
+        return Err(what(format!("a {:?} drafter, but this run trains a {:?} one (--kind)", src.kind, dcfg.kind)));
+    }
+    if src.target_layer_ids != dcfg.target_layer_ids {
+        return Err(what(format!("reads target layers {:?}, but this run's cache taps {:?}", src.target_layer_ids, dcfg.target_layer_ids)));
+    }
+    if src.confidence_head != dcfg.confidence_head {
+        return Err(what(format!("confidence head {}, this run {} (--no-confidence)", src.confidence_head, dcfg.confidence_head)));
+    }
+    let st = dir.join("model.safetensors");
+    sparkling::loader::bytes::regular_file(&st, "a drafter checkpoint")?;
+    let mut all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
+    // Their draft id → target id (identity for a full-vocabulary checkpoint).
+    let their_d2t: Vec<u32> = match all.remove(sparkling::model::draft_vocab::MAP_TENSOR) {
+        Some(m) => m.to_dtype(DType::I64)?.to_vec1::<i64>()?.into_iter().map(|t| t as u32).collect(),
+        None => (0..src.vocab as u32).collect(),
+    };
+    let mut their_t2d = vec![u32::MAX; dcfg.vocab];
+    for (d, &t) in their_d2t.iter().enumerate() {
+        if let Some(x) = their_t2d.get_mut(t as usize) {
+            *x = d as u32;
+        }
+    }
+    let our_d2t: Vec<u32> = match draft_vocab {
+        Some(dv) => dv.draft_to_target().to_vec(),
+        None => (0..dcfg.vocab as u32).collect(),
+    };
+    let mut matched = 0usize;
+    for (name, var) in &params.vars {
+        let t = all.remove(name).ok_or_else(|| Error::file(&st, format!("tensor `{name}` missing (this run's drafter has it)")))?.to_dtype(DType::F32)?;
+        let value = if name == "fc.weight" {
+            if t.dims() != [dcfg.hidden, n_feat] {
+                return Err(Error::file(&st, format!("tensor `{name}`: shape {:?}, expected {:?}", t.dims(), [dcfg.hidden, n_feat])));
+            }
+            t.broadcast_div(&Tensor::from_vec(scale.to_vec(), (1, n_feat), &Device::Cpu)?)?
+        } else if name == "markov_head.markov_w2.weight" {
+            let r = dcfg.markov_rank;
+            if t.dims() != [their_d2t.len(), r] {
+                return Err(Error::file(&st, format!("tensor `{name}`: shape {:?}, expected [{}, {r}] (its draft_to_target map)", t.dims(), their_d2t.len())));
+            }
+            let rows: Vec<f32> = t.flatten_all()?.to_vec1()?;
+            let mut out = vec![0f32; our_d2t.len() * r];
+            for (d, &tid) in our_d2t.iter().enumerate() {
+                if let Some(&j) = their_t2d.get(tid as usize).filter(|&&j| j != u32::MAX) {
+                    out[d * r..(d + 1) * r].copy_from_slice(&rows[j as usize * r..(j as usize + 1) * r]);
+                    matched += 1;
+                }
+            }
+            Tensor::from_vec(out, (our_d2t.len(), r), &Device::Cpu)?
+        } else {
+            if t.dims() != var.dims() {
+                return Err(Error::file(&st, format!("tensor `{name}`: shape {:?}, expected {:?}", t.dims(), var.dims())));
+            }
+            t
+        };
+        var.set(&value)?;
+    }
+    Ok(if dcfg.kind == DrafterKind::DSpark && dcfg.markov_rank > 0 {
+        format!("Markov W2: {matched} of {} draft ids matched by target id, the rest start at 0", our_d2t.len())
+    } else {
+        "no Markov head".to_string()
+    })
 }
 
 /// Warm start from the target (`--init-from-target F`): draft layer `l` takes target layer
@@ -603,8 +712,12 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         warm_start(&params, Path::new(&rc.target), &tcfg, &dcfg, first, &scale, &sample)?;
         eprintln!("warm start: draft layers ← target layers {first}..{}", first + dcfg.layers);
     }
-    let scale_t = Tensor::from_vec(scale, n_feat, &Device::Cpu)?;
     let draft_vocab = frozen_draft_vocab(rc, &ctl.out, &train, &hold, &tcfg)?;
+    if let (Some(dir), 0) = (&rc.init_from, start) {
+        let from = init_from_drafter(&params, Path::new(dir), &dcfg, n_feat, &scale, draft_vocab.as_ref())?;
+        eprintln!("warm start: every parameter from the drafter {dir} ({from})");
+    }
+    let scale_t = Tensor::from_vec(scale, n_feat, &Device::Cpu)?;
     let lm_head = match &draft_vocab {
         Some(dv) => head.index_select(&Tensor::from_vec(dv.draft_to_target().to_vec(), dv.len(), &Device::Cpu)?, 0)?,
         None => head.clone(),
@@ -771,6 +884,7 @@ mod tests {
             seed: 0,
             holdout: 1,
             init_from_target: None,
+            init_from: None,
             draft_vocab: None,
             max_seqs: Some(2),
         }

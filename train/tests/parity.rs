@@ -283,3 +283,65 @@ fn engine_and_trainer_agree_on_committed_smollm2_drafters() {
         compare(&b, &target, &d, &cd, &tokens, &[n - 12, n - 2], &dir.file_name().unwrap().to_string_lossy());
     }
 }
+
+/// `--init-from`: every parameter starts at the exported drafter's value; `fc` is unfolded by
+/// this run's preconditioner; Markov `W2` rows follow their target id into another draft
+/// vocabulary (rows it lacks start at 0); a drafter of another shape is refused naming what
+/// differs.
+#[test]
+fn init_from_a_drafter_copies_it_and_matches_markov_rows_by_target_id() {
+    let tcfg = tiny_target_config(Arch::Llama, 64);
+    let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 4, markov_rank: 4, taps: 2, mask_token_id: None, confidence_head: true };
+    let base = drafter_config(&tcfg, &init);
+    let nf = base.target_layer_ids.len() * tcfg.hidden;
+    let reduced = |ids: &[u32]| {
+        let mut c = base.clone();
+        c.draft_vocab = ids.len();
+        c.reduced = true;
+        (c, DraftVocab::from_ids(ids, tcfg.vocab).unwrap())
+    };
+    let (src_cfg, src_dv) = reduced(&[5, 9, 2, 7, 11]);
+    let src = Params::init(&src_cfg, nf, 1, None).unwrap();
+    randomise(&src, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("drafter");
+    write_hf(&ckpt, &src_cfg, tcfg.layers, nf, &src, Some(&src_dv), ExportDtype::F32, None, None).unwrap();
+
+    // Another draft vocabulary, block size and seed: target ids 9 and 5 are shared, 3 is new.
+    let (mut cfg, dv) = reduced(&[9, 3, 5]);
+    cfg.block_size = 8;
+    let p = Params::init(&cfg, nf, 2, None).unwrap();
+    let scale: Vec<f32> = (0..nf).map(|i| 0.25 + (i % 7) as f32 * 0.5).collect();
+    let said = sparkling_train::train::init_from_drafter(&p, &ckpt, &cfg, nf, &scale, Some(&dv)).unwrap();
+    assert!(said.contains("2 of 3 draft ids"), "{said}");
+    let v = |p: &Params, n: &str| -> Vec<f32> { p.get(n).unwrap().flatten_all().unwrap().to_vec1().unwrap() };
+    for n in ["layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight", "markov_head.markov_w1.weight", "confidence_head.proj.weight", "norm.weight"]
+    {
+        assert_eq!(v(&p, n), v(&src, n), "{n}");
+    }
+    let (fc, src_fc) = (v(&p, "fc.weight"), v(&src, "fc.weight"));
+    for (i, (a, b)) in fc.iter().zip(&src_fc).enumerate() {
+        assert_eq!(*a, b / scale[i % nf], "fc[{i}] = exported / scale");
+    }
+    let (w2, src_w2) = (v(&p, "markov_head.markov_w2.weight"), v(&src, "markov_head.markov_w2.weight"));
+    assert!(src_w2.iter().any(|&x| x != 0.0));
+    assert_eq!(&w2[0..4], &src_w2[4..8], "target id 9: their draft id 1");
+    assert_eq!(&w2[4..8], &[0.0; 4], "target id 3: not in their vocabulary");
+    assert_eq!(&w2[8..12], &src_w2[0..4], "target id 5: their draft id 0");
+
+    // Refused: another Markov rank, kind or layer count, naming the setting.
+    for (bad, what) in [
+        (DrafterInit { markov_rank: 8, ..init.clone() }, "Markov rank 4"),
+        (DrafterInit { layers: 2, ..init.clone() }, "layers 1"),
+        (DrafterInit { confidence_head: false, ..init.clone() }, "confidence head"),
+    ] {
+        let c = drafter_config(&tcfg, &bad);
+        let q = Params::init(&c, nf, 3, None).unwrap();
+        let e = sparkling_train::train::init_from_drafter(&q, &ckpt, &c, nf, &scale, None).unwrap_err().to_string();
+        assert!(e.contains("--init-from") && e.contains(what), "{what}: {e}");
+    }
+    let c = drafter_config(&tcfg, &DrafterInit { kind: DrafterKind::DFlash, markov_rank: 0, confidence_head: false, ..init.clone() });
+    let q = Params::init(&c, nf, 3, None).unwrap();
+    let e = sparkling_train::train::init_from_drafter(&q, &ckpt, &c, nf, &scale, None).unwrap_err().to_string();
+    assert!(e.contains("--init-from") && (e.contains("DSpark") || e.contains("Markov rank")), "{e}");
+}
