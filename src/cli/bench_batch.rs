@@ -2,7 +2,7 @@
 //! batch API (continuous batching: a finished sequence's slot goes to the next prompt at once),
 //! one row per method × budget × N (`ar`: per N): aggregate tokens/s over the whole set
 //! (prefills and the draining tail included), decode-only tokens/s (the steps that fed no
-//! prompt row: the batch's steady state, with its mean occupancy), τ (tokens committed per
+//! prompt row, the draining tail's among them: read it with its mean occupancy), τ (tokens committed per
 //! sequence and decode step after the first token) and per-sequence latency.
 
 use super::bench::BenchArgs;
@@ -147,17 +147,17 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
     let _ = writeln!(
         table,
-        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | decode-only tok/s (seqs/step) | vs ar batch 1 | τ | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
+        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | decode-only tok/s (seqs/step) | decode vs ar batch 1 | τ | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
     );
     let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
     for r in &rows {
         let agg = r.new_tokens as f64 / r.wall_s.max(1e-9);
         let speed = base.map(|x| agg / x);
-        // Steady state: the steps with no prefill row, where the batch's cost is decode alone.
+        // The steps with no prefill row (the draining tail's included), whose cost is decode alone.
         let dec = decode_rate(r);
         let dec_speed = dec.zip(decode_base).map(|(d, x)| d / x);
-        let occupancy = r.decode_seqs as f64 / r.decode_steps.max(1) as f64;
+        let occupancy = (r.decode_steps > 0).then(|| r.decode_seqs as f64 / r.decode_steps as f64);
         let lat = summary(&r.latency_ms);
         let ftl = summary(&r.first_token_ms);
         let rps = r.rows as f64 / r.steps.max(1) as f64;
@@ -170,7 +170,7 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
             r.method.name(),
             r.batch,
             speed.map_or("–".to_string(), |x| format!("{x:.2}×")),
-            dec.map_or("–".to_string(), |d| format!("{d:.1} ({occupancy:.1})")),
+            dec.zip(occupancy).map_or("–".to_string(), |(d, o)| format!("{d:.1} ({o:.1})")),
             dec_speed.map_or("–".to_string(), |x| format!("{x:.2}×")),
             r.draft_s,
             r.new_tokens,

@@ -165,7 +165,7 @@ enum Cmd {
         /// Warm start from a trained drafter: an exported checkpoint directory (config.json +
         /// model.safetensors, e.g. models/smollm2-135m-dspark-b8) of the same kind, layers, taps
         /// and Markov rank; Markov W2 rows are matched by target id, so --draft-vocab may differ.
-        /// Fresh optimizer moments; ignored by --resume (the checkpoint has the weights).
+        /// Fresh optimizer moments; ignored when --resume finds a checkpoint (it has the weights).
         #[arg(long, value_name = "DIR")]
         init_from: Option<PathBuf>,
         /// Reduced draft vocabulary V_d: the output layer (the target lm_head's rows) and the

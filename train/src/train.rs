@@ -255,10 +255,17 @@ pub fn init_from_drafter(params: &Params, dir: &Path, dcfg: &DrafterConfig, n_fe
         ("intermediate size", src.intermediate, dcfg.intermediate),
         ("target vocabulary", src.vocab, dcfg.vocab),
         ("Markov rank", src.markov_rank, dcfg.markov_rank),
+        ("mask token id", src.mask_token_id as usize, dcfg.mask_token_id as usize),
     ] {
         if theirs != ours {
             return Err(what(format!("{name} {theirs}, but this run's drafter has {ours}")));
         }
+    }
+    if src.rope_theta != dcfg.rope_theta || src.rms_eps != dcfg.rms_eps {
+        return Err(what(format!(
+            "RoPE θ {} / RMSNorm ε {}, but this run's drafter has {} / {}",
+            src.rope_theta, src.rms_eps, dcfg.rope_theta, dcfg.rms_eps
+        )));
     }
     if src.kind != dcfg.kind {
         return Err(what(format!("a {:?} drafter, but this run trains a {:?} one (--kind)", src.kind, dcfg.kind)));
