@@ -262,10 +262,7 @@ pub fn init_from_drafter(params: &Params, dir: &Path, dcfg: &DrafterConfig, n_fe
         }
     }
     if src.rope_theta != dcfg.rope_theta || src.rms_eps != dcfg.rms_eps {
-        return Err(what(format!(
-            "RoPE θ {} / RMSNorm ε {}, but this run's drafter has {} / {}",
-            src.rope_theta, src.rms_eps, dcfg.rope_theta, dcfg.rms_eps
-        )));
+        return Err(what(format!("RoPE θ {} / RMSNorm ε {}, but this run's drafter has {} / {}", src.rope_theta, src.rms_eps, dcfg.rope_theta, dcfg.rms_eps)));
     }
     if src.kind != dcfg.kind {
         return Err(what(format!("a {:?} drafter, but this run trains a {:?} one (--kind)", src.kind, dcfg.kind)));
