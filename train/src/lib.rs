@@ -38,5 +38,6 @@ pub mod model;
 pub mod optim;
 pub mod rng;
 pub mod train;
+pub mod warm_start;
 
 pub use error::{Error, Result};

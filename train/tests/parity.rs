@@ -312,7 +312,7 @@ fn init_from_a_drafter_copies_it_and_matches_markov_rows_by_target_id() {
     cfg.block_size = 8;
     let p = Params::init(&cfg, nf, 2, None).unwrap();
     let scale: Vec<f32> = (0..nf).map(|i| 0.25 + (i % 7) as f32 * 0.5).collect();
-    let said = sparkling_train::train::init_from_drafter(&p, &ckpt, &cfg, nf, &scale, Some(&dv)).unwrap();
+    let said = sparkling_train::warm_start::from_drafter(&p, &ckpt, &cfg, nf, &scale, Some(&dv)).unwrap();
     assert!(said.contains("2 of 3 draft ids"), "{said}");
     let v = |p: &Params, n: &str| -> Vec<f32> { p.get(n).unwrap().flatten_all().unwrap().to_vec1().unwrap() };
     for n in ["layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight", "markov_head.markov_w1.weight", "confidence_head.proj.weight", "norm.weight"]
@@ -337,11 +337,91 @@ fn init_from_a_drafter_copies_it_and_matches_markov_rows_by_target_id() {
     ] {
         let c = drafter_config(&tcfg, &bad);
         let q = Params::init(&c, nf, 3, None).unwrap();
-        let e = sparkling_train::train::init_from_drafter(&q, &ckpt, &c, nf, &scale, None).unwrap_err().to_string();
+        let e = sparkling_train::warm_start::from_drafter(&q, &ckpt, &c, nf, &scale, None).unwrap_err().to_string();
         assert!(e.contains("--init-from") && e.contains(what), "{what}: {e}");
     }
     let c = drafter_config(&tcfg, &DrafterInit { kind: DrafterKind::DFlash, markov_rank: 0, confidence_head: false, ..init.clone() });
     let q = Params::init(&c, nf, 3, None).unwrap();
-    let e = sparkling_train::train::init_from_drafter(&q, &ckpt, &c, nf, &scale, None).unwrap_err().to_string();
+    let e = sparkling_train::warm_start::from_drafter(&q, &ckpt, &c, nf, &scale, None).unwrap_err().to_string();
     assert!(e.contains("--init-from") && (e.contains("DSpark") || e.contains("Markov rank")), "{e}");
+}
+
+/// `--init-from` with a full-vocabulary checkpoint (no `draft_to_target`: draft id = target
+/// id), the kind check on its own (a DFlash checkpoint into a DSpark run of the same rank 0),
+/// and checkpoints that are refused: a map with an id outside the vocabulary or an id twice, a
+/// tensor this run's drafter lacks. Errors name the tensor and the id.
+#[test]
+fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
+    let tcfg = tiny_target_config(Arch::Llama, 64);
+    let init = DrafterInit { kind: DrafterKind::DSpark, layers: 1, block_size: 4, markov_rank: 4, taps: 2, mask_token_id: None, confidence_head: false };
+    let full = drafter_config(&tcfg, &init);
+    let nf = full.target_layer_ids.len() * tcfg.hidden;
+    let src = Params::init(&full, nf, 1, None).unwrap();
+    randomise(&src, 5);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("full");
+    write_hf(&ckpt, &full, tcfg.layers, nf, &src, None, ExportDtype::F32, None, None).unwrap();
+    let scale = vec![1.0f32; nf];
+    let w2 = |p: &Params| -> Vec<f32> { p.get("markov_head.markov_w2.weight").unwrap().flatten_all().unwrap().to_vec1().unwrap() };
+
+    // Into a reduced run: every row is found, at its target id.
+    let mut cfg = full.clone();
+    cfg.draft_vocab = 3;
+    cfg.reduced = true;
+    let dv = DraftVocab::from_ids(&[9, 3, 5], tcfg.vocab).unwrap();
+    let p = Params::init(&cfg, nf, 2, None).unwrap();
+    let said = sparkling_train::warm_start::from_drafter(&p, &ckpt, &cfg, nf, &scale, Some(&dv)).unwrap();
+    assert!(said.contains("3 of 3 draft ids"), "{said}");
+    let (ours, theirs) = (w2(&p), w2(&src));
+    for (d, t) in [9usize, 3, 5].into_iter().enumerate() {
+        assert_eq!(&ours[d * 4..d * 4 + 4], &theirs[t * 4..t * 4 + 4], "draft id {d} = target id {t}");
+    }
+    // Into a full run: the identity.
+    let q = Params::init(&full, nf, 3, None).unwrap();
+    sparkling_train::warm_start::from_drafter(&q, &ckpt, &full, nf, &scale, None).unwrap();
+    assert_eq!(w2(&q), theirs);
+
+    // The kind alone differs: a DFlash checkpoint (rank 0) into a DSpark run of rank 0.
+    let dflash = drafter_config(&tcfg, &DrafterInit { kind: DrafterKind::DFlash, markov_rank: 0, ..init.clone() });
+    let fl = Params::init(&dflash, nf, 4, None).unwrap();
+    let fl_dir = dir.path().join("dflash");
+    write_hf(&fl_dir, &dflash, tcfg.layers, nf, &fl, None, ExportDtype::F32, None, None).unwrap();
+    let mut rank0 = drafter_config(&tcfg, &DrafterInit { markov_rank: 0, ..init.clone() });
+    rank0.mask_token_id = dflash.mask_token_id;
+    assert_eq!((rank0.kind, rank0.markov_rank), (DrafterKind::DSpark, 0));
+    let e = sparkling_train::warm_start::check_drafter(&fl_dir, &rank0).unwrap_err().to_string();
+    assert!(e.contains("--init-from") && e.contains("DFlash") && e.contains("--kind"), "{e}");
+
+    // Tampered checkpoints: the same config, another model.safetensors.
+    let reduced_dir = dir.path().join("reduced");
+    let rsrc = Params::init(&cfg, nf, 6, None).unwrap();
+    let tamper = |name: &str, edit: &dyn Fn(&mut std::collections::HashMap<String, Tensor>)| -> String {
+        write_hf(&reduced_dir, &cfg, tcfg.layers, nf, &rsrc, Some(&dv), ExportDtype::F32, None, None).unwrap();
+        let st = reduced_dir.join("model.safetensors");
+        let mut all = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
+        edit(&mut all);
+        candle_core::safetensors::save(&all, &st).unwrap();
+        let q = Params::init(&cfg, nf, 7, None).unwrap();
+        let e = sparkling_train::warm_start::from_drafter(&q, &reduced_dir, &cfg, nf, &scale, Some(&dv)).unwrap_err().to_string();
+        assert!(e.contains("model.safetensors"), "{name}: {e}");
+        e
+    };
+    let map = sparkling::model::draft_vocab::MAP_TENSOR;
+    let ids = |v: Vec<i64>| Tensor::from_vec(v, 3, &Device::Cpu).unwrap();
+    let e = tamper("out of range", &|all| {
+        all.insert(map.to_string(), ids(vec![9, 3, tcfg.vocab as i64]));
+    });
+    assert!(e.contains("draft id 2") && e.contains(&format!("target id {}", tcfg.vocab)) && e.contains("outside"), "{e}");
+    let e = tamper("negative", &|all| {
+        all.insert(map.to_string(), ids(vec![9, -1, 5]));
+    });
+    assert!(e.contains("target id -1") && e.contains("outside"), "{e}");
+    let e = tamper("duplicate", &|all| {
+        all.insert(map.to_string(), ids(vec![9, 3, 9]));
+    });
+    assert!(e.contains("target id 9 appears twice") && e.contains("draft ids 0 and 2"), "{e}");
+    let e = tamper("left over", &|all| {
+        all.insert("extra.weight".to_string(), Tensor::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap());
+    });
+    assert!(e.contains("extra.weight") && e.contains("not parameters"), "{e}");
 }
