@@ -210,10 +210,12 @@ unsafe fn tile<const F: u8, const MR: usize, const NG: usize>(w: &QWeight, g0: u
         for r in 0..MR {
             let dx = _mm256_broadcast_ss(a.d.get_unchecked((i0 + r) * a.nb + b));
             for q in 0..NG {
-                acc[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][q]), _mm256_mul_ps(dw[q], dx), acc[r][q]);
+                let t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r][q]), _mm256_mul_ps(dw[q], dx));
+                acc[r][q] = _mm256_add_ps(acc[r][q], t);
                 if F == F_Q4_1 || F == F_Q4K {
                     let sx = _mm256_broadcast_ss(a.s.get_unchecked((i0 + r) * a.nb + b));
-                    acc[r][q] = if F == F_Q4_1 { _mm256_fmadd_ps(mw[q], sx, acc[r][q]) } else { _mm256_fnmadd_ps(mw[q], sx, acc[r][q]) };
+                    let ms = _mm256_mul_ps(mw[q], sx);
+                    acc[r][q] = if F == F_Q4_1 { _mm256_add_ps(acc[r][q], ms) } else { _mm256_sub_ps(acc[r][q], ms) };
                 }
             }
         }

@@ -17,7 +17,7 @@
 //!   in separate sums, as they have separate scales.
 //!
 //! Every integer sum is exact (|Σ| ≤ 32·255·128 < 2³¹), and the float epilogue is the one the
-//! module docs of [`super`] define (a multiply, then fused multiply-adds; blocks in order), so this path
+//! module docs of [`super`] define (multiply, multiply, add; blocks in order), so this path
 //! equals the scalar reference and the AVX2 path bit for bit, for every row count.
 
 #![allow(clippy::needless_range_loop)] // register tiles are indexed by row
@@ -199,10 +199,12 @@ unsafe fn tile<const F: u8, const MR: usize, const NP: usize, const HALF: bool>(
         for r in 0..MR {
             let dx = _mm512_set1_ps(*a.d.get_unchecked((i0 + r) * a.nb + b));
             for p in 0..NP {
-                acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][p]), _mm512_mul_ps(dw[p], dx), acc[r][p]);
+                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][p]), _mm512_mul_ps(dw[p], dx));
+                acc[r][p] = _mm512_add_ps(acc[r][p], t);
                 if F == F_Q4_1 || F == F_Q4K {
                     let sx = _mm512_set1_ps(*a.s.get_unchecked((i0 + r) * a.nb + b));
-                    acc[r][p] = if F == F_Q4_1 { _mm512_fmadd_ps(mw[p], sx, acc[r][p]) } else { _mm512_fnmadd_ps(mw[p], sx, acc[r][p]) };
+                    let ms = _mm512_mul_ps(mw[p], sx);
+                    acc[r][p] = if F == F_Q4_1 { _mm512_add_ps(acc[r][p], ms) } else { _mm512_sub_ps(acc[r][p], ms) };
                 }
             }
         }

@@ -35,12 +35,10 @@
 //!    (`q−8` for Q4_0, `q−16` for Q5_0, `q` for Q4_1, Q4_K and Q8_0); Q4_K then multiplies it
 //!    by its sub-block scale, `isum·sa`; Q6_K sums its two halves with their scales,
 //!    `sa·Σ_{t<16}(q−32)·qx + sb·Σ_{t≥16}(q−32)·qx` (all exact in 32 bits);
-//! 2. `acc = fma(f32(isum), d·dx, acc)` (`d·dx` rounded, then one fused multiply-add with a
-//!    single rounding; `d` the block's or the super-block's), then for Q4_1
-//!    `acc = fma(m, sx, acc)` (the value `d·q + m` against `dx·qx`: ggml's `Q4_1·Q8_1`) and for
-//!    Q4_K `acc = fma(−(dmin·f32(sb)), sx, acc)`; blocks `b = 0, 1, …, K/32 − 1` in order, `acc`
-//!    starting at `+0`. The fused form saves a vector operation per term of the SIMD epilogue
-//!    (FMA is in the AVX2 set; the scalar reference uses `f32::mul_add`, exact everywhere).
+//! 2. `acc = acc + f32(isum) · (d·dx)` (separate multiply and add, never fused; `d` the block's
+//!    or the super-block's), then for Q4_1 `acc = acc + m·sx` (the value `d·q + m` against
+//!    `dx·qx`: ggml's `Q4_1·Q8_1`) and for Q4_K `acc = acc − (dmin·f32(sb))·sx`;
+//!    blocks `b = 0, 1, …, K/32 − 1` in order, `acc` starting at `+0`.
 //!
 //! So a row's outputs are bit-identical whether it is computed alone, in a 65-row verify, or on
 //! any number of threads, and every SIMD path equals the scalar reference bit for bit.
@@ -169,18 +167,18 @@ pub fn dot_scalar(w: &QWeight, j: usize, a: &QActs, i: usize) -> f32 {
         match w.format {
             QFormat::Q4K => {
                 let u = w.super_at(j, b / 8);
-                acc = ((dot(0..QK) * w.sa[sc] as i32) as f32).mul_add(w.d[u].to_f32() * a.d[ab], acc);
-                acc = (-(w.m[u].to_f32() * w.sb[sc] as f32)).mul_add(a.s[ab], acc);
+                acc += (dot(0..QK) * w.sa[sc] as i32) as f32 * (w.d[u].to_f32() * a.d[ab]);
+                acc -= (w.m[u].to_f32() * w.sb[sc] as f32) * a.s[ab];
             }
             QFormat::Q6K => {
                 let u = w.super_at(j, b / 8);
                 let isum = w.sa[sc] as i8 as i32 * dot(0..16) + w.sb[sc] as i8 as i32 * dot(16..QK);
-                acc = (isum as f32).mul_add(w.d[u].to_f32() * a.d[ab], acc);
+                acc += isum as f32 * (w.d[u].to_f32() * a.d[ab]);
             }
             _ => {
-                acc = (dot(0..QK) as f32).mul_add(w.d[sc].to_f32() * a.d[ab], acc);
+                acc += dot(0..QK) as f32 * (w.d[sc].to_f32() * a.d[ab]);
                 if w.format == QFormat::Q4_1 {
-                    acc = w.m[sc].to_f32().mul_add(a.s[ab], acc);
+                    acc += w.m[sc].to_f32() * a.s[ab];
                 }
             }
         }
