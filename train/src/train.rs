@@ -464,9 +464,13 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
         );
     }
     let n_feat = meta.width();
-    let start = if ctl.resume { latest_checkpoint(&ctl.out)?.unwrap_or(0) } else { 0 };
+    // Both refusals before the cache loads (minutes for a large one).
+    let newest = latest_checkpoint(&ctl.out)?;
+    if !ctl.resume && newest.is_some() {
+        return Err(Error::file(&ctl.out, "holds checkpoints already; pass --resume to continue or another --out"));
+    }
+    let start = if ctl.resume { newest.unwrap_or(0) } else { 0 };
     if let (Some(dir), 0) = (&rc.init_from, start) {
-        // Before the cache loads (minutes for a large one): a wrong directory fails at once.
         crate::warm_start::check_drafter(Path::new(dir), &dcfg)?;
     }
     let t_load = Instant::now();
@@ -499,9 +503,6 @@ pub fn run(rc: &RunConfig, ctl: &TrainControl) -> Result<Metrics> {
     if ctl.resume && start == 0 {
         // Not an error: rerunning one command (with --resume) starts the run and continues it.
         eprintln!("--resume: no checkpoint in {} yet, so this starts a new run there", ctl.out.display());
-    }
-    if !ctl.resume && latest_checkpoint(&ctl.out)?.is_some() {
-        return Err(Error::file(&ctl.out, "holds checkpoints already; pass --resume to continue or another --out"));
     }
     // Final norm at 0.1: with 1s (or the target's own final-norm weights) random hidden states
     // through SmolLM2's borrowed lm_head give logits so large that the first CE is 75–120 nats;

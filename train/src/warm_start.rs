@@ -49,7 +49,7 @@ pub fn check_drafter(dir: &Path, dcfg: &DrafterConfig) -> Result<()> {
         return Err(what(format!("confidence head {}, this run {} (--no-confidence)", src.confidence_head, dcfg.confidence_head)));
     }
     let st = dir.join("model.safetensors");
-    sparkling::loader::bytes::regular_file(&st, "a drafter checkpoint")?;
+    sparkling::loader::bytes::regular_file(&st, "a drafter checkpoint").map_err(|e| Error::arg("init-from", format!("{e}; {expected}")))?;
     Ok(())
 }
 
@@ -73,8 +73,10 @@ pub fn check_drafter(dir: &Path, dcfg: &DrafterConfig) -> Result<()> {
 ///
 /// Returns a one-line account (rows matched). Errors name the file, the tensor or the setting
 /// that differs, and what this run expects: the checks of [`check_drafter`]; a tensor missing,
-/// of another shape, or left over (the checkpoint has parameters this run's drafter lacks);
-/// a `draft_to_target` map with an id outside the target vocabulary or an id twice.
+/// of another shape, or left over (the checkpoint has parameters this run's drafter lacks,
+/// among them an own `embed_tokens` / `lm_head`, which the engine accepts but the trainer
+/// borrows from the target; checked before any parameter is set; RoPE `inv_freq` tables are
+/// ignored); a `draft_to_target` map with an id outside the target vocabulary or an id twice.
 pub fn from_drafter(params: &Params, dir: &Path, dcfg: &DrafterConfig, n_feat: usize, scale: &[f32], draft_vocab: Option<&DraftVocab>) -> Result<String> {
     check_drafter(dir, dcfg)?;
     let st = dir.join("model.safetensors");
@@ -100,6 +102,24 @@ pub fn from_drafter(params: &Params, dir: &Path, dcfg: &DrafterConfig, n_feat: u
         Some(dv) => dv.draft_to_target().to_vec(),
         None => (0..dcfg.vocab as u32).collect(),
     };
+    // Tensors this run has no parameter for, refused before any parameter is set. The engine
+    // ignores RoPE frequency tables and accepts a drafter's own embedding / lm_head; the
+    // trainer borrows the target's, so those are named apart.
+    all.retain(|n, _| !n.ends_with("rotary_emb.inv_freq"));
+    let mut left: Vec<&str> = all.keys().map(String::as_str).filter(|n| !params.vars.contains_key(*n)).collect();
+    left.sort_unstable();
+    if left.iter().any(|n| *n == "embed_tokens.weight" || *n == "lm_head.weight") {
+        return Err(Error::file(
+            &st,
+            format!("carries its own {left:?}; the trainer borrows the target's embedding and lm_head, so drop these tensors to warm-start from it"),
+        ));
+    }
+    if !left.is_empty() {
+        return Err(Error::file(
+            &st,
+            format!("tensors {left:?} are not parameters of this run's drafter (a checkpoint of another layout?); expected exactly its {}", params.vars.len()),
+        ));
+    }
     let mut matched = 0usize;
     for (name, var) in &params.vars {
         let t = all.remove(name).ok_or_else(|| Error::file(&st, format!("tensor `{name}` missing (this run's drafter has it)")))?.to_dtype(DType::F32)?;
@@ -129,17 +149,6 @@ pub fn from_drafter(params: &Params, dir: &Path, dcfg: &DrafterConfig, n_feat: u
             t
         };
         var.set(&value)?;
-    }
-    if !all.is_empty() {
-        let mut left: Vec<&str> = all.keys().map(String::as_str).collect();
-        left.sort_unstable();
-        return Err(Error::file(
-            &st,
-            format!(
-                "tensors {left:?} are not parameters of this run's drafter (a checkpoint of another layout?); expected exactly the {} it has",
-                params.vars.len()
-            ),
-        ));
     }
     Ok(if dcfg.kind == DrafterKind::DSpark && dcfg.markov_rank > 0 {
         format!("Markov W2: {matched} of {} draft ids matched by target id, the rest start at 0", our_d2t.len())

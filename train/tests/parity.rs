@@ -248,7 +248,7 @@ fn models_dir() -> PathBuf {
 fn engine_and_trainer_agree_on_committed_smollm2_drafters() {
     let asset = sparkling::assets::path(sparkling::assets::DEFAULT_TARGET);
     let dirs: Vec<PathBuf> =
-        ["smollm2-135m-dspark-b8", "smollm2-135m-dflash-b16"].iter().map(|n| models_dir().join(n)).filter(|p| p.join("config.json").exists()).collect();
+        ["smollm2-135m-dspark-b8", "smollm2-135m-dflash-b8"].iter().map(|n| models_dir().join(n)).filter(|p| p.join("config.json").exists()).collect();
     if !asset.exists() || dirs.is_empty() {
         if std::env::var("SPARKLING_REQUIRE_ASSETS").is_ok_and(|v| v == "1") && !asset.exists() {
             panic!("asset {} missing (run scripts/fetch-assets smollm2)", asset.display());
@@ -395,6 +395,7 @@ fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
     // Tampered checkpoints: the same config, another model.safetensors.
     let reduced_dir = dir.path().join("reduced");
     let rsrc = Params::init(&cfg, nf, 6, None).unwrap();
+    randomise(&rsrc, 6);
     let tamper = |name: &str, edit: &dyn Fn(&mut std::collections::HashMap<String, Tensor>)| -> String {
         write_hf(&reduced_dir, &cfg, tcfg.layers, nf, &rsrc, Some(&dv), ExportDtype::F32, None, None).unwrap();
         let st = reduced_dir.join("model.safetensors");
@@ -424,4 +425,20 @@ fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
         all.insert("extra.weight".to_string(), Tensor::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap());
     });
     assert!(e.contains("extra.weight") && e.contains("not parameters"), "{e}");
+    let e = tamper("own lm_head", &|all| {
+        all.insert("lm_head.weight".to_string(), Tensor::zeros((3, tcfg.hidden), candle_core::DType::F32, &Device::Cpu).unwrap());
+    });
+    assert!(e.contains("lm_head.weight") && e.contains("borrows the target's"), "{e}");
+    // A RoPE frequency table (the engine ignores it too) is no reason to refuse.
+    let st = reduced_dir.join("model.safetensors");
+    let mut all = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
+    all.insert(map.to_string(), ids(vec![9, 3, 5]));
+    all.remove("extra.weight");
+    all.remove("lm_head.weight");
+    all.insert("layers.0.self_attn.rotary_emb.inv_freq".to_string(), Tensor::zeros(4, candle_core::DType::F32, &Device::Cpu).unwrap());
+    candle_core::safetensors::save(&all, &st).unwrap();
+    let q = Params::init(&cfg, nf, 8, None).unwrap();
+    sparkling_train::warm_start::from_drafter(&q, &reduced_dir, &cfg, nf, &scale, Some(&dv)).unwrap();
+    assert!(w2(&rsrc).iter().any(|&x| x != 0.0));
+    assert_eq!(w2(&q), w2(&rsrc));
 }
