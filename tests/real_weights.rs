@@ -141,7 +141,7 @@ fn every_method_emits_ar_tokens(dtype: WeightDtype) {
     );
     let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
     let trained = (
-        common::load_drafter(&m.b, &models.join("smollm2-135m-dflash-b16"), &m.target.cfg),
+        common::load_drafter(&m.b, &models.join("smollm2-135m-dflash-b8"), &m.target.cfg),
         common::load_drafter(&m.b, &models.join("smollm2-135m-dspark-b8"), &m.target.cfg),
     );
     let mut tau_trained = 0.0;

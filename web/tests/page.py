@@ -462,7 +462,7 @@ def main():
         check("my-notes.gguf" in err and "target.gguf" not in err and "To fix" in err, f"a bad file's error names the user's file and what to do ({err!r})")
 
         print("page test: a local .gguf file through the file picker, with a mistyped drafter address")
-        set_value(d, "drafters", "models/smollm2-135m-dspark-b1,models/smollm2-135m-dflash-b16")
+        set_value(d, "drafters", "models/smollm2-135m-dspark-b1,models/smollm2-135m-dflash-b8")
         gguf = os.path.realpath(os.path.join(WWW, "assets", "smollm2-135m-instruct-q4_1.gguf"))
         d.call("POST", f"/session/{d.sid}/element/{el}/value", {"text": gguf})
         check(d.js("return document.querySelector('input[name=src]:checked').value") == "file", "picking a file selects “a .gguf file on this computer”")
@@ -471,7 +471,7 @@ def main():
         warn = d.js("return document.getElementById('loadwarn').textContent")
         check("models/smollm2-135m-dspark-b1/config.json is not on this server" in warn and "drafter address" in warn and "web-demo" not in warn,
               f"a mistyped drafter address is named with what to check ({warn!r})")
-        set_value(d, "drafters", "models/smollm2-135m-dspark-b8,models/smollm2-135m-dflash-b16")
+        set_value(d, "drafters", "models/smollm2-135m-dspark-b8,models/smollm2-135m-dflash-b8")
         r, st = generate(d, "ar", 8)
         check(r is not None and r["tokens"] == sparkling_cpu[:8], "the picked file gives the served file's tokens")
 

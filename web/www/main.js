@@ -10,7 +10,7 @@
 // one is missing (keep the two in step).
 const DEFAULTS = {
   target: "assets/smollm2-135m-instruct-q4_1.gguf",
-  drafters: "models/smollm2-135m-dspark-b8,models/smollm2-135m-dflash-b16",
+  drafters: "models/smollm2-135m-dspark-b8,models/smollm2-135m-dflash-b8",
   tokenizer: "",
 };
 const FETCH_HINT = "run `scripts/fetch-assets smollm2`, then restart `scripts/web-demo`";
