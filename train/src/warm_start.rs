@@ -81,23 +81,13 @@ pub fn from_drafter(params: &Params, dir: &Path, dcfg: &DrafterConfig, n_feat: u
     check_drafter(dir, dcfg)?;
     let st = dir.join("model.safetensors");
     let mut all = candle_core::safetensors::load(&st, &Device::Cpu).map_err(|e| Error::file(&st, e))?;
-    // Their draft id → target id (identity for a full-vocabulary checkpoint), and back.
-    let map = sparkling::model::draft_vocab::MAP_TENSOR;
-    let their_d2t: Vec<i64> = match all.remove(map) {
+    // Their draft id → target id (identity for a full-vocabulary checkpoint), checked (ids in
+    // range, none twice) and inverted by the engine's own map type.
+    let their_ids: Vec<i64> = match all.remove(sparkling::model::draft_vocab::MAP_TENSOR) {
         Some(m) => m.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?,
         None => (0..dcfg.vocab as i64).collect(),
     };
-    let mut their_t2d = vec![u32::MAX; dcfg.vocab];
-    for (d, &t) in their_d2t.iter().enumerate() {
-        let slot = usize::try_from(t).ok().and_then(|t| their_t2d.get_mut(t));
-        match slot {
-            Some(x) if *x == u32::MAX => *x = d as u32,
-            Some(x) => return Err(Error::file(&st, format!("tensor `{map}`: target id {t} appears twice (draft ids {} and {d}); expected distinct ids", *x))),
-            None => {
-                return Err(Error::file(&st, format!("tensor `{map}`: draft id {d} maps to target id {t}, outside the target vocabulary 0..{}", dcfg.vocab)))
-            }
-        }
-    }
+    let theirs = DraftVocab::new(&st, &[their_ids.len()], &their_ids, dcfg.vocab, their_ids.len())?;
     let our_d2t: Vec<u32> = match draft_vocab {
         Some(dv) => dv.draft_to_target().to_vec(),
         None => (0..dcfg.vocab as u32).collect(),
@@ -130,13 +120,13 @@ pub fn from_drafter(params: &Params, dir: &Path, dcfg: &DrafterConfig, n_feat: u
             t.broadcast_div(&Tensor::from_vec(scale.to_vec(), (1, n_feat), &Device::Cpu)?)?
         } else if name == "markov_head.markov_w2.weight" {
             let r = dcfg.markov_rank;
-            if t.dims() != [their_d2t.len(), r] {
-                return Err(Error::file(&st, format!("tensor `{name}`: shape {:?}, expected [{}, {r}] (its draft_to_target map)", t.dims(), their_d2t.len())));
+            if t.dims() != [theirs.len(), r] {
+                return Err(Error::file(&st, format!("tensor `{name}`: shape {:?}, expected [{}, {r}] (its draft_to_target map)", t.dims(), theirs.len())));
             }
             let rows: Vec<f32> = t.flatten_all()?.to_vec1()?;
             let mut out = vec![0f32; our_d2t.len() * r];
             for (d, &tid) in our_d2t.iter().enumerate() {
-                if let Some(&j) = their_t2d.get(tid as usize).filter(|&&j| j != u32::MAX) {
+                if let Some(j) = theirs.draft_id(tid) {
                     out[d * r..(d + 1) * r].copy_from_slice(&rows[j as usize * r..(j as usize + 1) * r]);
                     matched += 1;
                 }
