@@ -18,8 +18,9 @@ unsafe fn reduce8x8(a: &[__m256; 8]) -> __m256 {
 }
 
 /// How far ahead (in keys) the multi-query passes prefetch key and value rows, within the
-/// pass's own keys (one [`super::CHUNK`] at most): prefetching on into the next chunk while
-/// the chunk's other query sets still use this one measured slower (BENCHMARKS.md §28).
+/// pass's own keys (one [`super::CHUNK`], or all the call's keys when its heads form one query
+/// set): prefetching on into the next chunk while the chunk's other query sets still use this
+/// one measured slower (BENCHMARKS.md §28).
 const PREFETCH_KEYS: usize = 32;
 
 /// Prefetch the cache lines of `n` elements from row `row` (`stride` elements per row) of the
@@ -345,10 +346,15 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
         (s1, common)
     };
     let scale_v = _mm256_set1_ps(scale);
+    // Chunks keep a chunk of keys in cache while several query sets read it. A call whose
+    // heads form one set (a decode row, a batch's decode rows) reads each key once anyway, so
+    // it walks all its keys in one pass: cut into chunks, each chunk's first PREFETCH_KEYS
+    // keys waited on memory (the prefetch stays inside a pass). Chunking changes no bit.
+    let chunk = if WIDE && heads <= MULTI { nmax } else { super::CHUNK };
     // 1. Scores, chunk by chunk of keys, every row over a chunk while it is in cache.
     let mut c0 = 0;
     while c0 < nmax {
-        let c1 = (c0 + super::CHUNK).min(nmax);
+        let c1 = (c0 + chunk).min(nmax);
         if WIDE {
             let mut s0 = 0;
             while s0 < heads {
@@ -415,7 +421,7 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
     let op = out.as_mut_ptr();
     let mut c0 = 0;
     while c0 < nmax {
-        let c1 = (c0 + super::CHUNK).min(nmax);
+        let c1 = (c0 + chunk).min(nmax);
         let mut s0 = 0;
         while s0 < heads {
             let (s1, common) = if WIDE { set(s0) } else { (s0 + 1, 0) };
