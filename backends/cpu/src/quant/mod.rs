@@ -195,16 +195,18 @@ pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) 
     let a = quantize_acts(x, m, w.k);
     let (gpt, tasks) = tasks(w, team::threads());
     let par = m * w.n * w.k >= crate::PAR_MIN_MACS;
-    if let Some(mut y) = direct_output(w, m) {
-        let out = crate::SendPtr(y.as_mut_ptr());
-        // SAFETY: `y` holds `m·n` values, `n` a multiple of 8 (`direct_output`), and each task
-        // writes only its own columns.
+    if let Some(mut d) = direct_output(w, m) {
+        let out = crate::SendPtr(d.ptr());
+        // SAFETY: `d` has room for `m·n` values, `n` a multiple of 8 (`direct_output`), and each
+        // task writes only its own columns.
         let work = |t: usize| unsafe { task_into(isa, w, &a, t, gpt, out.get(), w.n) };
         if par {
             team::for_each(tasks, work);
         } else {
             (0..tasks).for_each(work);
         }
+        // SAFETY: every task ran, so every column of every row was written.
+        let mut y = unsafe { d.filled() };
         crate::add_bias(&mut y, w.n, bias);
         return y;
     }
@@ -213,12 +215,37 @@ pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) 
     crate::assemble_columns(&parts, m, w.n, gpt * GC, bias)
 }
 
-/// A zeroed `[m, n]` output that the tasks of a matmul over `w` can write in place: `Some`
-/// when `n` is a multiple of the 8-column group (every real model's matrices), so no task's
-/// padding columns fall on the next row; `None` otherwise (the tasks then fill buffers of their
-/// own, copied into place).
-pub(crate) fn direct_output(w: &QWeight, m: usize) -> Option<Vec<f32>> {
-    w.n.is_multiple_of(GC).then(|| vec![0.0; m * w.n])
+/// A `[m, n]` output that the tasks of a matmul over `w` write in place: `Some` when `n` is a
+/// multiple of the 8-column group (every real model's matrices), so no task's padding columns
+/// fall on the next row; `None` otherwise (the tasks then fill buffers of their own, copied
+/// into place). Its memory is not zeroed first: the tasks write every value (zeroing cost 2–3 %
+/// of a batch-8 decode step in `memset`, BENCHMARKS.md §32).
+pub(crate) fn direct_output(w: &QWeight, m: usize) -> Option<DirectOutput> {
+    w.n.is_multiple_of(GC).then(|| DirectOutput { y: Vec::with_capacity(m * w.n), len: m * w.n })
+}
+
+/// The output of [`direct_output`]: room for `len` values, none of them written yet.
+pub(crate) struct DirectOutput {
+    y: Vec<f32>,
+    len: usize,
+}
+
+impl DirectOutput {
+    /// Where the tasks write: row `i`, column `j` at `ptr() + i·n + j`.
+    pub(crate) fn ptr(&mut self) -> *mut f32 {
+        self.y.as_mut_ptr()
+    }
+
+    /// The written output.
+    ///
+    /// # Safety
+    /// Every one of the `m·n` values was written: every task of [`tasks`] ran [`task_into`] on
+    /// [`Self::ptr`] (each writes all rows of its columns, padding included).
+    pub(crate) unsafe fn filled(mut self) -> Vec<f32> {
+        // SAFETY: the capacity is `len` and the caller guarantees all `len` values written.
+        unsafe { self.y.set_len(self.len) };
+        self.y
+    }
 }
 
 /// How a matmul over `w` splits into column tasks on `threads` threads: `(groups per task,
