@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use sparkling::core::{AttnMask, AttnShape, Backend, RaggedSeq, NO_PARENT};
-use sparkling::cpu::{CpuBackend, WeightDtype};
+use sparkling::cpu::{CpuBackend, KvDtype, WeightDtype};
 use sparkling::decode::batch::{Batch, BatchOptions, SeqId};
 use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{Engine, GenParams, Method};
@@ -132,13 +132,14 @@ fn batched_equals_alone_on_random_targets_of_every_arch() {
 
 #[test]
 fn batched_equals_alone_with_quantized_targets() {
-    for weights in ["q8_0", "q4_1"] {
+    // f32 KV caches, and Q4_1 with the f16 (the CLI's default) and q8_0 caches too.
+    for (weights, kv) in [("q8_0", KvDtype::F32), ("q4_1", KvDtype::F32), ("q4_1", KvDtype::F16), ("q4_1", KvDtype::Q8_0)] {
         for (ai, arch) in ARCHS.into_iter().enumerate() {
             let dir = tmpdir("qtarget");
             let t = random_quant_target(dir.path(), arch, 48, 41 + ai as u64, weights);
-            let b = CpuBackend::with_weight_dtype(if weights == "q8_0" { WeightDtype::Q8_0 } else { WeightDtype::Native });
+            let b = CpuBackend::with_weight_dtype(if weights == "q8_0" { WeightDtype::Q8_0 } else { WeightDtype::Native }).with_kv_dtype(kv);
             let mut reqs = mixed_requests(&b, &t);
-            check_schedules(&b, &t, &mut reqs, &format!("{arch:?} {weights}"));
+            check_schedules(&b, &t, &mut reqs, &format!("{arch:?} {weights} kv {kv:?}"));
         }
     }
 }

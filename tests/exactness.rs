@@ -93,8 +93,11 @@ fn stop_token_inside_an_accepted_path_ends_generation_there() {
 #[test]
 fn every_method_matches_ar_with_quantized_targets() {
     let vocab = 48;
-    // The f16 KV cache (the CLI's default on the CPU) with every format; the f32 one with Q4_1.
-    for (weights, kv) in [("q8_0", KvDtype::F16), ("q4_0", KvDtype::F16), ("q4_1", KvDtype::F16), ("q5_0", KvDtype::F16), ("q4_1", KvDtype::F32)] {
+    // The f16 KV cache (the CLI's default on the CPU) with every format; the f32 and q8_0 ones
+    // with Q4_1.
+    for (weights, kv) in
+        [("q8_0", KvDtype::F16), ("q4_0", KvDtype::F16), ("q4_1", KvDtype::F16), ("q5_0", KvDtype::F16), ("q4_1", KvDtype::F32), ("q4_1", KvDtype::Q8_0)]
+    {
         let b = CpuBackend::new().with_kv_dtype(kv);
         for (ai, arch) in ARCHS.into_iter().enumerate() {
             let tdir = tmpdir("qtarget");
@@ -174,7 +177,8 @@ fn round_observer_sees_the_verified_tree_and_the_committed_path() {
 
 /// Issue 16: the prefill runs in chunks on host backends in the browser (the page gets a turn
 /// between them). Rows are computed independently of their block, so any chunk size gives the
-/// same last-row logits, taps and cache bit for bit — for f32 and f16 caches and a 4-bit target.
+/// same last-row logits, taps and cache bit for bit — for f32, f16 and q8_0 caches and a 4-bit
+/// target.
 #[test]
 fn chunked_prefill_equals_one_forward_bit_for_bit() {
     let vocab = 48;
@@ -182,7 +186,7 @@ fn chunked_prefill_equals_one_forward_bit_for_bit() {
     let target = random_quant_target(dir.path(), Arch::Llama, vocab, 41, "q4_1");
     let prompt: Vec<u32> = (0..45u32).map(|i| (i * 7 + 3) % vocab as u32).collect();
     let taps = [0usize, 1];
-    for kv in [KvDtype::F32, KvDtype::F16] {
+    for kv in [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0] {
         let b = CpuBackend::new().with_kv_dtype(kv);
         let run = |chunk: usize| {
             let mut cache = target.new_cache(&b, prompt.len() + 1).unwrap();

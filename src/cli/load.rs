@@ -53,9 +53,11 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto")]
     pub weights: String,
     /// KV cache storage: `f16` (cpu: half the bytes each attention reads — faster at long
-    /// contexts and in batches; llama.cpp's default), `f32`, or `auto`: f16 on the cpu, f32 on
-    /// wgpu and cuda (which store only f32 caches). Every method reads the same cache, so every
-    /// method still emits exactly the `ar` tokens.
+    /// contexts and in batches; llama.cpp's default), `q8_0` (cpu: llama.cpp's q8_0 blocks,
+    /// 0.56× the bytes of f16; values rounded to 8 bits, so the text may differ from an f16
+    /// cache's after a near-tie), `f32`, or `auto`: f16 on the cpu, f32 on wgpu and cuda (which
+    /// store only f32 caches). Every method reads the same cache, so every method still emits
+    /// exactly the `ar` tokens.
     #[arg(long, default_value = "auto")]
     pub kv_cache: String,
 }
@@ -116,7 +118,7 @@ pub fn select(args: &ModelArgs) -> Result<Selected> {
     let w = weights(&args.weights, target.extension().is_some_and(|e| e == "gguf"))?;
     if args.backend != "cpu" && !matches!(args.kv_cache.as_str(), "auto" | "f32") {
         return Err(Error::Input(format!(
-            "--kv-cache `{}` with --backend {}: only the cpu backend stores an f16 cache (expected f32 or auto)",
+            "--kv-cache `{}` with --backend {}: only the cpu backend stores an f16 or q8_0 cache (expected f32 or auto)",
             args.kv_cache, args.backend
         )));
     }
@@ -135,7 +137,8 @@ pub fn select(args: &ModelArgs) -> Result<Selected> {
             let kv = match args.kv_cache.as_str() {
                 "auto" | "f16" => cpu::KvDtype::F16,
                 "f32" => cpu::KvDtype::F32,
-                other => return Err(Error::Input(format!("--kv-cache `{other}`: expected f16, f32 or auto"))),
+                "q8_0" => cpu::KvDtype::Q8_0,
+                other => return Err(Error::Input(format!("--kv-cache `{other}`: expected f16, q8_0, f32 or auto"))),
             };
             AnyBackend::Cpu(CpuBackend::with_weight_dtype(dtype).with_kv_dtype(kv))
         }

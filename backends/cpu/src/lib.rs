@@ -14,6 +14,7 @@ mod attention;
 pub mod gemm;
 pub mod isa;
 mod kernels;
+pub mod kv_q8;
 pub mod quant;
 pub mod select;
 pub mod team;
@@ -36,12 +37,45 @@ pub struct CpuTensor {
     /// [`KvDtype::F16`]); empty for every other tensor. Only `write_rows`, `compact_rows`,
     /// `attention`, `attention_ragged` and the downloads read or write a cache.
     pub half: Vec<half::f16>,
+    /// A KV cache stored as q8_0 blocks ([`KvDtype::Q8_0`], [`kv_q8`]); empty otherwise.
+    pub q8: Q8Rows,
+}
+
+/// The codes and scales of a q8_0 KV cache ([`kv_q8`]): row `r`'s codes at
+/// `codes[r·cols..]`, its [`kv_q8::blocks`]`(cols)` scales at `d[r·blocks..]`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Q8Rows {
+    /// `rows·cols` codes.
+    pub codes: Vec<i8>,
+    /// `rows·⌈cols/32⌉` scales (f32 values that are exactly f16 values).
+    pub d: Vec<f32>,
 }
 
 impl CpuTensor {
+    /// An f32 tensor of `rows × cols` values (`data`, row-major).
+    pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Self {
+        CpuTensor { rows, cols, data, half: Vec::new(), q8: Q8Rows::default() }
+    }
+
     /// Whether the values are stored in f16 (`half`) rather than f32 (`data`).
     pub fn is_f16(&self) -> bool {
         !self.half.is_empty()
+    }
+
+    /// Whether the values are stored as q8_0 blocks (`q8`).
+    pub fn is_q8(&self) -> bool {
+        !self.q8.codes.is_empty()
+    }
+
+    /// How the values are stored: `f32`, `f16` or `q8_0`.
+    pub fn storage(&self) -> &'static str {
+        if self.is_f16() {
+            "f16"
+        } else if self.is_q8() {
+            "q8_0"
+        } else {
+            "f32"
+        }
     }
 }
 
@@ -136,6 +170,11 @@ pub enum KvDtype {
     /// result equals the f32 path over the f16-rounded keys and values, and `ar` and every
     /// speculative method still read the same cache (every method still equals `ar`).
     F16,
+    /// q8_0 blocks (llama.cpp's `q8_0` cache type: 32 values, 8-bit codes and an f16 scale;
+    /// [`kv_q8`]): 0.56× the bytes of f16. The attention dequantizes each loaded value exactly
+    /// (`code·d` in f32), so a row's result equals the f32 path over the dequantized keys and
+    /// values, and every method still reads the same cache as `ar`.
+    Q8_0,
 }
 
 impl KvDtype {
@@ -144,6 +183,7 @@ impl KvDtype {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
+            KvDtype::Q8_0 => "q8_0",
         }
     }
 }
@@ -279,23 +319,30 @@ impl Backend for CpuBackend {
         if data.len() != rows * cols {
             return Err(shape_err("upload", format!("{} values for [{rows}, {cols}]", data.len())));
         }
-        Ok(CpuTensor { rows, cols, data: data.to_vec(), half: Vec::new() })
+        Ok(CpuTensor::from_f32(rows, cols, data.to_vec()))
     }
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
-        Ok(CpuTensor { rows, cols, data: vec![0.0; rows * cols], half: Vec::new() })
+        Ok(CpuTensor::from_f32(rows, cols, vec![0.0; rows * cols]))
     }
 
     fn kv_zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
         if self.kv_dtype == KvDtype::F32 || rows * cols == 0 {
             return self.zeros(rows, cols);
         }
-        Ok(CpuTensor { rows, cols, data: Vec::new(), half: vec![half::f16::ZERO; rows * cols] })
+        if self.kv_dtype == KvDtype::Q8_0 {
+            let q8 = Q8Rows { codes: vec![0; rows * cols], d: vec![0.0; rows * kv_q8::blocks(cols)] };
+            return Ok(CpuTensor { rows, cols, data: Vec::new(), half: Vec::new(), q8 });
+        }
+        Ok(CpuTensor { rows, cols, data: Vec::new(), half: vec![half::f16::ZERO; rows * cols], q8: Q8Rows::default() })
     }
 
     fn download(&self, t: &CpuTensor) -> Result<Vec<f32>> {
         if t.is_f16() {
             return Ok(t.half.iter().map(|h| h.to_f32()).collect());
+        }
+        if t.is_q8() {
+            return self.download_rows(t, 0, t.rows);
         }
         Ok(t.data.clone())
     }
@@ -306,6 +353,15 @@ impl Backend for CpuBackend {
         }
         if t.is_f16() {
             return Ok(t.half[start * t.cols..(start + n) * t.cols].iter().map(|h| h.to_f32()).collect());
+        }
+        if t.is_q8() {
+            let (c, nb) = (t.cols, kv_q8::blocks(t.cols));
+            let (mut out, mut row) = (Vec::with_capacity(n * c), Vec::new());
+            for r in start..start + n {
+                kv_q8::dequantize(&t.q8.codes[r * c..(r + 1) * c], &t.q8.d[r * nb..(r + 1) * nb], 0, c, &mut row);
+                out.extend_from_slice(&row);
+            }
+            return Ok(out);
         }
         Ok(t.data[start * t.cols..(start + n) * t.cols].to_vec())
     }
@@ -430,7 +486,7 @@ impl Backend for CpuBackend {
             }
             table.row_into(id, row);
         }
-        Ok(CpuTensor { rows: ids.len(), cols: k, data, half: Vec::new() })
+        Ok(CpuTensor::from_f32(ids.len(), k, data))
     }
 
     fn matmul(&self, x: &CpuTensor, w: &CpuWeight, bias: Option<&CpuTensor>) -> Result<CpuTensor> {
@@ -438,13 +494,13 @@ impl Backend for CpuBackend {
         let bias = bias.map(|b| b.data.as_slice());
         let (m, n) = (x.rows, w.n);
         if m == 0 {
-            return Ok(CpuTensor { rows: 0, cols: n, data: Vec::new(), half: Vec::new() });
+            return Ok(CpuTensor::from_f32(0, n, Vec::new()));
         }
         let data = match &w.data {
             WeightData::Panels(p) => gemm::matmul(&x.data, m, p, bias),
             WeightData::Quant(q) => quant::matmul(isa::active(), &x.data, m, q, bias),
         };
-        Ok(CpuTensor { rows: m, cols: n, data, half: Vec::new() })
+        Ok(CpuTensor::from_f32(m, n, data))
     }
 
     /// One pass: the input is quantized once for every quantized weight, and the column tasks
@@ -456,7 +512,7 @@ impl Backend for CpuBackend {
         }
         let m = x.rows;
         if m == 0 {
-            return Ok(ws.iter().map(|(w, _)| CpuTensor { rows: 0, cols: w.n, data: Vec::new(), half: Vec::new() }).collect());
+            return Ok(ws.iter().map(|(w, _)| CpuTensor::from_f32(0, w.n, Vec::new())).collect());
         }
         let isa = isa::active();
         let threads = team::threads();
@@ -517,7 +573,7 @@ impl Backend for CpuBackend {
                     assemble_columns(&bufs, m, w.n, cols, bias)
                 }
             };
-            out.push(CpuTensor { rows: m, cols: w.n, data, half: Vec::new() });
+            out.push(CpuTensor::from_f32(m, w.n, data));
             at += tasks;
         }
         Ok(out)
@@ -541,7 +597,7 @@ impl Backend for CpuBackend {
         } else {
             out.chunks_mut(group).for_each(norm);
         }
-        Ok(CpuTensor { rows: x.rows, cols: x.cols, data: out, half: Vec::new() })
+        Ok(CpuTensor::from_f32(x.rows, x.cols, out))
     }
 
     fn rope(&self, x: &mut CpuTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
@@ -589,7 +645,7 @@ impl Backend for CpuBackend {
         } else {
             vmath::silu_mul(&gate.data, &up.data, &mut data);
         }
-        Ok(CpuTensor { rows: gate.rows, cols: gate.cols, data, half: Vec::new() })
+        Ok(CpuTensor::from_f32(gate.rows, gate.cols, data))
     }
 
     fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
@@ -612,7 +668,7 @@ impl Backend for CpuBackend {
                 data.extend_from_slice(&p.data[r * p.cols..(r + 1) * p.cols]);
             }
         }
-        Ok(CpuTensor { rows, cols, data, half: Vec::new() })
+        Ok(CpuTensor::from_f32(rows, cols, data))
     }
 
     fn concat_rows(&self, parts: &[&CpuTensor]) -> Result<CpuTensor> {
@@ -621,7 +677,7 @@ impl Backend for CpuBackend {
             return Err(shape_err("concat_rows", "parts have different column counts".into()));
         }
         let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
-        Ok(CpuTensor { rows: data.len() / cols.max(1), cols, data, half: Vec::new() })
+        Ok(CpuTensor::from_f32(data.len() / cols.max(1), cols, data))
     }
 
     fn gather_rows(&self, x: &CpuTensor, rows: &[usize]) -> Result<CpuTensor> {
@@ -632,18 +688,27 @@ impl Backend for CpuBackend {
             }
             data.extend_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
         }
-        Ok(CpuTensor { rows: rows.len(), cols: x.cols, data, half: Vec::new() })
+        Ok(CpuTensor::from_f32(rows.len(), x.cols, data))
     }
 
     fn write_rows(&self, dst: &mut CpuTensor, at: usize, src: &CpuTensor) -> Result<()> {
         if src.cols != dst.cols || at + src.rows > dst.rows {
             return Err(shape_err("write_rows", format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols)));
         }
-        if src.is_f16() {
-            return Err(Error::Invalid("write_rows: the source is an f16 KV cache; only f32 activations are written into a tensor".into()));
+        if src.is_f16() || src.is_q8() {
+            return Err(Error::Invalid(format!(
+                "write_rows: the source is a KV cache stored in {}; only f32 activations are written into a tensor",
+                src.storage()
+            )));
         }
         let range = at * dst.cols..(at + src.rows) * dst.cols;
-        if dst.is_f16() {
+        if dst.is_q8() {
+            let (c, nb) = (dst.cols, kv_q8::blocks(dst.cols));
+            for (i, x) in src.data.chunks_exact(c).enumerate() {
+                let r = at + i;
+                kv_q8::quantize_row(x, &mut dst.q8.codes[r * c..(r + 1) * c], &mut dst.q8.d[r * nb..(r + 1) * nb]);
+            }
+        } else if dst.is_f16() {
             // The slice conversion runs F16C 8 values at a time where the CPU has it (the same
             // round-to-nearest-even as `f16::from_f32`).
             dst.half[range].convert_from_f32_slice(&src.data);
@@ -664,6 +729,9 @@ impl Backend for CpuBackend {
         }
         if cache.is_f16() {
             compact(&mut cache.half, c, start, keep);
+        } else if cache.is_q8() {
+            compact(&mut cache.q8.codes, c, start, keep);
+            compact(&mut cache.q8.d, kv_q8::blocks(c), start, keep);
         } else {
             compact(&mut cache.data, c, start, keep);
         }

@@ -67,7 +67,7 @@ unsafe fn scores16_multi<E: KvElem, const Q: usize>(kv: &KvHead<'_, E>, qd: &[*c
         while d < hd {
             let mut kt = [_mm512_setzero_ps(); 4];
             for (i, k) in kt.iter_mut().enumerate() {
-                *k = E::load8x2(base.add(2 * i * kv.stride + d), base.add((2 * i + 1) * kv.stride + d));
+                *k = E::load8x2(base.add(2 * i * kv.stride + d), kv.ks(t + 2 * i, d), base.add((2 * i + 1) * kv.stride + d), kv.ks(t + 2 * i + 1, d));
             }
             for (h, a) in acc.iter_mut().enumerate() {
                 let qv = _mm512_loadu_ps(qd[h].add(2 * d));
@@ -117,7 +117,7 @@ unsafe fn values16_multi<E: KvElem, const C: usize, const Q: usize>(
         }
         let mut vt = [_mm512_setzero_ps(); C];
         for (c, v) in vt.iter_mut().enumerate() {
-            *v = E::load16(row.add(16 * c));
+            *v = E::load16(row.add(16 * c), kv.vs(t, base + 16 * c));
         }
         for (h, oh) in o.iter_mut().enumerate() {
             let pb = _mm512_set1_ps(*p[h].add(t));
@@ -153,9 +153,10 @@ unsafe fn values<E: KvElem, const C: usize>(kv: &KvHead<'_, E>, vis: &Visible<'_
     let vp = kv.v.as_ptr().add(kv.off + base);
     for t in t0..t1 {
         let pb = _mm256_set1_ps(*p.add(t));
-        let row = vp.add(vis.row(t) * kv.stride);
+        let r = vis.row(t);
+        let row = vp.add(r * kv.stride);
         for (c, oc) in o.iter_mut().enumerate() {
-            *oc = _mm256_fmadd_ps(pb, E::load8(row.add(8 * c)), *oc);
+            *oc = _mm256_fmadd_ps(pb, E::load8(row.add(8 * c), kv.vs(r, base + 8 * c)), *oc);
         }
     }
     for (c, oc) in o.iter().enumerate() {
@@ -174,9 +175,10 @@ unsafe fn values16<E: KvElem, const C: usize>(kv: &KvHead<'_, E>, vis: &Visible<
     let vp = kv.v.as_ptr().add(kv.off + base);
     for t in t0..t1 {
         let pb = _mm512_set1_ps(*p.add(t));
-        let row = vp.add(vis.row(t) * kv.stride);
+        let r = vis.row(t);
+        let row = vp.add(r * kv.stride);
         for (c, oc) in o.iter_mut().enumerate() {
-            *oc = _mm512_fmadd_ps(pb, E::load16(row.add(16 * c)), *oc);
+            *oc = _mm512_fmadd_ps(pb, E::load16(row.add(16 * c), kv.vs(r, base + 16 * c)), *oc);
         }
     }
     for (c, oc) in o.iter().enumerate() {
@@ -195,8 +197,10 @@ unsafe fn scores16<E: KvElem>(kv: &KvHead<'_, E>, vis: &Visible<'_>, qp: *const 
     let mut t = t0;
     while t < t1 {
         let mut rows = [std::ptr::null::<E>(); 8];
+        let mut idx = [0usize; 8];
         for (j, r) in rows.iter_mut().enumerate() {
-            *r = kp.add(vis.row((t + j).min(n - 1)) * kv.stride);
+            idx[j] = vis.row((t + j).min(n - 1));
+            *r = kp.add(idx[j] * kv.stride);
         }
         let mut acc = [_mm512_setzero_ps(); 4];
         let mut d = 0;
@@ -204,7 +208,7 @@ unsafe fn scores16<E: KvElem>(kv: &KvHead<'_, E>, vis: &Visible<'_>, qp: *const 
             let q8 = _mm256_loadu_ps(qp.add(d));
             let qv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(q8)), _mm256_castps_pd(q8)));
             for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(qv, E::load8x2(rows[2 * i].add(d), rows[2 * i + 1].add(d)), *a);
+                *a = _mm512_fmadd_ps(qv, E::load8x2(rows[2 * i].add(d), kv.ks(idx[2 * i], d), rows[2 * i + 1].add(d), kv.ks(idx[2 * i + 1], d)), *a);
             }
             d += 8;
         }
@@ -228,15 +232,17 @@ unsafe fn scores<E: KvElem>(kv: &KvHead<'_, E>, vis: &Visible<'_>, qp: *const f3
     let mut t = t0;
     while t < t1 {
         let mut rows = [std::ptr::null::<E>(); 8];
+        let mut idx = [0usize; 8];
         for (j, r) in rows.iter_mut().enumerate() {
-            *r = kp.add(vis.row((t + j).min(n - 1)) * kv.stride);
+            idx[j] = vis.row((t + j).min(n - 1));
+            *r = kp.add(idx[j] * kv.stride);
         }
         let mut acc = [_mm256_setzero_ps(); 8];
         let mut d = 0;
         while d < hd {
             let qv = _mm256_loadu_ps(qp.add(d));
             for j in 0..8 {
-                acc[j] = _mm256_fmadd_ps(qv, E::load8(rows[j].add(d)), acc[j]);
+                acc[j] = _mm256_fmadd_ps(qv, E::load8(rows[j].add(d), kv.ks(idx[j], d)), acc[j]);
             }
             d += 8;
         }

@@ -63,58 +63,59 @@ impl Visible<'_> {
     }
 }
 
-/// An element of a KV cache: `f32`, or `half::f16` (an f16 cache, `KvDtype::F16`), which
-/// every path converts exactly to f32 when it loads it, so an f16 cache gives the same bits as
-/// an f32 cache holding the same (f16-rounded) values.
+/// An element of a KV cache: `f32`, `half::f16` (an f16 cache, `KvDtype::F16`) or `i8` (the
+/// codes of a q8_0 cache, `KvDtype::Q8_0`, each block of [`crate::kv_q8::KV_BLOCK`] values
+/// with its scale `d`). Every path converts a loaded value exactly to f32 (for a code, `code·d`,
+/// exact: [`crate::kv_q8`]), so each cache type gives the same bits as an f32 cache holding the
+/// same (rounded) values.
 pub trait KvElem: Copy + Send + Sync + 'static {
-    /// The value as f32 (exact).
-    fn to_f32(self) -> f32;
+    /// Whether values carry a block scale (`i8` codes); the loads ignore their scale otherwise.
+    const SCALED: bool;
 
-    /// `row` as f32 values: the row itself for f32, else converted into `buf`.
-    fn as_f32s<'b>(row: &'b [Self], buf: &'b mut Vec<f32>) -> &'b [f32];
+    /// Values `c0..c0 + n` of row `r` (`cols` values per row; `d`: the cache's block scales,
+    /// `SCALED` only) as f32: the cache's own slice for f32, else converted into `buf`.
+    fn row_f32<'b>(data: &'b [Self], d: &[f32], cols: usize, r: usize, c0: usize, n: usize, buf: &'b mut Vec<f32>) -> &'b [f32];
 
-    /// 8 values at `p` as f32 lanes (AVX2 path; F16C converts f16).
+    /// 8 values at `p` (scale `s` where `SCALED`) as f32 lanes (AVX2 path; F16C converts f16).
     ///
     /// # Safety
     /// `p` must be valid for 8 reads; the caller runs with avx2 + f16c.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+    unsafe fn load8(p: *const Self, s: f32) -> std::arch::x86_64::__m256;
 
-    /// 8 values at `p` in lanes 0–7 and 8 at `p2` in lanes 8–15, as f32 (AVX-512 path).
+    /// 8 values at `p` (scale `s`) in lanes 0–7 and 8 at `p2` (scale `s2`) in lanes 8–15, as
+    /// f32 (AVX-512 path).
     ///
     /// # Safety
     /// `p` and `p2` valid for 8 reads each; the caller runs with avx512f + f16c.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn load8x2(p: *const Self, p2: *const Self) -> std::arch::x86_64::__m512;
+    unsafe fn load8x2(p: *const Self, s: f32, p2: *const Self, s2: f32) -> std::arch::x86_64::__m512;
 
-    /// 16 values at `p` as f32 lanes (AVX-512 path).
+    /// 16 values at `p` (scale `s`; all in one block) as f32 lanes (AVX-512 path).
     ///
     /// # Safety
     /// `p` valid for 16 reads; the caller runs with avx512f.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    unsafe fn load16(p: *const Self, s: f32) -> std::arch::x86_64::__m512;
 }
 
 impl KvElem for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
+    const SCALED: bool = false;
 
     #[inline(always)]
-    fn as_f32s<'b>(row: &'b [f32], _: &'b mut Vec<f32>) -> &'b [f32] {
-        row
+    fn row_f32<'b>(data: &'b [f32], _: &[f32], cols: usize, r: usize, c0: usize, n: usize, _: &'b mut Vec<f32>) -> &'b [f32] {
+        &data[r * cols + c0..r * cols + c0 + n]
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+    unsafe fn load8(p: *const f32, _: f32) -> std::arch::x86_64::__m256 {
         std::arch::x86_64::_mm256_loadu_ps(p)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load8x2(p: *const f32, p2: *const f32) -> std::arch::x86_64::__m512 {
+    unsafe fn load8x2(p: *const f32, _: f32, p2: *const f32, _: f32) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
         let lo = _mm512_castps256_ps512(_mm256_loadu_ps(p));
         _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), _mm256_castps_pd(_mm256_loadu_ps(p2))))
@@ -122,33 +123,30 @@ impl KvElem for f32 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+    unsafe fn load16(p: *const f32, _: f32) -> std::arch::x86_64::__m512 {
         std::arch::x86_64::_mm512_loadu_ps(p)
     }
 }
 
 impl KvElem for half::f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
+    const SCALED: bool = false;
 
-    fn as_f32s<'b>(row: &'b [half::f16], buf: &'b mut Vec<f32>) -> &'b [f32] {
+    fn row_f32<'b>(data: &'b [half::f16], _: &[f32], cols: usize, r: usize, c0: usize, n: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
         buf.clear();
-        buf.extend(row.iter().map(|h| h.to_f32()));
+        buf.extend(data[r * cols + c0..r * cols + c0 + n].iter().map(|h| h.to_f32()));
         buf
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load8(p: *const half::f16) -> std::arch::x86_64::__m256 {
+    unsafe fn load8(p: *const half::f16, _: f32) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load8x2(p: *const half::f16, p2: *const half::f16) -> std::arch::x86_64::__m512 {
+    unsafe fn load8x2(p: *const half::f16, _: f32, p2: *const half::f16, _: f32) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
         let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(_mm_loadu_si128(p as *const __m128i)), _mm_loadu_si128(p2 as *const __m128i));
         _mm512_cvtph_ps(both)
@@ -156,20 +154,59 @@ impl KvElem for half::f16 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn load16(p: *const half::f16) -> std::arch::x86_64::__m512 {
+    unsafe fn load16(p: *const half::f16, _: f32) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
 }
 
+impl KvElem for i8 {
+    const SCALED: bool = true;
+
+    fn row_f32<'b>(data: &'b [i8], d: &[f32], cols: usize, r: usize, c0: usize, n: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+        let nb = crate::kv_q8::blocks(cols);
+        crate::kv_q8::dequantize(&data[r * cols..(r + 1) * cols], &d[r * nb..(r + 1) * nb], c0, n, buf);
+        buf
+    }
+
+    // `code·d`: exact in f32 (crate::kv_q8), so the same value on every path.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const i8, s: f32) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))), _mm256_set1_ps(s))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2(p: *const i8, s: f32, p2: *const i8, s2: f32) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let codes = _mm_unpacklo_epi64(_mm_loadl_epi64(p as *const __m128i), _mm_loadl_epi64(p2 as *const __m128i));
+        let sv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_set1_ps(s)), _mm256_castps_pd(_mm256_set1_ps(s2))));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), sv)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const i8, s: f32) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))), _mm512_set1_ps(s))
+    }
+}
+
 /// One KV head's cache: key and value rows `stride` values apart, the head's `hd` values at
-/// `off..off + hd` of each row; elements f32 or f16 ([`KvElem`]).
+/// `off..off + hd` of each row; elements f32, f16 or q8_0 codes ([`KvElem`]).
 #[derive(Debug, Clone, Copy)]
 pub struct KvHead<'a, E = f32> {
     /// Key cache, row-major.
     pub k: &'a [E],
     /// Value cache, same shape as `k`.
     pub v: &'a [E],
+    /// Key block scales of a q8_0 cache, [`crate::kv_q8::blocks`]`(stride)` per row; empty
+    /// for f32 / f16.
+    pub kd: &'a [f32],
+    /// Value block scales, as `kd`.
+    pub vd: &'a [f32],
     /// Values per cache row (all KV heads).
     pub stride: usize,
     /// This head's first value in a row.
@@ -178,15 +215,50 @@ pub struct KvHead<'a, E = f32> {
     pub hd: usize,
 }
 
-impl<E: KvElem> KvHead<'_, E> {
-    #[inline(always)]
-    fn key(&self, r: usize) -> &[E] {
-        &self.k[r * self.stride + self.off..r * self.stride + self.off + self.hd]
+impl<'a, E: KvElem> KvHead<'a, E> {
+    /// An f32 or f16 cache's head (no block scales).
+    pub fn new(k: &'a [E], v: &'a [E], stride: usize, off: usize, hd: usize) -> Self {
+        KvHead { k, v, kd: &[], vd: &[], stride, off, hd }
     }
 
+    /// Key row `r`'s head values as f32 (converted into `buf` unless f32).
     #[inline(always)]
-    fn value(&self, r: usize) -> &[E] {
-        &self.v[r * self.stride + self.off..r * self.stride + self.off + self.hd]
+    fn key_f32<'b>(&'b self, r: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+        E::row_f32(self.k, self.kd, self.stride, r, self.off, self.hd, buf)
+    }
+
+    /// Value row `r`'s head values as f32.
+    #[inline(always)]
+    fn value_f32<'b>(&'b self, r: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+        E::row_f32(self.v, self.vd, self.stride, r, self.off, self.hd, buf)
+    }
+
+    /// The scale of key row `r`'s head value `d` (1 without scales).
+    ///
+    /// # Safety
+    /// `r` is a row of the cache and `d < hd`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ks(&self, r: usize, d: usize) -> f32 {
+        if E::SCALED {
+            *self.kd.get_unchecked(r * self.stride.div_ceil(crate::kv_q8::KV_BLOCK) + (self.off + d) / crate::kv_q8::KV_BLOCK)
+        } else {
+            1.0
+        }
+    }
+
+    /// The scale of value row `r`'s head value `d` (1 without scales).
+    ///
+    /// # Safety
+    /// As [`Self::ks`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn vs(&self, r: usize, d: usize) -> f32 {
+        if E::SCALED {
+            *self.vd.get_unchecked(r * self.stride.div_ceil(crate::kv_q8::KV_BLOCK) + (self.off + d) / crate::kv_q8::KV_BLOCK)
+        } else {
+            1.0
+        }
     }
 }
 
@@ -210,13 +282,17 @@ pub struct QueryRow<'a> {
 pub fn attend_rows<E: KvElem>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_, E>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
-        if kv.hd.is_multiple_of(8) && crate::isa::active() >= crate::isa::Isa::Avx512Vnni {
+        // The vector paths load 8 values at multiples of 8 and 16 at multiples of 16 of a
+        // head, so with a head dim that is a multiple of 16 every load of a q8_0 cache lies
+        // inside one 32-value block (one scale).
+        let whole = kv.hd.is_multiple_of(8) && (!E::SCALED || kv.hd.is_multiple_of(16));
+        if whole && crate::isa::active() >= crate::isa::Isa::Avx512Vnni {
             // SAFETY: `isa::active` only reports Avx512Vnni when avx512f/bw/vl (and the AVX2
             // set) were detected.
             unsafe { avx2::attend_rows_avx512(rows, group, kv, scale, out, scratch) };
             return;
         }
-        if kv.hd.is_multiple_of(8) && crate::isa::active() >= crate::isa::Isa::Avx2 {
+        if whole && crate::isa::active() >= crate::isa::Isa::Avx2 {
             // SAFETY: `isa::active` only reports Avx2 when avx2, fma and f16c were detected.
             unsafe { avx2::attend_rows(rows, group, kv, scale, out, scratch) };
             return;
@@ -258,8 +334,11 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
             return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
         }
-        if k_cache.is_f16() != v_cache.is_f16() {
-            return Err(shape_err("attention", "the K and V caches are stored in different precisions (f16 vs f32)".into()));
+        if k_cache.storage() != v_cache.storage() {
+            return Err(shape_err(
+                "attention",
+                format!("the K and V caches are stored in different precisions ({} vs {})", k_cache.storage(), v_cache.storage()),
+            ));
         }
         let prefix = kv_len - t;
         match s.mask {
@@ -320,10 +399,14 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         let mut o = vec![0.0f32; len * (h1 - h0)];
         let (stride, off) = (s.k_cache.cols, kh * head_dim);
         if s.k_cache.is_f16() {
-            let kv = KvHead { k: &s.k_cache.half[..], v: &s.v_cache.half[..], stride, off, hd: head_dim };
+            let kv = KvHead::new(&s.k_cache.half[..], &s.v_cache.half[..], stride, off, head_dim);
+            attend_rows(&rows, g1 - g0, kv, scale, &mut o, scratch);
+        } else if s.k_cache.is_q8() {
+            let (k, v) = (&s.k_cache.q8, &s.v_cache.q8);
+            let kv = KvHead { k: &k.codes[..], v: &v.codes[..], kd: &k.d[..], vd: &v.d[..], stride, off, hd: head_dim };
             attend_rows(&rows, g1 - g0, kv, scale, &mut o, scratch);
         } else {
-            let kv = KvHead { k: &s.k_cache.data[..], v: &s.v_cache.data[..], stride, off, hd: head_dim };
+            let kv = KvHead::new(&s.k_cache.data[..], &s.v_cache.data[..], stride, off, head_dim);
             attend_rows(&rows, g1 - g0, kv, scale, &mut o, scratch);
         }
         o
@@ -343,7 +426,7 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
             out[i * q.cols + h0..i * q.cols + h1].copy_from_slice(&o[r * hw..(r + 1) * hw]);
         }
     }
-    Ok(CpuTensor { rows: total, cols: q.cols, data: out, half: Vec::new() })
+    Ok(CpuTensor::from_f32(total, q.cols, out))
 }
 
 thread_local! {
@@ -351,14 +434,14 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The portable path (module docs); `key` is scratch for an f16 cache's key row as f32.
+/// The portable path (module docs); `key` is scratch for a key or value row as f32.
 #[allow(clippy::too_many_arguments)]
 fn portable<E: KvElem>(q: &[f32], group: usize, kv: KvHead<'_, E>, vis: Visible<'_>, scale: f32, out: &mut [f32], scores: &mut Vec<f32>, key: &mut Vec<f32>) {
     let (hd, n) = (kv.hd, vis.len());
     scores.clear();
     scores.resize(group * n, 0.0);
     for t in 0..n {
-        let kr = E::as_f32s(kv.key(vis.row(t)), key);
+        let kr = kv.key_f32(vis.row(t), key);
         for g in 0..group {
             scores[g * n + t] = crate::kernels::dot(&q[g * hd..(g + 1) * hd], kr) * scale;
         }
@@ -372,8 +455,8 @@ fn portable<E: KvElem>(q: &[f32], group: usize, kv: KvHead<'_, E>, vis: Visible<
         for (t, &s) in sc.iter().enumerate() {
             let p = (s - max).exp();
             sum += p;
-            for (x, y) in o.iter_mut().zip(kv.value(vis.row(t))) {
-                *x += p * y.to_f32();
+            for (x, y) in o.iter_mut().zip(kv.value_f32(vis.row(t), key)) {
+                *x += p * y;
             }
         }
         let inv = 1.0 / sum;

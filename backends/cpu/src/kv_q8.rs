@@ -1,0 +1,77 @@
+//! The q8_0 KV cache format ([`crate::KvDtype::Q8_0`]): each cache row's values in blocks of
+//! [`KV_BLOCK`] (the last block of a row may be shorter), each block stored as 8-bit codes and
+//! one scale, as llama.cpp's `q8_0` cache type (`-ctk q8_0 -ctv q8_0`; `quantize_row_q8_0_ref`
+//! in ggml-quants.c): `d = amax/127`, `code = round(x/d)` (half away from zero), the scale kept
+//! as `f16(d)`. Here it is held as an f32 whose value is that f16, so a value's dequantization
+//! `code · d` is **exact** in f32 (a 7-bit code times an 11-bit significand): the attention
+//! over a q8_0 cache is the f32 attention over the dequantized values, bit for bit, and every
+//! method still reads the same cache as `ar`. A row costs `cols + 4·⌈cols/32⌉` bytes, 0.56× an
+//! f16 cache's: the attention of a batch of decode rows, or of one row at a long context, reads
+//! its cache from memory, so it runs at about the bytes it reads (BENCHMARKS.md §32).
+
+/// Values per block of a q8_0 cache row (llama.cpp's `QK8_0`).
+pub const KV_BLOCK: usize = 32;
+
+/// Blocks per row of `cols` values.
+pub fn blocks(cols: usize) -> usize {
+    cols.div_ceil(KV_BLOCK)
+}
+
+/// Quantize one row `x` into `codes` (`x.len()` of them) and `d` ([`blocks`]`(x.len())`
+/// scales), as the module docs define. A non-finite block gives a non-finite scale (the
+/// attention then yields NaN as an f32 cache holding that value would).
+pub fn quantize_row(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
+    for ((xb, cb), db) in x.chunks(KV_BLOCK).zip(codes.chunks_mut(KV_BLOCK)).zip(d.iter_mut()) {
+        let amax = xb.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+        let scale = amax / 127.0;
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        for (c, &v) in cb.iter_mut().zip(xb) {
+            // `as` saturates (and maps NaN to 0); |v·inv| ≤ 127 up to rounding.
+            *c = (v * inv).round() as i8;
+        }
+        *db = half::f16::from_f32(scale).to_f32();
+    }
+}
+
+/// Dequantize `n` values of a row from column `c0` (`codes` and `d` are the whole row's).
+pub fn dequantize(codes: &[i8], d: &[f32], c0: usize, n: usize, out: &mut Vec<f32>) {
+    out.clear();
+    out.extend((c0..c0 + n).map(|c| codes[c] as f32 * d[c / KV_BLOCK]));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantizes_like_llamacpp_q8_0_and_dequantizes_exactly() {
+        // amax 127: d = 1, codes round half away from zero (2.5 → 3, not 2 as to-even would).
+        let mut x: Vec<f32> = (0..32).map(|i| i as f32 - 16.0).collect();
+        x[0] = -127.0;
+        x[1] = 2.5;
+        x[2] = -1.5;
+        let (mut c, mut d) = (vec![0i8; 32], vec![0.0f32; 1]);
+        quantize_row(&x, &mut c, &mut d);
+        assert_eq!((d[0], c[0], c[1], c[2], c[3], c[31]), (1.0, -127, 3, -2, -13, 15));
+        // amax 2.54: the scale is stored as f16(0.02) = 0.0200042724609375.
+        let y: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) * 0.1).chain([2.54]).collect::<Vec<_>>()[1..].to_vec();
+        quantize_row(&y, &mut c, &mut d);
+        assert_eq!(d[0], 0.0200042724609375);
+        assert_eq!((c[31], c[0]), (127, -75));
+        // Dequantization is exact: code·d equals the f64 product.
+        let mut out = Vec::new();
+        dequantize(&c, &d, 0, 32, &mut out);
+        for (&v, &cc) in out.iter().zip(&c) {
+            assert_eq!(v as f64, cc as f64 * d[0] as f64);
+        }
+        // A short last block and an all-zero block.
+        let z: Vec<f32> = (0..40).map(|i| if i < 32 { 0.0 } else { i as f32 }).collect();
+        let (mut c, mut d) = (vec![0i8; 40], vec![0.0f32; blocks(40)]);
+        quantize_row(&z, &mut c, &mut d);
+        assert_eq!(blocks(40), 2);
+        assert_eq!((d[0], c[0], c[39]), (0.0, 0, 127));
+        dequantize(&c, &d, 33, 3, &mut out);
+        assert_eq!(out.len(), 3);
+        assert!((out[2] - 35.0).abs() < 0.2, "{out:?}");
+    }
+}
