@@ -53,10 +53,10 @@ mod tests {
         let (mut c, mut d) = (vec![0i8; 32], vec![0.0f32; 1]);
         quantize_row(&x, &mut c, &mut d);
         assert_eq!((d[0], c[0], c[1], c[2], c[3], c[31]), (1.0, -127, 3, -2, -13, 15));
-        // amax 2.54: the scale is stored as f16(0.02) = 0.0200042724609375.
+        // amax 2.54: the scale is stored as f16(0.02) = 1311·2⁻¹⁶.
         let y: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) * 0.1).chain([2.54]).collect::<Vec<_>>()[1..].to_vec();
         quantize_row(&y, &mut c, &mut d);
-        assert_eq!(d[0], 0.0200042724609375);
+        assert_eq!(d[0], 1311.0 / 65536.0);
         assert_eq!((c[31], c[0]), (127, -75));
         // Dequantization is exact: code·d equals the f64 product.
         let mut out = Vec::new();

@@ -162,7 +162,7 @@ fn attention_equals_the_reference_of_the_path_in_use_bit_for_bit() {
                 attend_rows(&[QueryRow { q, vis }], group, q8, scale, &mut from8, &mut Vec::new());
                 for g in 0..group {
                     let (qg, og) = (&q[g * hd..(g + 1) * hd], &mut over[g * hd..(g + 1) * hd]);
-                    if avx2 && hd % 16 == 0 {
+                    if avx2 && hd.is_multiple_of(16) {
                         avx2_reference(qg, deq, &keys, scale, og);
                     } else {
                         portable_reference(qg, deq, &keys, scale, og);
@@ -275,7 +275,7 @@ fn rows_sharing_a_prefix(seed: &mut u64, avx2: bool, hd: usize, kvh: usize, pref
                     let mut want8 = vec![0.0f32; w];
                     for g in 0..group {
                         let (qg, og) = (&q[g * hd..(g + 1) * hd], &mut want8[g * hd..(g + 1) * hd]);
-                        if avx2 && hd % 16 == 0 {
+                        if avx2 && hd.is_multiple_of(16) {
                             avx2_reference(qg, deq, &keys, scale, og);
                         } else {
                             portable_reference(qg, deq, &keys, scale, og);
