@@ -21,15 +21,47 @@ pub fn blocks(cols: usize) -> usize {
 /// scales), as the module docs define. A non-finite block gives a non-finite scale (the
 /// attention then yields NaN as an f32 cache holding that value would).
 pub fn quantize_row(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::detected() >= crate::isa::Isa::Avx2 {
+        // SAFETY: avx2 was detected on this CPU.
+        unsafe { quantize_row_avx2(x, codes, d) };
+        return;
+    }
+    quantize_row_body(x, codes, d);
+}
+
+/// [`quantize_row`] compiled for AVX2 (the compiler vectorizes the loops; every operation is
+/// the same IEEE operation per value, so the same codes and scales).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
+    quantize_row_body(x, codes, d);
+}
+
+#[inline(always)]
+fn quantize_row_body(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
     for ((xb, cb), db) in x.chunks(KV_BLOCK).zip(codes.chunks_mut(KV_BLOCK)).zip(d.iter_mut()) {
         let amax = xb.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         for (c, &v) in cb.iter_mut().zip(xb) {
             // `as` saturates (and maps NaN to 0); |v·inv| ≤ 127 up to rounding.
-            *c = (v * inv).round() as i8;
+            *c = round_half_away(v * inv) as i8;
         }
         *db = half::f16::from_f32(scale).to_f32();
+    }
+}
+
+/// `x.round()` (C's `roundf`: half away from zero) without the libm call `f32::round` makes:
+/// `x − trunc(x)` is exact, so comparing it with ½ decides the same way for every finite `x`
+/// (at |x| ≥ 2²³ every f32 is an integer and the difference is 0).
+#[inline(always)]
+fn round_half_away(x: f32) -> f32 {
+    let t = x.trunc();
+    if (x - t).abs() >= 0.5 {
+        t + 1.0f32.copysign(x)
+    } else {
+        t
     }
 }
 
@@ -42,6 +74,29 @@ pub fn dequantize(codes: &[i8], d: &[f32], c0: usize, n: usize, out: &mut Vec<f3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounding_is_roundf() {
+        let mut x = 1.0e-3f32;
+        let mut checked = 0;
+        while x < 300.0 {
+            for v in [x, -x, x.next_up(), x.next_down(), x.floor() + 0.5, -(x.floor() + 0.5), 0.49999997, -0.49999997] {
+                assert_eq!(round_half_away(v).to_bits(), v.round().to_bits(), "{v}");
+                checked += 1;
+            }
+            x *= 1.0007;
+        }
+        assert!(checked > 50_000);
+        // The dispatched quantizer (AVX2 where detected) equals the portable body on awkward
+        // values: halves, near-halves, zeros, a short last block.
+        let x: Vec<f32> = (0..200).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173 + if i % 7 == 0 { 0.5 } else { 0.0 }).collect();
+        let (mut c1, mut d1, mut c2, mut d2) = (vec![0i8; 200], vec![0.0f32; blocks(200)], vec![0i8; 200], vec![0.0f32; blocks(200)]);
+        quantize_row(&x, &mut c1, &mut d1);
+        quantize_row_body(&x, &mut c2, &mut d2);
+        assert_eq!((c1, d1.iter().map(|v| v.to_bits()).collect::<Vec<_>>()), (c2, d2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
+        assert_eq!(round_half_away(8_388_609.0), 8_388_609.0);
+        assert!(round_half_away(f32::NAN).is_nan());
+    }
 
     #[test]
     fn quantizes_like_llamacpp_q8_0_and_dequantizes_exactly() {
