@@ -173,7 +173,10 @@ pub enum KvDtype {
     /// q8_0 blocks (llama.cpp's `q8_0` cache type: 32 values, 8-bit codes and an f16 scale;
     /// [`kv_q8`]): 0.56× the bytes of f16. The attention dequantizes each loaded value exactly
     /// (`code·d` in f32), so a row's result equals the f32 path over the dequantized keys and
-    /// values, and every method still reads the same cache as `ar`.
+    /// values, and every method still reads the same cache as `ar`. Faster where the attention
+    /// waits on memory (decode rows: `ar`, batches, at long contexts), slower where it is bound
+    /// by arithmetic (a tree verify's or drafter block's many rows over one cache: a
+    /// conversion and a multiply per value); BENCHMARKS.md §32.
     Q8_0,
 }
 
