@@ -14,13 +14,14 @@ mod attention;
 pub mod gemm;
 pub mod isa;
 mod kernels;
-pub mod kv_q8;
+pub mod kv;
 pub mod quant;
 pub mod select;
 pub mod team;
 mod vmath;
 
-use half::slice::HalfFloatSliceExt;
+pub use kv::{KvDtype, Q8Rows};
+
 use sparkling_core::select::check_markov_table_args;
 use sparkling_core::{check_ragged, ggml, AttnMask, AttnShape, Backend, CandidateTable, Error, GgmlWeight, RaggedSeq, Result, SampleParams, TopK};
 
@@ -37,18 +38,8 @@ pub struct CpuTensor {
     /// [`KvDtype::F16`]); empty for every other tensor. Only `write_rows`, `compact_rows`,
     /// `attention`, `attention_ragged` and the downloads read or write a cache.
     pub half: Vec<half::f16>,
-    /// A KV cache stored as q8_0 blocks ([`KvDtype::Q8_0`], [`kv_q8`]); empty otherwise.
+    /// A KV cache stored as q8_0 blocks ([`KvDtype::Q8_0`], [`kv::q8`]); empty otherwise.
     pub q8: Q8Rows,
-}
-
-/// The codes and scales of a q8_0 KV cache ([`kv_q8`]): row `r`'s codes at
-/// `codes[r·cols..]`, its [`kv_q8::blocks`]`(cols)` scales at `d[r·blocks..]`.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Q8Rows {
-    /// `rows·cols` codes.
-    pub codes: Vec<i8>,
-    /// `rows·⌈cols/32⌉` scales (f32 values that are exactly f16 values).
-    pub d: Vec<f32>,
 }
 
 impl CpuTensor {
@@ -154,39 +145,6 @@ impl WeightDtype {
             WeightDtype::F16 => "f16",
             WeightDtype::Q8_0 => "q8_0",
             WeightDtype::Native => "native",
-        }
-    }
-}
-
-/// Storage precision of the KV cache ([`Backend::kv_zeros`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvDtype {
-    /// f32 (the reference; the default of [`CpuBackend::new`]).
-    #[default]
-    F32,
-    /// f16 (IEEE half, round to nearest even on write; llama.cpp's default cache type): half
-    /// the bytes every attention reads, so long contexts and batches decode faster. The
-    /// attention converts each loaded value exactly back to f32 (F16C on AVX2), so a row's
-    /// result equals the f32 path over the f16-rounded keys and values, and `ar` and every
-    /// speculative method still read the same cache (every method still equals `ar`).
-    F16,
-    /// q8_0 blocks (llama.cpp's `q8_0` cache type: 32 values, 8-bit codes and an f16 scale;
-    /// [`kv_q8`]): 0.56× the bytes of f16. The attention dequantizes each loaded value exactly
-    /// (`code·d` in f32), so a row's result equals the f32 path over the dequantized keys and
-    /// values, and every method still reads the same cache as `ar`. Faster where the attention
-    /// waits on memory (decode rows: `ar`, batches, at long contexts), slower where it is bound
-    /// by arithmetic (a tree verify's or drafter block's many rows over one cache: a
-    /// conversion and a multiply per value); BENCHMARKS.md §32.
-    Q8_0,
-}
-
-impl KvDtype {
-    /// Lower-case name as `--kv-cache` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvDtype::F32 => "f32",
-            KvDtype::F16 => "f16",
-            KvDtype::Q8_0 => "q8_0",
         }
     }
 }
@@ -330,43 +288,15 @@ impl Backend for CpuBackend {
     }
 
     fn kv_zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
-        if self.kv_dtype == KvDtype::F32 || rows * cols == 0 {
-            return self.zeros(rows, cols);
-        }
-        if self.kv_dtype == KvDtype::Q8_0 {
-            let q8 = Q8Rows { codes: vec![0; rows * cols], d: vec![0.0; rows * kv_q8::blocks(cols)] };
-            return Ok(CpuTensor { rows, cols, data: Vec::new(), half: Vec::new(), q8 });
-        }
-        Ok(CpuTensor { rows, cols, data: Vec::new(), half: vec![half::f16::ZERO; rows * cols], q8: Q8Rows::default() })
+        Ok(kv::zeros(self.kv_dtype, rows, cols))
     }
 
     fn download(&self, t: &CpuTensor) -> Result<Vec<f32>> {
-        if t.is_f16() {
-            return Ok(t.half.iter().map(|h| h.to_f32()).collect());
-        }
-        if t.is_q8() {
-            return self.download_rows(t, 0, t.rows);
-        }
-        Ok(t.data.clone())
+        kv::download_rows(t, 0, t.rows)
     }
 
     fn download_rows(&self, t: &CpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
-        if start.checked_add(n).is_none_or(|end| end > t.rows) {
-            return Err(shape_err("download_rows", format!("{n} rows from row {start} of a {}-row tensor", t.rows)));
-        }
-        if t.is_f16() {
-            return Ok(t.half[start * t.cols..(start + n) * t.cols].iter().map(|h| h.to_f32()).collect());
-        }
-        if t.is_q8() {
-            let (c, nb) = (t.cols, kv_q8::blocks(t.cols));
-            let (mut out, mut row) = (Vec::with_capacity(n * c), Vec::new());
-            for r in start..start + n {
-                kv_q8::dequantize(&t.q8.codes[r * c..(r + 1) * c], &t.q8.d[r * nb..(r + 1) * nb], 0, c, &mut row);
-                out.extend_from_slice(&row);
-            }
-            return Ok(out);
-        }
-        Ok(t.data[start * t.cols..(start + n) * t.cols].to_vec())
+        kv::download_rows(t, start, n)
     }
 
     fn shape(&self, t: &CpuTensor) -> (usize, usize) {
@@ -695,50 +625,11 @@ impl Backend for CpuBackend {
     }
 
     fn write_rows(&self, dst: &mut CpuTensor, at: usize, src: &CpuTensor) -> Result<()> {
-        if src.cols != dst.cols || at + src.rows > dst.rows {
-            return Err(shape_err("write_rows", format!("[{}, {}] at row {at} into [{}, {}]", src.rows, src.cols, dst.rows, dst.cols)));
-        }
-        if src.is_f16() || src.is_q8() {
-            return Err(Error::Invalid(format!(
-                "write_rows: the source is a KV cache stored in {}; only f32 activations are written into a tensor",
-                src.storage()
-            )));
-        }
-        let range = at * dst.cols..(at + src.rows) * dst.cols;
-        if dst.is_q8() {
-            let (c, nb) = (dst.cols, kv_q8::blocks(dst.cols));
-            for (i, x) in src.data.chunks_exact(c).enumerate() {
-                let r = at + i;
-                kv_q8::quantize_row(x, &mut dst.q8.codes[r * c..(r + 1) * c], &mut dst.q8.d[r * nb..(r + 1) * nb]);
-            }
-        } else if dst.is_f16() {
-            // The slice conversion runs F16C 8 values at a time where the CPU has it (the same
-            // round-to-nearest-even as `f16::from_f32`).
-            dst.half[range].convert_from_f32_slice(&src.data);
-        } else {
-            dst.data[range].copy_from_slice(&src.data);
-        }
-        Ok(())
+        kv::write_rows(dst, at, src)
     }
 
     fn compact_rows(&self, cache: &mut CpuTensor, start: usize, keep: &[usize]) -> Result<()> {
-        let c = cache.cols;
-        if keep.iter().any(|&k| start + k >= cache.rows) {
-            return Err(shape_err("compact_rows", format!("keep {keep:?} from row {start} of {}", cache.rows)));
-        }
-        fn compact<T: Copy>(v: &mut [T], c: usize, start: usize, keep: &[usize]) {
-            let gathered: Vec<T> = keep.iter().flat_map(|&k| v[(start + k) * c..(start + k + 1) * c].iter().copied()).collect();
-            v[start * c..(start + keep.len()) * c].copy_from_slice(&gathered);
-        }
-        if cache.is_f16() {
-            compact(&mut cache.half, c, start, keep);
-        } else if cache.is_q8() {
-            compact(&mut cache.q8.codes, c, start, keep);
-            compact(&mut cache.q8.d, kv_q8::blocks(c), start, keep);
-        } else {
-            compact(&mut cache.data, c, start, keep);
-        }
-        Ok(())
+        kv::compact_rows(cache, start, keep)
     }
 
     fn attention(&self, q: &CpuTensor, k_cache: &CpuTensor, v_cache: &CpuTensor, kv_len: usize, shape: AttnShape, mask: AttnMask<'_>) -> Result<CpuTensor> {

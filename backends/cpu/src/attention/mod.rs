@@ -64,9 +64,9 @@ impl Visible<'_> {
 }
 
 /// An element of a KV cache: `f32`, `half::f16` (an f16 cache, `KvDtype::F16`) or `i8` (the
-/// codes of a q8_0 cache, `KvDtype::Q8_0`, each block of [`crate::kv_q8::KV_BLOCK`] values
+/// codes of a q8_0 cache, `KvDtype::Q8_0`, each block of [`crate::kv::q8::KV_BLOCK`] values
 /// with its scale `d`). Every path converts a loaded value exactly to f32 (for a code, `code·d`,
-/// exact: [`crate::kv_q8`]), so each cache type gives the same bits as an f32 cache holding the
+/// exact: [`crate::kv::q8`]), so each cache type gives the same bits as an f32 cache holding the
 /// same (rounded) values.
 pub trait KvElem: Copy + Send + Sync + 'static {
     /// Whether values carry a block scale (`i8` codes); the loads ignore their scale otherwise.
@@ -164,12 +164,12 @@ impl KvElem for i8 {
     const SCALED: bool = true;
 
     fn row_f32<'b>(data: &'b [i8], d: &[f32], cols: usize, r: usize, c0: usize, n: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
-        let nb = crate::kv_q8::blocks(cols);
-        crate::kv_q8::dequantize(&data[r * cols..(r + 1) * cols], &d[r * nb..(r + 1) * nb], c0, n, buf);
+        let nb = crate::kv::q8::blocks(cols);
+        crate::kv::q8::dequantize(&data[r * cols..(r + 1) * cols], &d[r * nb..(r + 1) * nb], c0, n, buf);
         buf
     }
 
-    // `code·d`: exact in f32 (crate::kv_q8), so the same value on every path.
+    // `code·d`: exact in f32 (crate::kv::q8), so the same value on every path.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const i8, s: f32) -> std::arch::x86_64::__m256 {
@@ -202,7 +202,7 @@ pub struct KvHead<'a, E = f32> {
     pub k: &'a [E],
     /// Value cache, same shape as `k`.
     pub v: &'a [E],
-    /// Key block scales of a q8_0 cache, [`crate::kv_q8::blocks`]`(stride)` per row; empty
+    /// Key block scales of a q8_0 cache, [`crate::kv::q8::blocks`]`(stride)` per row; empty
     /// for f32 / f16.
     pub kd: &'a [f32],
     /// Value block scales, as `kd`.
@@ -241,7 +241,7 @@ impl<'a, E: KvElem> KvHead<'a, E> {
     #[inline(always)]
     unsafe fn ks(&self, r: usize, d: usize) -> f32 {
         if E::SCALED {
-            *self.kd.get_unchecked(r * self.stride.div_ceil(crate::kv_q8::KV_BLOCK) + (self.off + d) / crate::kv_q8::KV_BLOCK)
+            *self.kd.get_unchecked(r * self.stride.div_ceil(crate::kv::q8::KV_BLOCK) + (self.off + d) / crate::kv::q8::KV_BLOCK)
         } else {
             1.0
         }
@@ -255,7 +255,7 @@ impl<'a, E: KvElem> KvHead<'a, E> {
     #[inline(always)]
     unsafe fn vs(&self, r: usize, d: usize) -> f32 {
         if E::SCALED {
-            *self.vd.get_unchecked(r * self.stride.div_ceil(crate::kv_q8::KV_BLOCK) + (self.off + d) / crate::kv_q8::KV_BLOCK)
+            *self.vd.get_unchecked(r * self.stride.div_ceil(crate::kv::q8::KV_BLOCK) + (self.off + d) / crate::kv::q8::KV_BLOCK)
         } else {
             1.0
         }

@@ -23,13 +23,13 @@ fn value<'a>(kv: &KvHead<'a>, r: usize) -> &'a [f32] {
 
 /// A cache of rows of `stride` values in q8_0 form: (codes, scales, the dequantized values).
 fn q8_cache(x: &[f32], stride: usize) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
-    let nb = crate::kv_q8::blocks(stride);
+    let nb = crate::kv::q8::blocks(stride);
     let rows = x.len() / stride;
     let (mut c, mut d) = (vec![0i8; x.len()], vec![0.0f32; rows * nb]);
     for r in 0..rows {
-        crate::kv_q8::quantize_row(&x[r * stride..(r + 1) * stride], &mut c[r * stride..(r + 1) * stride], &mut d[r * nb..(r + 1) * nb]);
+        crate::kv::q8::quantize_row(&x[r * stride..(r + 1) * stride], &mut c[r * stride..(r + 1) * stride], &mut d[r * nb..(r + 1) * nb]);
     }
-    let deq = (0..x.len()).map(|i| c[i] as f32 * d[(i / stride) * nb + (i % stride) / crate::kv_q8::KV_BLOCK]).collect();
+    let deq = (0..x.len()).map(|i| c[i] as f32 * d[(i / stride) * nb + (i % stride) / crate::kv::q8::KV_BLOCK]).collect();
     (c, d, deq)
 }
 
