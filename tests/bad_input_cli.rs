@@ -175,6 +175,31 @@ fn a_directory_given_as_a_gguf_file_is_named_as_such() {
     assert!(e.contains("model.gguf") && e.contains("is a directory"), "{e}");
 }
 
+/// `--kv-cache`: an unknown value is named with the accepted ones whatever the backend, a
+/// CPU-only storage on another backend names the backend, and q8_0 runs (tiny random target).
+#[test]
+fn kv_cache_values_are_checked_and_q8_0_runs() {
+    let d = tmpdir("cli-kv-cache");
+    let t = tiny_target(d.path(), "t", 2);
+    let gen = |extra: &[&str]| {
+        let mut a = vec!["generate", "--target", s(&t), "--method", "ar", "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--ids"];
+        a.extend_from_slice(extra);
+        run(d.path(), &a)
+    };
+    for extra in [&["--kv-cache", "q4"][..], &["--kv-cache", "q4", "--backend", "wgpu"]] {
+        let o = gen(extra);
+        no_panic(&o);
+        let e = stderr(&o);
+        assert!(!o.status.success() && e.contains("--kv-cache `q4`") && e.contains("q8_0"), "{extra:?}: {e}");
+    }
+    let o = gen(&["--kv-cache", "q8_0", "--backend", "wgpu"]);
+    no_panic(&o);
+    assert!(!o.status.success() && stderr(&o).contains("only the cpu backend"), "{}", stderr(&o));
+    let o = gen(&["--kv-cache", "q8_0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("q8_0 kv cache"), "{}", stderr(&o));
+}
+
 /// The cache entry of the untrained DSpark drafter `generate` creates for target `t`.
 fn cache_entry(assets: &Path, t: &Path) -> PathBuf {
     let c = tiny_target_config(Arch::Qwen3, 64);

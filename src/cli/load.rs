@@ -117,6 +117,9 @@ fn weights(arg: &str, is_gguf: bool) -> Result<Weights> {
 pub fn select(args: &ModelArgs) -> Result<Selected> {
     let target = target_path(args)?;
     let w = weights(&args.weights, target.extension().is_some_and(|e| e == "gguf"))?;
+    if !matches!(args.kv_cache.as_str(), "auto" | "f16" | "q8_0" | "f32") {
+        return Err(Error::Input(format!("--kv-cache `{}`: expected f16, q8_0, f32 or auto", args.kv_cache)));
+    }
     if args.backend != "cpu" && !matches!(args.kv_cache.as_str(), "auto" | "f32") {
         return Err(Error::Input(format!(
             "--kv-cache `{}` with --backend {}: only the cpu backend stores an f16 or q8_0 cache (expected f32 or auto)",

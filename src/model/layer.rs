@@ -208,8 +208,8 @@ impl<B: Backend> DecoderLayer<B> {
     }
 }
 
-/// Per-layer K/V cache: `[capacity, nkv*hd]` tensors ([`Backend::kv_zeros`]: f16 on the CPU
-/// backend with `--kv-cache f16`); rows `0..len` are valid.
+/// Per-layer K/V cache: `[capacity, nkv*hd]` tensors ([`Backend::kv_zeros`]: on the CPU
+/// backend f16 by default, or q8_0 / f32 with `--kv-cache`); rows `0..len` are valid.
 pub struct KvCache<B: Backend> {
     /// Keys per layer.
     pub k: Vec<B::Tensor>,

@@ -195,6 +195,73 @@ fn f16_kv_cache_rounds_on_write_and_attends_like_f32_over_the_rounded_values() {
     assert!(e.contains("different precisions"), "{e}");
 }
 
+/// The q8_0 cache: written rows read back as their dequantized blocks (rows of very
+/// different magnitudes, so every row has its own scales), the attention equals the f32
+/// attention over the dequantized values bit for bit (head dims 32, 24 and 8: the 512-bit and
+/// the AVX2 bodies), compaction moves scales with codes, and a malformed or mixed cache is an
+/// error.
+#[test]
+fn q8_0_kv_cache_attends_like_f32_over_the_dequantized_values() {
+    let b = CpuBackend::new().with_kv_dtype(KvDtype::Q8_0);
+    let f = CpuBackend::new();
+    for hd in [32usize, 24, 8] {
+        let (rows, width) = (6, 2 * hd);
+        let mut k = b.kv_zeros(rows, width).unwrap();
+        let mut v = b.kv_zeros(rows, width).unwrap();
+        assert!(k.is_q8() && k.storage() == "q8_0");
+        assert_eq!(b.download(&k).unwrap(), vec![0.0; rows * width]);
+        let scaled = |x: Vec<f32>| -> Vec<f32> { x.iter().enumerate().map(|(i, &y)| y * [0.01f32, 3.0, 250.0][(i / width) % 3]).collect() };
+        let (kx, vx) = (scaled(pseudo(rows * width, 3)), scaled(pseudo(rows * width, 4)));
+        b.write_rows(&mut k, 0, &b.upload(&kx, rows, width).unwrap()).unwrap();
+        b.write_rows(&mut v, 0, &b.upload(&vx, rows, width).unwrap()).unwrap();
+        let deq = |x: &[f32]| -> Vec<f32> {
+            let nb = crate::kv::q8::blocks(width);
+            let (mut c, mut d, mut out, mut row) = (vec![0i8; width], vec![0.0f32; nb], Vec::new(), Vec::new());
+            for r in x.chunks(width) {
+                crate::kv::q8::quantize_row(r, &mut c, &mut d);
+                crate::kv::q8::dequantize(&c, &d, 0, width, &mut row);
+                out.extend_from_slice(&row);
+            }
+            out
+        };
+        let (kd, vd) = (deq(&kx), deq(&vx));
+        assert_eq!(b.download(&k).unwrap(), kd);
+        assert_eq!(b.download_rows(&v, 2, 3).unwrap(), vd[2 * width..5 * width].to_vec());
+        assert_ne!(kd, kx, "the test data must not be q8_0-exact");
+        // Each value within half a step (amax/127 of its block; f16 rounding of the scale aside).
+        for (row, (dr, xr)) in kd.chunks(width).zip(kx.chunks(width)).enumerate() {
+            for (blk, (db, xb)) in dr.chunks(32).zip(xr.chunks(32)).enumerate() {
+                let step = xb.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
+                for (a, x) in db.iter().zip(xb) {
+                    assert!((a - x).abs() <= 0.51 * step + 1e-3 * x.abs(), "row {row} block {blk}: {a} vs {x}");
+                }
+            }
+        }
+        let (k32, v32) = (f.upload(&kd, rows, width).unwrap(), f.upload(&vd, rows, width).unwrap());
+        let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: hd };
+        let q = f.upload(&pseudo(3 * 4 * hd, 5), 3, 4 * hd).unwrap();
+        for mask in [AttnMask::Causal, AttnMask::Tree { parents: &[NO_PARENT, 0, 0] }, AttnMask::Full] {
+            let want = f.attention(&q, &k32, &v32, rows, shape, mask).unwrap();
+            let got = b.attention(&q, &k, &v, rows, shape, mask).unwrap();
+            assert!(got.data.iter().zip(&want.data).all(|(a, c)| a.to_bits() == c.to_bits()), "hd {hd} {mask:?}");
+        }
+        // Compaction moves each row's scales with its codes (rows 3 and 5 differ in scale).
+        b.compact_rows(&mut k, 2, &[0, 1, 3]).unwrap();
+        let mut want = kd.clone();
+        want.copy_within(5 * width..6 * width, 4 * width);
+        assert_eq!(b.download_rows(&k, 0, 5).unwrap(), want[..5 * width].to_vec());
+        let e = b.attention(&q, &k, &v32, rows, shape, AttnMask::Causal).unwrap_err().to_string();
+        assert!(e.contains("different precisions") && e.contains("q8_0"), "{e}");
+        let e = b.write_rows(&mut k32.clone(), 0, &k).unwrap_err().to_string();
+        assert!(e.contains("stored in q8_0"), "{e}");
+        // A cache whose scales do not cover its rows is refused, not read out of bounds.
+        let mut bad = v.clone();
+        bad.q8.d.truncate(1);
+        let e = b.attention(&q, &k, &bad, rows, shape, AttnMask::Causal).unwrap_err().to_string();
+        assert!(e.contains("holds") && e.contains("scales"), "{e}");
+    }
+}
+
 #[test]
 fn attention_tree_mask_sees_prefix_and_ancestors_only() {
     let b = CpuBackend::new();

@@ -321,6 +321,9 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
         let n = row.vis.len();
         let last = row.vis.extra.last().copied().unwrap_or(row.vis.prefix.saturating_sub(1));
         assert!(n > 0 && row.q.len() >= w && last * kv.stride + kv.off + hd <= kv.k.len());
+        // A q8_0 cache's scales are read unchecked (`KvHead::ks` / `vs`).
+        let scales = (last + 1) * kv.stride.div_ceil(crate::kv::q8::KV_BLOCK);
+        assert!(!E::SCALED || (kv.kd.len() >= scales && kv.vd.len() >= scales));
         nmax = nmax.max(n);
     }
     // Scores (then probabilities) of row r, head g at `(r·group + g)·stride`, the heads'

@@ -282,11 +282,14 @@ pub struct QueryRow<'a> {
 pub fn attend_rows<E: KvElem>(rows: &[QueryRow<'_>], group: usize, kv: KvHead<'_, E>, scale: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     {
-        // The vector paths load 8 values at multiples of 8 and 16 at multiples of 16 of a
-        // head, so with a head dim that is a multiple of 16 every load of a q8_0 cache lies
-        // inside one 32-value block (one scale).
-        let whole = kv.hd.is_multiple_of(8) && (!E::SCALED || kv.hd.is_multiple_of(16));
-        if whole && crate::isa::active() >= crate::isa::Isa::Avx512Vnni {
+        // The AVX2 body loads 8 values at multiples of 8 of a head, the 512-bit body also 16 at
+        // multiples of 16 of the head's first value: inside one 32-value block of a q8_0 cache
+        // (one scale) when the head dim is a multiple of 16. Otherwise a q8_0 cache takes the
+        // AVX2 body, whose arithmetic is the same (the same bits), so every cache type runs
+        // the vector arithmetic for every head dim that is a multiple of 8.
+        let whole = kv.hd.is_multiple_of(8);
+        let wide_ok = !E::SCALED || kv.hd.is_multiple_of(16);
+        if whole && wide_ok && crate::isa::active() >= crate::isa::Isa::Avx512Vnni {
             // SAFETY: `isa::active` only reports Avx512Vnni when avx512f/bw/vl (and the AVX2
             // set) were detected.
             unsafe { avx2::attend_rows_avx512(rows, group, kv, scale, out, scratch) };
@@ -333,6 +336,15 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         let (t, kv_len, k_cache, v_cache) = (s.q_rows, s.kv_len, s.k_cache, s.v_cache);
         if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
             return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
+        }
+        for c in [k_cache, v_cache] {
+            // The attention reads a q8_0 cache's scales unchecked: both arrays must be whole.
+            if c.is_q8() && (c.q8.codes.len() != c.rows * c.cols || c.q8.d.len() != c.rows * crate::kv::q8::blocks(c.cols)) {
+                return Err(shape_err(
+                    "attention",
+                    format!("a q8_0 cache of [{}, {}] holds {} codes and {} scales", c.rows, c.cols, c.q8.codes.len(), c.q8.d.len()),
+                ));
+            }
         }
         if k_cache.storage() != v_cache.storage() {
             return Err(shape_err(

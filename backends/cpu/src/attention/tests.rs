@@ -153,8 +153,8 @@ fn attention_equals_the_reference_of_the_path_in_use_bit_for_bit() {
                 attend_rows(&[QueryRow { q, vis }], group, KvHead::new(&k16[..], &v16[..], stride, kh * hd, hd), scale, &mut from16, &mut Vec::new());
                 attend_rows(&[QueryRow { q, vis }], group, KvHead::new(&kr[..], &vr[..], stride, kh * hd, hd), scale, &mut rounded, &mut Vec::new());
                 assert!(from16.iter().zip(&rounded).all(|(a, b)| a.to_bits() == b.to_bits()), "hd {hd} group {group} kh {kh} {name}, f16 cache");
-                // A q8_0 cache gives exactly the f32 arithmetic over its dequantized values: the
-                // vector path's where the head dim is a multiple of 16, else the portable one's.
+                // A q8_0 cache gives exactly the f32 arithmetic over its dequantized values, the
+                // vector path's for every head dim that is a multiple of 8 (as f32 and f16).
                 let ((kc, kd, kq), (vc, vd, vq)) = (q8_cache(&k, stride), q8_cache(&v, stride));
                 let q8 = KvHead { k: &kc[..], v: &vc[..], kd: &kd[..], vd: &vd[..], stride, off: kh * hd, hd };
                 let deq = KvHead::new(&kq[..], &vq[..], stride, kh * hd, hd);
@@ -162,7 +162,7 @@ fn attention_equals_the_reference_of_the_path_in_use_bit_for_bit() {
                 attend_rows(&[QueryRow { q, vis }], group, q8, scale, &mut from8, &mut Vec::new());
                 for g in 0..group {
                     let (qg, og) = (&q[g * hd..(g + 1) * hd], &mut over[g * hd..(g + 1) * hd]);
-                    if avx2 && hd.is_multiple_of(16) {
+                    if avx2 && hd.is_multiple_of(8) {
                         avx2_reference(qg, deq, &keys, scale, og);
                     } else {
                         portable_reference(qg, deq, &keys, scale, og);
@@ -275,7 +275,7 @@ fn rows_sharing_a_prefix(seed: &mut u64, avx2: bool, hd: usize, kvh: usize, pref
                     let mut want8 = vec![0.0f32; w];
                     for g in 0..group {
                         let (qg, og) = (&q[g * hd..(g + 1) * hd], &mut want8[g * hd..(g + 1) * hd]);
-                        if avx2 && hd.is_multiple_of(16) {
+                        if avx2 && hd.is_multiple_of(8) {
                             avx2_reference(qg, deq, &keys, scale, og);
                         } else {
                             portable_reference(qg, deq, &keys, scale, og);

@@ -18,8 +18,9 @@ pub fn blocks(cols: usize) -> usize {
 }
 
 /// Quantize one row `x` into `codes` (`x.len()` of them) and `d` ([`blocks`]`(x.len())`
-/// scales), as the module docs define. A non-finite block gives a non-finite scale (the
-/// attention then yields NaN as an f32 cache holding that value would).
+/// scales), as the module docs define. A block holding a NaN or an infinity gets a NaN or
+/// infinite scale, so every value of the block reads back as NaN (an f32 cache would keep the
+/// other values; the attention's result is NaN either way).
 pub fn quantize_row(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::isa::detected() >= crate::isa::Isa::Avx2 {
@@ -41,7 +42,8 @@ unsafe fn quantize_row_avx2(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
 #[inline(always)]
 fn quantize_row_body(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
     for ((xb, cb), db) in x.chunks(KV_BLOCK).zip(codes.chunks_mut(KV_BLOCK)).zip(d.iter_mut()) {
-        let amax = xb.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+        // NaN-propagating (`f32::max` would skip a NaN and hide it as code 0).
+        let amax = xb.iter().fold(0.0f32, |m, &v| if v.is_nan() || m.is_nan() { f32::NAN } else { m.max(v.abs()) });
         let scale = amax / 127.0;
         let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
         for (c, &v) in cb.iter_mut().zip(xb) {
@@ -128,5 +130,14 @@ mod tests {
         dequantize(&c, &d, 33, 3, &mut out);
         assert_eq!(out.len(), 3);
         assert!((out[2] - 35.0).abs() < 0.2, "{out:?}");
+        // A NaN or an infinity makes its block read back as NaN, not as code 0; the other
+        // block is untouched.
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut w = z.clone();
+            w[35] = bad;
+            quantize_row(&w, &mut c, &mut d);
+            dequantize(&c, &d, 0, 40, &mut out);
+            assert!(out[32..].iter().all(|v| v.is_nan()) && out[..32].iter().all(|&v| v == 0.0), "{bad}: {out:?}");
+        }
     }
 }
