@@ -31,12 +31,50 @@ pub fn quantize_row(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
     quantize_row_body(x, codes, d);
 }
 
-/// [`quantize_row`] compiled for AVX2 (the compiler vectorizes the loops; every operation is
-/// the same IEEE operation per value, so the same codes and scales).
+/// [`quantize_row`] on AVX2, a whole block of 32 values per iteration: the same IEEE
+/// operations per value as [`quantize_row_body`] (max of |x| is exact in any order; the
+/// rounding is [`round_half_away`]'s; the packs saturate as `as i8` does), so the same codes and
+/// scales. Blocks holding a NaN or an infinity, and a short last block, take the body.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn quantize_row_avx2(x: &[f32], codes: &mut [i8], d: &mut [f32]) {
-    quantize_row_body(x, codes, d);
+    use std::arch::x86_64::*;
+    let full = x.len() / KV_BLOCK;
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let (sign, half, one) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+    // After the two packs the 4-byte groups are v0[0..4], v1[0..4], v2[0..4], v3[0..4],
+    // v0[4..8], …: back into value order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for b in 0..full {
+        let p = x.as_ptr().add(b * KV_BLOCK);
+        let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+        let a = v.map(|vi| _mm256_and_ps(vi, abs_mask));
+        let a = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+        let nan = v.map(|vi| _mm256_cmp_ps::<_CMP_UNORD_Q>(vi, vi));
+        let nan = _mm256_or_ps(_mm256_or_ps(nan[0], nan[1]), _mm256_or_ps(nan[2], nan[3]));
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+        let at = b * KV_BLOCK..(b + 1) * KV_BLOCK;
+        if _mm256_movemask_ps(nan) != 0 || !amax.is_finite() {
+            quantize_row_body(&x[at.clone()], &mut codes[at], &mut d[b..b + 1]);
+            continue;
+        }
+        let scale = amax / 127.0;
+        let inv = _mm256_set1_ps(if scale != 0.0 { 1.0 / scale } else { 0.0 });
+        let q = v.map(|vi| {
+            let p = _mm256_mul_ps(vi, inv);
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
+            let up = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_and_ps(_mm256_sub_ps(p, t), abs_mask), half);
+            _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(_mm256_and_ps(p, sign), one))))
+        });
+        let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(codes.as_mut_ptr().add(b * KV_BLOCK) as *mut __m256i, _mm256_permutevar8x32_epi32(bytes, order));
+        d[b] = half::f16::from_f32(scale).to_f32();
+    }
+    if full * KV_BLOCK < x.len() {
+        quantize_row_body(&x[full * KV_BLOCK..], &mut codes[full * KV_BLOCK..], &mut d[full..]);
+    }
 }
 
 #[inline(always)]
@@ -89,13 +127,34 @@ mod tests {
             x *= 1.0007;
         }
         assert!(checked > 50_000);
-        // The dispatched quantizer (AVX2 where detected) equals the portable body on awkward
-        // values: halves, near-halves, zeros, a short last block.
-        let x: Vec<f32> = (0..200).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173 + if i % 7 == 0 { 0.5 } else { 0.0 }).collect();
-        let (mut c1, mut d1, mut c2, mut d2) = (vec![0i8; 200], vec![0.0f32; blocks(200)], vec![0i8; 200], vec![0.0f32; blocks(200)]);
+        // The dispatched quantizer (AVX2 where detected) equals the portable body: random
+        // blocks of many magnitudes, exact halves of the step, zeros and −0, a NaN, infinities,
+        // a short last block.
+        let mut seed = 7u64;
+        let mut x: Vec<f32> = (0..32 * 400 + 13)
+            .map(|i| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let u = ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+                u * [1e-6f32, 0.01, 1.0, 37.0, 6.0e4][(i / 32) % 5]
+            })
+            .collect();
+        for (i, v) in x[32 * 10..32 * 11].iter_mut().enumerate() {
+            *v = if i == 0 { 127.0 } else { i as f32 - 16.5 }; // d = 1: exact halves
+        }
+        for (b, special) in [(20usize, f32::NAN), (21, f32::INFINITY), (22, f32::NEG_INFINITY), (23, 0.0), (24, -0.0)] {
+            if special == 0.0 {
+                x[32 * b..32 * (b + 1)].iter_mut().for_each(|v| *v = special);
+            } else {
+                x[32 * b + 5] = special;
+            }
+        }
+        let n = x.len();
+        let (mut c1, mut d1, mut c2, mut d2) = (vec![0i8; n], vec![0.0f32; blocks(n)], vec![0i8; n], vec![0.0f32; blocks(n)]);
         quantize_row(&x, &mut c1, &mut d1);
         quantize_row_body(&x, &mut c2, &mut d2);
-        assert_eq!((c1, d1.iter().map(|v| v.to_bits()).collect::<Vec<_>>()), (c2, d2.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
+        assert_eq!(c1, c2);
+        assert_eq!(d1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), d2.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        assert!(c1.contains(&127) && c1.contains(&-127));
         assert_eq!(round_half_away(8_388_609.0), 8_388_609.0);
         assert!(round_half_away(f32::NAN).is_nan());
     }
