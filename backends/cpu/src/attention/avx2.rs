@@ -65,17 +65,30 @@ unsafe fn scores16_multi<E: KvElem, const Q: usize>(kv: &KvHead<'_, E>, qd: &[*c
         let mut acc = [[_mm512_setzero_ps(); 4]; Q];
         let mut d = 0;
         while d < hd {
-            let mut kt = [_mm512_setzero_ps(); 4];
-            for (i, k) in kt.iter_mut().enumerate() {
-                *k = E::load8x2(base.add(2 * i * kv.stride + d), kv.ks(t + 2 * i, d), base.add((2 * i + 1) * kv.stride + d), kv.ks(t + 2 * i + 1, d));
-            }
-            for (h, a) in acc.iter_mut().enumerate() {
-                let qv = _mm512_loadu_ps(qd[h].add(2 * d));
-                for (i, ai) in a.iter_mut().enumerate() {
-                    *ai = _mm512_fmadd_ps(qv, kt[i], *ai);
+            // A q8_0 cache: the steps of `d` inside one 32-value block share each key pair's
+            // scales, built once per block rather than per load (f32 / f16: one segment).
+            let mut sv = [_mm512_setzero_ps(); 4];
+            let seg = if E::SCALED {
+                for (i, v) in sv.iter_mut().enumerate() {
+                    *v = super::scale_pair(kv.ks(t + 2 * i, d), kv.ks(t + 2 * i + 1, d));
                 }
+                (((kv.off + d) / crate::kv::q8::KV_BLOCK + 1) * crate::kv::q8::KV_BLOCK - kv.off).min(hd)
+            } else {
+                hd
+            };
+            while d < seg {
+                let mut kt = [_mm512_setzero_ps(); 4];
+                for (i, k) in kt.iter_mut().enumerate() {
+                    *k = E::load8x2_sv(base.add(2 * i * kv.stride + d), base.add((2 * i + 1) * kv.stride + d), sv[i]);
+                }
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let qv = _mm512_loadu_ps(qd[h].add(2 * d));
+                    for (i, ai) in a.iter_mut().enumerate() {
+                        *ai = _mm512_fmadd_ps(qv, kt[i], *ai);
+                    }
+                }
+                d += 8;
             }
-            d += 8;
         }
         for (h, a) in acc.iter().enumerate() {
             let mut halves = [_mm256_setzero_ps(); 8];

@@ -91,6 +91,14 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8x2(p: *const Self, s: f32, p2: *const Self, s2: f32) -> std::arch::x86_64::__m512;
 
+    /// [`Self::load8x2`] with the two scales given as one vector (`s` in lanes 0–7, `s2` in
+    /// 8–15; ignored where not `SCALED`), for a caller that reuses it across loads.
+    ///
+    /// # Safety
+    /// As [`Self::load8x2`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8x2_sv(p: *const Self, p2: *const Self, sv: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512;
+
     /// 16 values at `p` (scale `s`; all in one block) as f32 lanes (AVX-512 path).
     ///
     /// # Safety
@@ -119,6 +127,12 @@ impl KvElem for f32 {
         use std::arch::x86_64::*;
         let lo = _mm512_castps256_ps512(_mm256_loadu_ps(p));
         _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), _mm256_castps_pd(_mm256_loadu_ps(p2))))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2_sv(p: *const f32, p2: *const f32, _: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+        Self::load8x2(p, 1.0, p2, 1.0)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -154,6 +168,12 @@ impl KvElem for half::f16 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
+    unsafe fn load8x2_sv(p: *const half::f16, p2: *const half::f16, _: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+        Self::load8x2(p, 1.0, p2, 1.0)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
     unsafe fn load16(p: *const half::f16, _: f32) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
@@ -180,9 +200,14 @@ impl KvElem for i8 {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8x2(p: *const i8, s: f32, p2: *const i8, s2: f32) -> std::arch::x86_64::__m512 {
+        Self::load8x2_sv(p, p2, scale_pair(s, s2))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8x2_sv(p: *const i8, p2: *const i8, sv: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::*;
         let codes = _mm_unpacklo_epi64(_mm_loadl_epi64(p as *const __m128i), _mm_loadl_epi64(p2 as *const __m128i));
-        let sv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_set1_ps(s)), _mm256_castps_pd(_mm256_set1_ps(s2))));
         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)), sv)
     }
 
@@ -192,6 +217,17 @@ impl KvElem for i8 {
         use std::arch::x86_64::*;
         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))), _mm512_set1_ps(s))
     }
+}
+
+/// `s` in lanes 0–7 and `s2` in lanes 8–15 (the scales of a [`KvElem::load8x2`] pair).
+///
+/// # Safety
+/// The caller runs with avx512f.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn scale_pair(s: f32, s2: f32) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_set1_ps(s)), _mm256_castps_pd(_mm256_set1_ps(s2))))
 }
 
 /// One KV head's cache: key and value rows `stride` values apart, the head's `hd` values at
