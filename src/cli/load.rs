@@ -54,9 +54,8 @@ pub struct ModelArgs {
     pub weights: String,
     /// KV cache storage: `f16` (cpu: half the bytes each attention reads — faster at long
     /// contexts and in batches; llama.cpp's default), `q8_0` (cpu: llama.cpp's q8_0 blocks,
-    /// 0.56× the bytes of f16: faster `ar` and batch decoding at long contexts, slower tree
-    /// verifies there; values rounded to 8 bits, so the text may differ from an f16 cache's
-    /// after a near-tie), `f32`, or `auto`: f16 on the cpu, f32 on wgpu and cuda (which
+    /// 0.56× the bytes of f16: faster `ar` and batch decoding at long contexts; values rounded
+    /// to 8 bits, so the text may differ from an f16 cache's after a near-tie), `f32`, or `auto`: f16 on the cpu, f32 on wgpu and cuda (which
     /// store only f32 caches). Every method reads the same cache, so every method still emits
     /// exactly the `ar` tokens.
     #[arg(long, default_value = "auto")]

@@ -25,9 +25,9 @@ pub enum KvDtype {
     /// [`q8`]): 0.56× the bytes of f16. The attention dequantizes each loaded value exactly
     /// (`code·d` in f32), so a row's result equals the f32 path over the dequantized keys and
     /// values, and every method still reads the same cache as `ar`. Faster where the attention
-    /// waits on memory (decode rows: `ar`, batches, at long contexts), slower where it is bound
-    /// by arithmetic (a tree verify's or drafter block's many rows over one cache: a
-    /// conversion and a multiply per value); BENCHMARKS.md §32.
+    /// waits on memory (decode rows: `ar`, batches, at long contexts); where it is bound by
+    /// arithmetic (a tree verify's or drafter block's many rows over one cache) each value
+    /// costs a conversion and a multiply instead of one; BENCHMARKS.md §32.
     Q8_0,
 }
 
