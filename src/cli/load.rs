@@ -112,13 +112,18 @@ fn weights(arg: &str, is_gguf: bool) -> Result<Weights> {
 
 /// Open the backend named by `--backend` and resolve the target path (the default asset when
 /// `--target` is absent). Errors: unknown backend, `wgpu` in a build without the feature,
-/// `--adapter` without `--backend wgpu`, bad `--weights`, no matching wgpu adapter.
+/// `--adapter` without `--backend wgpu`, bad `--weights` or `--kv-cache` (an f16 / q8_0 cache
+/// off the cpu backend), no matching wgpu adapter.
 pub fn select(args: &ModelArgs) -> Result<Selected> {
     let target = target_path(args)?;
     let w = weights(&args.weights, target.extension().is_some_and(|e| e == "gguf"))?;
-    if !matches!(args.kv_cache.as_str(), "auto" | "f16" | "q8_0" | "f32") {
-        return Err(Error::Input(format!("--kv-cache `{}`: expected f16, q8_0, f32 or auto", args.kv_cache)));
-    }
+    // The CPU cache storage `--kv-cache` names, checked before the backend.
+    let kv = match args.kv_cache.as_str() {
+        "auto" | "f16" => cpu::KvDtype::F16,
+        "f32" => cpu::KvDtype::F32,
+        "q8_0" => cpu::KvDtype::Q8_0,
+        other => return Err(Error::Input(format!("--kv-cache `{other}`: expected f16, q8_0, f32 or auto"))),
+    };
     if args.backend != "cpu" && !matches!(args.kv_cache.as_str(), "auto" | "f32") {
         return Err(Error::Input(format!(
             "--kv-cache `{}` with --backend {}: only the cpu backend stores an f16 or q8_0 cache (expected f32 or auto)",
@@ -136,12 +141,6 @@ pub fn select(args: &ModelArgs) -> Result<Selected> {
                 Weights::Native => cpu::WeightDtype::Native,
                 Weights::Q8_0 => cpu::WeightDtype::Q8_0,
                 Weights::Bf16 => return Err(Error::Input("--weights bf16 is only available with --backend wgpu (cpu: native, q8_0, f32, f16, auto)".into())),
-            };
-            let kv = match args.kv_cache.as_str() {
-                "auto" | "f16" => cpu::KvDtype::F16,
-                "f32" => cpu::KvDtype::F32,
-                "q8_0" => cpu::KvDtype::Q8_0,
-                other => return Err(Error::Input(format!("--kv-cache `{other}`: expected f16, q8_0, f32 or auto"))),
             };
             AnyBackend::Cpu(CpuBackend::with_weight_dtype(dtype).with_kv_dtype(kv))
         }

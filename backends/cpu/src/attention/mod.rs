@@ -276,11 +276,7 @@ impl<'a, E: KvElem> KvHead<'a, E> {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn ks(&self, r: usize, d: usize) -> f32 {
-        if E::SCALED {
-            *self.kd.get_unchecked(r * self.stride.div_ceil(crate::kv::q8::KV_BLOCK) + (self.off + d) / crate::kv::q8::KV_BLOCK)
-        } else {
-            1.0
-        }
+        self.block_scale(self.kd, r, d)
     }
 
     /// The scale of value row `r`'s head value `d` (1 without scales).
@@ -290,8 +286,19 @@ impl<'a, E: KvElem> KvHead<'a, E> {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn vs(&self, r: usize, d: usize) -> f32 {
+        self.block_scale(self.vd, r, d)
+    }
+
+    /// Scale of the block holding row `r`'s head value `d` in `scales` (`kd` or `vd`).
+    ///
+    /// # Safety
+    /// As [`Self::ks`]; `body` checks that the scales cover the rows it reads.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn block_scale(&self, scales: &[f32], r: usize, d: usize) -> f32 {
+        use crate::kv::q8::KV_BLOCK;
         if E::SCALED {
-            *self.vd.get_unchecked(r * self.stride.div_ceil(crate::kv::q8::KV_BLOCK) + (self.off + d) / crate::kv::q8::KV_BLOCK)
+            *scales.get_unchecked(r * self.stride.div_ceil(KV_BLOCK) + (self.off + d) / KV_BLOCK)
         } else {
             1.0
         }

@@ -218,8 +218,8 @@ pub fn matmul(isa: Isa, x: &[f32], m: usize, w: &QWeight, bias: Option<&[f32]>) 
 /// A `[m, n]` output that the tasks of a matmul over `w` write in place: `Some` when `n` is a
 /// multiple of the 8-column group (every real model's matrices), so no task's padding columns
 /// fall on the next row; `None` otherwise (the tasks then fill buffers of their own, copied
-/// into place). Its memory is not zeroed first: the tasks write every value (zeroing cost 2–3 %
-/// of a batch-8 decode step in `memset`, BENCHMARKS.md §32).
+/// into place). Its memory is not zeroed first: the tasks write every value (with zeroing,
+/// `memset` took 2.0 % of a batch-8 run's samples, without it 1.1 %: BENCHMARKS.md §32).
 pub(crate) fn direct_output(w: &QWeight, m: usize) -> Option<DirectOutput> {
     w.n.is_multiple_of(GC).then(|| DirectOutput { y: Vec::with_capacity(m * w.n), len: m * w.n })
 }
