@@ -84,6 +84,27 @@ pub(crate) mod avx2 {
         _mm256_blendv_ps(_mm256_andnot_ps(under, scaled), x, nan)
     }
 
+    /// [`exp8`] on 16 lanes (AVX-512): every lane runs exactly [`exp8`]'s operations in the
+    /// same order (round to nearest even, the same fused steps, the same clamps), so each lane
+    /// gives the bits [`exp8`] gives for it. Caller guarantees avx512f (and the AVX2 set).
+    #[inline(always)]
+    pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
+        let xc = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(EXP_HI)), _mm512_set1_ps(EXP_LO));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(xc, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+        let nn = _mm512_sub_ps(_mm512_setzero_ps(), n);
+        let r = _mm512_fmadd_ps(nn, _mm512_set1_ps(EXP_C2), _mm512_fmadd_ps(nn, _mm512_set1_ps(EXP_C1), xc));
+        let mut y = _mm512_set1_ps(EXP_P[0]);
+        for &c in &EXP_P[1..] {
+            y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+        }
+        let y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0));
+        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127))));
+        let scaled = _mm512_mul_ps(y, pow2);
+        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(EXP_UNDERFLOW));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_blend_ps(nan, _mm512_maskz_mov_ps(!under, scaled), x)
+    }
+
     /// [`super::silu_mul`] on AVX2. Caller guarantees avx2 + fma and equal lengths.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
@@ -141,6 +162,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The 16-lane exp (the attention's softmax on AVX-512) equals [`exp8_scalar`] lane for
+    /// lane, edges included (an overflow to +inf, underflow to 0, NaN kept).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp16_equals_exp8_lane_for_lane() {
+        if crate::isa::detected() < crate::isa::Isa::Avx512Vnni {
+            eprintln!("SKIPPED: exp16 needs AVX-512 (this CPU: {:?})", crate::isa::detected());
+            return;
+        }
+        let edges = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -0.0, 1e-30, 88.5, -87.29, -87.31];
+        let xs: Vec<f32> = edges.into_iter().chain((0..3992).map(|i| -95.0 + i as f32 * 0.0237)).collect();
+        let mut checked = 0;
+        for chunk in xs.chunks(16).filter(|c| c.len() == 16) {
+            let mut out = [0.0f32; 16];
+            // SAFETY: avx512f was detected (Avx512Vnni implies it); both hold 16 values.
+            unsafe {
+                use std::arch::x86_64::*;
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn run(x: &[f32], out: &mut [f32; 16]) {
+                    _mm512_storeu_ps(out.as_mut_ptr(), avx2::exp16(_mm512_loadu_ps(x.as_ptr())));
+                }
+                run(chunk, &mut out);
+            }
+            for (a, b) in chunk.iter().zip(out) {
+                let want = exp8_scalar(*a);
+                assert!(want.to_bits() == b.to_bits() || (want.is_nan() && b.is_nan()), "exp16({a}): vector {b}, scalar {want}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 4000);
     }
 
     #[cfg(target_arch = "x86_64")]

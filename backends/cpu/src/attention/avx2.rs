@@ -2,7 +2,7 @@
 //! [`super`]), and the same arithmetic on 512-bit registers where the CPU has AVX-512.
 
 use super::{KvElem, KvHead, QueryRow, Visible};
-use crate::vmath::avx2::exp8;
+use crate::vmath::avx2::{exp16, exp8};
 use std::arch::x86_64::*;
 
 /// `r8` of each of 8 vectors (module docs), as one vector: lane `j` = `r8(a[j])`.
@@ -286,16 +286,37 @@ pub(super) unsafe fn attend_rows_avx512<E: KvElem>(
     body::<E, true>(rows, group, kv, scale, out, scratch)
 }
 
-/// [`scores16_multi`] for the `q` (1 to [`MULTI`]) heads of a query set.
+/// Most query heads one score pass ([`scores16_multi`]) keeps in registers: 4 accumulators
+/// each, plus 4 key registers, the query and (q8_0) 4 scale vectors, within AVX-512's 32. With
+/// 6 heads (24 accumulators) the compiler spilled accumulators to the stack at every
+/// fused multiply-add, and a 1 + 8-row verify's attention at 4 096 keys ran ≈ 20 % slower
+/// than as two passes of 3 heads (BENCHMARKS.md §33).
+const SCORE_MULTI: usize = 4;
+
+/// [`scores16_multi`] for the `q` (1 to [`MULTI`]) heads of a query set: one pass, or two of
+/// about half the heads each where `q` exceeds [`SCORE_MULTI`] (each head's scores are its own
+/// chains whichever heads share its pass: the same bits).
 #[inline(always)]
 unsafe fn scores16_set<E: KvElem>(q: usize, kv: &KvHead<'_, E>, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
+    if q <= SCORE_MULTI {
+        return scores16_pass(q, kv, qd, t0, t1, scale, sp);
+    }
+    let a = q.div_ceil(2);
+    let (mut qd2, mut sp2) = ([std::ptr::null(); MULTI], [std::ptr::null_mut(); MULTI]);
+    qd2[..q - a].copy_from_slice(&qd[a..q]);
+    sp2[..q - a].copy_from_slice(&sp[a..q]);
+    scores16_pass(a, kv, qd, t0, t1, scale, sp);
+    scores16_pass(q - a, kv, &qd2, t0, t1, scale, &sp2);
+}
+
+/// One [`scores16_multi`] pass over `q` (1 to [`SCORE_MULTI`]) heads.
+#[inline(always)]
+unsafe fn scores16_pass<E: KvElem>(q: usize, kv: &KvHead<'_, E>, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
     match q {
         1 => scores16_multi::<E, 1>(kv, qd, t0, t1, scale, sp),
         2 => scores16_multi::<E, 2>(kv, qd, t0, t1, scale, sp),
         3 => scores16_multi::<E, 3>(kv, qd, t0, t1, scale, sp),
-        4 => scores16_multi::<E, 4>(kv, qd, t0, t1, scale, sp),
-        5 => scores16_multi::<E, 5>(kv, qd, t0, t1, scale, sp),
-        _ => scores16_multi::<E, 6>(kv, qd, t0, t1, scale, sp),
+        _ => scores16_multi::<E, SCORE_MULTI>(kv, qd, t0, t1, scale, sp),
     }
 }
 
@@ -424,6 +445,14 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
             let mx = l8.iter().chain(&s[t..n]).fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             let mv = _mm256_set1_ps(mx);
             let mut t = 0;
+            if WIDE {
+                // 16 lanes at a time: each lane is exp8's arithmetic (the same bits).
+                let mv16 = _mm512_set1_ps(mx);
+                while t + 16 <= n8 {
+                    _mm512_storeu_ps(s.as_mut_ptr().add(t), exp16(_mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(t)), mv16)));
+                    t += 16;
+                }
+            }
             while t < n8 {
                 _mm256_storeu_ps(s.as_mut_ptr().add(t), exp8(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(t)), mv)));
                 t += 8;
