@@ -7,25 +7,38 @@ use sparkling_core::NO_PARENT;
 #[test]
 fn a_decode_rows_attention_equals_its_row_in_a_long_causal_call_on_any_thread_count() {
     // 9 query heads on 3 KV heads (SmolLM2's shape): one row has fewer (KV head, block)
-    // tasks than threads, so its KV heads' query heads are split across tasks; a 40-row
-    // call is not split. Both must give the row the same bits, for f32 and f16 caches.
-    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
-    let (len, rows) = (300usize, 40usize);
-    for kv in [KvDtype::F32, KvDtype::F16] {
-        let b = CpuBackend::new().with_kv_dtype(kv);
-        let mut k = b.kv_zeros(len, 192).unwrap();
-        let mut v = b.kv_zeros(len, 192).unwrap();
-        b.write_rows(&mut k, 0, &b.upload(&pseudo(len * 192, 3), len, 192).unwrap()).unwrap();
-        b.write_rows(&mut v, 0, &b.upload(&pseudo(len * 192, 4), len, 192).unwrap()).unwrap();
-        let q = b.upload(&pseudo(rows * 576, 5), rows, 576).unwrap();
-        let all = b.attention(&q, &k, &v, len, shape, AttnMask::Causal).unwrap();
-        for threads in [1, 2, 4, 7] {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            for r in [0usize, 17, rows - 1] {
-                let one = b.gather_rows(&q, &[r]).unwrap();
-                let kv_len = len - rows + r + 1;
-                let got = pool.install(|| b.attention(&one, &k, &v, kv_len, shape, AttnMask::Causal)).unwrap();
-                assert_eq!(got.data, all.data[r * 576..(r + 1) * 576].to_vec(), "{kv:?} row {r}, {threads} threads");
+    // tasks than threads, so its KV heads' query heads are split across tasks; a 40-row call
+    // is split by blocks of rows. Both must give the row the same bits, for every cache type,
+    // at 300 keys and at ≈ 1 100 (1 061 is not a multiple of 8). The other shapes: a query
+    // group wider than one multi-query set (7 heads per KV head), a head dim of 16-value
+    // blocks past a 64-value one (80), one whose last 8 values take the 256-bit value pass
+    // (72), and a single KV head.
+    let shapes = [(9, 3, 64), (14, 2, 64), (8, 2, 80), (4, 1, 72)];
+    for (n_heads, n_kv_heads, head_dim) in shapes {
+        let shape = AttnShape { n_heads, n_kv_heads, head_dim };
+        let (qw, kw) = (n_heads * head_dim, n_kv_heads * head_dim);
+        for (len, rows) in [(300usize, 40usize), (1100, 40)] {
+            for kv in [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0] {
+                let b = CpuBackend::new().with_kv_dtype(kv);
+                let mut k = b.kv_zeros(len, kw).unwrap();
+                let mut v = b.kv_zeros(len, kw).unwrap();
+                b.write_rows(&mut k, 0, &b.upload(&pseudo(len * kw, 3), len, kw).unwrap()).unwrap();
+                b.write_rows(&mut v, 0, &b.upload(&pseudo(len * kw, 4), len, kw).unwrap()).unwrap();
+                let q = b.upload(&pseudo(rows * qw, 5), rows, qw).unwrap();
+                let all = b.attention(&q, &k, &v, len, shape, AttnMask::Causal).unwrap();
+                for threads in [1, 2, 4, 7] {
+                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                    for r in [0usize, 17, rows - 1] {
+                        let one = b.gather_rows(&q, &[r]).unwrap();
+                        let kv_len = len - rows + r + 1;
+                        let got = pool.install(|| b.attention(&one, &k, &v, kv_len, shape, AttnMask::Causal)).unwrap();
+                        let want = &all.data[r * qw..(r + 1) * qw];
+                        assert!(
+                            got.data.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{shape:?} {kv:?} {len} keys, row {r}, {threads} threads"
+                        );
+                    }
+                }
             }
         }
     }
