@@ -10,10 +10,12 @@ fn a_decode_rows_attention_equals_its_row_in_a_long_causal_call_on_any_thread_co
     // tasks than threads, so its KV heads' query heads are split across tasks; a 40-row call
     // is split by blocks of rows. Both must give the row the same bits, for every cache type,
     // at 300 keys and at ≈ 1 100 (1 061 is not a multiple of 8). The other shapes: a query
-    // group wider than one multi-query set (7 heads per KV head), a head dim of 16-value
-    // blocks past a 64-value one (80), one whose last 8 values take the 256-bit value pass
-    // (72), and a single KV head.
-    let shapes = [(9, 3, 64), (14, 2, 64), (8, 2, 80), (4, 1, 72)];
+    // group of 5 (a decode row's set scores in two passes of 3 + 2 heads, chunk by chunk), one
+    // wider than a multi-query set (7 heads per KV head), a head dim of 16-value blocks past a
+    // 64-value one (80), one whose last 8 values take the 256-bit value pass (72; a q8_0 cache
+    // at that head dim runs the AVX2 body, as every head dim that is not a multiple of 16
+    // does), and a single KV head.
+    let shapes = [(9, 3, 64), (10, 2, 64), (14, 2, 64), (8, 2, 80), (4, 1, 72)];
     for (n_heads, n_kv_heads, head_dim) in shapes {
         let shape = AttnShape { n_heads, n_kv_heads, head_dim };
         let (qw, kw) = (n_heads * head_dim, n_kv_heads * head_dim);
@@ -33,10 +35,7 @@ fn a_decode_rows_attention_equals_its_row_in_a_long_causal_call_on_any_thread_co
                         let kv_len = len - rows + r + 1;
                         let got = pool.install(|| b.attention(&one, &k, &v, kv_len, shape, AttnMask::Causal)).unwrap();
                         let want = &all.data[r * qw..(r + 1) * qw];
-                        assert!(
-                            got.data.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{shape:?} {kv:?} {len} keys, row {r}, {threads} threads"
-                        );
+                        assert!(got.data.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{shape:?} {kv:?} {len} keys, row {r}, {threads} threads");
                     }
                 }
             }

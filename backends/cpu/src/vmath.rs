@@ -64,8 +64,9 @@ pub(crate) mod avx2 {
 
     /// `exp(x)` on 8 lanes: `n = round(x·log2 e)`, `r = x − n·c1 − n·c2` (fused), a degree-7
     /// polynomial in Horner form (fused), times `2ⁿ`; `x < −87.3` gives 0, NaN stays NaN,
-    /// `x > 88.37` gives +inf. Cephes `expf` coefficients, ≤ 2 ulp on `[−87, 0]`. Caller
-    /// guarantees avx2 + fma.
+    /// `x > 88.37` is clamped to 88.37 first (a finite result near `f32::MAX`; the attention
+    /// passes only `x ≤ 0`, SiLU `−g`). Cephes `expf` coefficients, ≤ 2 ulp on `[−87, 0]`.
+    /// Caller guarantees avx2 + fma.
     #[inline(always)]
     pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
         let xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
@@ -145,8 +146,10 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if crate::isa::detected() >= crate::isa::Isa::Avx2 {
             // The vector code equals its scalar twin lane for lane.
-            let xs: Vec<f32> = (0..4000).map(|i| -90.0 + i as f32 * 0.0231).chain([f32::NAN, f32::NEG_INFINITY, -0.0, 1e-30]).collect();
-            for chunk in xs.chunks(8).filter(|c| c.len() == 8) {
+            let edges = [f32::NAN, f32::NEG_INFINITY, -0.0, 1e-30, f32::INFINITY, 88.5, -87.3, -87.31];
+            let xs: Vec<f32> = edges.into_iter().chain((0..3992).map(|i| -90.0 + i as f32 * 0.0231)).collect();
+            assert_eq!(xs.len() % 8, 0, "every value in a full 8-lane chunk");
+            for chunk in xs.chunks(8) {
                 let mut out = [0.0f32; 8];
                 unsafe {
                     use std::arch::x86_64::*;
@@ -164,8 +167,10 @@ mod tests {
         }
     }
 
-    /// The 16-lane exp (the attention's softmax on AVX-512) equals [`exp8_scalar`] lane for
-    /// lane, edges included (an overflow to +inf, underflow to 0, NaN kept).
+    /// The 16-lane exp (the attention's softmax on AVX-512) equals [`avx2::exp8`] lane for
+    /// lane (two 8-lane calls on the same values): the edges (NaN, ±∞, ±0, the clamps ±88.37
+    /// and the underflow bound −87.3 with its neighbours) and inputs whose `x·log2 e` lies on
+    /// or next to a rounding tie (`k + 0.5`), where the two roundings would differ first.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn exp16_equals_exp8_lane_for_lane() {
@@ -173,27 +178,32 @@ mod tests {
             eprintln!("SKIPPED: exp16 needs AVX-512 (this CPU: {:?})", crate::isa::detected());
             return;
         }
-        let edges = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -0.0, 1e-30, 88.5, -87.29, -87.31];
-        let xs: Vec<f32> = edges.into_iter().chain((0..3992).map(|i| -95.0 + i as f32 * 0.0237)).collect();
-        let mut checked = 0;
-        for chunk in xs.chunks(16).filter(|c| c.len() == 16) {
-            let mut out = [0.0f32; 16];
-            // SAFETY: avx512f was detected (Avx512Vnni implies it); both hold 16 values.
+        let mut xs = vec![f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0, 1e-30, EXP_HI, EXP_LO, 88.5, -88.5, EXP_UNDERFLOW];
+        xs.extend([EXP_UNDERFLOW.next_up(), EXP_UNDERFLOW.next_down()]);
+        for k in -126..127 {
+            let tie = (k as f32 + 0.5) / std::f32::consts::LOG2_E;
+            xs.extend([tie.next_down(), tie, tie.next_up()]);
+        }
+        xs.extend((0..4000).map(|i| -95.0 + i as f32 * 0.0237));
+        xs.resize(xs.len().next_multiple_of(16), -1.0);
+        for chunk in xs.chunks(16) {
+            let (mut wide, mut narrow) = ([0.0f32; 16], [0.0f32; 16]);
+            // SAFETY: avx512f was detected (Avx512Vnni implies it and the AVX2 set); every
+            // chunk holds 16 values.
             unsafe {
                 use std::arch::x86_64::*;
                 #[target_feature(enable = "avx512f,avx2,fma")]
-                unsafe fn run(x: &[f32], out: &mut [f32; 16]) {
-                    _mm512_storeu_ps(out.as_mut_ptr(), avx2::exp16(_mm512_loadu_ps(x.as_ptr())));
+                unsafe fn run(x: &[f32], wide: &mut [f32; 16], narrow: &mut [f32; 16]) {
+                    _mm512_storeu_ps(wide.as_mut_ptr(), avx2::exp16(_mm512_loadu_ps(x.as_ptr())));
+                    _mm256_storeu_ps(narrow.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(x.as_ptr())));
+                    _mm256_storeu_ps(narrow.as_mut_ptr().add(8), avx2::exp8(_mm256_loadu_ps(x.as_ptr().add(8))));
                 }
-                run(chunk, &mut out);
+                run(chunk, &mut wide, &mut narrow);
             }
-            for (a, b) in chunk.iter().zip(out) {
-                let want = exp8_scalar(*a);
-                assert!(want.to_bits() == b.to_bits() || (want.is_nan() && b.is_nan()), "exp16({a}): vector {b}, scalar {want}");
-                checked += 1;
+            for ((a, w), n) in chunk.iter().zip(wide).zip(narrow) {
+                assert!(w.to_bits() == n.to_bits() || (w.is_nan() && n.is_nan()), "exp16({a}) = {w}, exp8 {n}");
             }
         }
-        assert_eq!(checked, 4000);
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -288,14 +288,20 @@ pub(super) unsafe fn attend_rows_avx512<E: KvElem>(
 
 /// Most query heads one score pass ([`scores16_multi`]) keeps in registers: 4 accumulators
 /// each, plus 4 key registers, the query and (q8_0) 4 scale vectors, within AVX-512's 32. With
-/// 6 heads (24 accumulators) the compiler spilled accumulators to the stack at every
-/// fused multiply-add, and a 1 + 8-row verify's attention at 4 096 keys ran ≈ 20 % slower
-/// than as two passes of 3 heads (BENCHMARKS.md §33).
+/// 6 heads (24 accumulators) the compiler spilled accumulators to the stack at every fused
+/// multiply-add (`perf annotate`); a 1 + 8-row verify's attention over 4 096 keys × 30 layers
+/// took a median of 35.9 ms with 6-head passes against 30.1 ms with passes of at most 4 heads
+/// (alternated processes, BENCHMARKS.md §33). 5-head passes were not measured apart.
 const SCORE_MULTI: usize = 4;
+const _: () = assert!(SCORE_MULTI <= MULTI && 2 * SCORE_MULTI >= MULTI);
 
-/// [`scores16_multi`] for the `q` (1 to [`MULTI`]) heads of a query set: one pass, or two of
-/// about half the heads each where `q` exceeds [`SCORE_MULTI`] (each head's scores are its own
-/// chains whichever heads share its pass: the same bits).
+/// [`scores16_multi`] for the `q` (1 to [`MULTI`]) heads of a query set: one pass, or, where
+/// `q` exceeds [`SCORE_MULTI`], two passes of about half the heads each, taken chunk by chunk
+/// of [`super::CHUNK`] keys so that the second pass finds each chunk's keys in cache even when
+/// the set walks all of a long call's keys at once (a decode row or a 1 + 1 verify with 5–6
+/// heads). Each head's scores are its own chains, tile by tile, whichever heads share its pass
+/// and however the keys are cut into whole tiles: the same bits.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn scores16_set<E: KvElem>(q: usize, kv: &KvHead<'_, E>, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
     if q <= SCORE_MULTI {
@@ -305,8 +311,14 @@ unsafe fn scores16_set<E: KvElem>(q: usize, kv: &KvHead<'_, E>, qd: &[*const f32
     let (mut qd2, mut sp2) = ([std::ptr::null(); MULTI], [std::ptr::null_mut(); MULTI]);
     qd2[..q - a].copy_from_slice(&qd[a..q]);
     sp2[..q - a].copy_from_slice(&sp[a..q]);
-    scores16_pass(a, kv, qd, t0, t1, scale, sp);
-    scores16_pass(q - a, kv, &qd2, t0, t1, scale, &sp2);
+    // `t0` and the chunk ends are multiples of 8: whole tiles, as one pass would take them.
+    let mut c0 = t0;
+    while c0 < t1 {
+        let c1 = (c0 + super::CHUNK).min(t1);
+        scores16_pass(a, kv, qd, c0, c1, scale, sp);
+        scores16_pass(q - a, kv, &qd2, c0, c1, scale, &sp2);
+        c0 = c1;
+    }
 }
 
 /// One [`scores16_multi`] pass over `q` (1 to [`SCORE_MULTI`]) heads.
@@ -316,7 +328,8 @@ unsafe fn scores16_pass<E: KvElem>(q: usize, kv: &KvHead<'_, E>, qd: &[*const f3
         1 => scores16_multi::<E, 1>(kv, qd, t0, t1, scale, sp),
         2 => scores16_multi::<E, 2>(kv, qd, t0, t1, scale, sp),
         3 => scores16_multi::<E, 3>(kv, qd, t0, t1, scale, sp),
-        _ => scores16_multi::<E, SCORE_MULTI>(kv, qd, t0, t1, scale, sp),
+        4 => scores16_multi::<E, 4>(kv, qd, t0, t1, scale, sp),
+        _ => unreachable!("a score pass holds 1..={SCORE_MULTI} heads"),
     }
 }
 
@@ -390,9 +403,10 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
     };
     let scale_v = _mm256_set1_ps(scale);
     // Chunks keep a chunk of keys in cache while several query sets read it. A call whose
-    // heads form one set (a decode row, a batch's decode rows) reads each key once anyway, so
-    // it walks all its keys in one pass: cut into chunks, each chunk's first PREFETCH_KEYS
-    // keys waited on memory (the prefetch stays inside a pass). Chunking changes no bit.
+    // heads form one set (a decode row, a batch's decode rows) reads each key from memory once
+    // anyway, so it walks all its keys in one pass: cut into chunks, each chunk's first
+    // PREFETCH_KEYS keys waited on memory (the prefetch stays inside a pass); a set of 5–6
+    // heads scores in two passes chunk by chunk (`scores16_set`). Chunking changes no bit.
     let chunk = if WIDE && heads <= MULTI { nmax } else { super::CHUNK };
     // 1. Scores, chunk by chunk of keys, every row over a chunk while it is in cache.
     let mut c0 = 0;
