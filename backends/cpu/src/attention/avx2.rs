@@ -301,7 +301,6 @@ const _: () = assert!(SCORE_MULTI <= MULTI && 2 * SCORE_MULTI >= MULTI);
 /// the set walks all of a long call's keys at once (a decode row or a 1 + 1 verify with 5–6
 /// heads). Each head's scores are its own chains, tile by tile, whichever heads share its pass
 /// and however the keys are cut into whole tiles: the same bits.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn scores16_set<E: KvElem>(q: usize, kv: &KvHead<'_, E>, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
     if q <= SCORE_MULTI {
