@@ -27,7 +27,8 @@ pub struct BenchArgs {
     /// Prompts taken from each file.
     #[arg(long, default_value_t = 4)]
     pub limit: usize,
-    /// Methods, comma-separated.
+    /// Methods, comma-separated (`lookup`, the drafter-free prompt-lookup chain, is available
+    /// but not in the default list, which holds the published methods).
     #[arg(long, value_delimiter = ',', default_value = "ar,dflash,ddtree,dspark,sparkling,treespark")]
     pub methods: Vec<String>,
     /// Budgets, comma-separated: numbers and/or `auto` (the per-round choice of `generate

@@ -27,7 +27,9 @@ pub struct GenerateArgs {
     /// System message for --chat (default: the model family's default, if any).
     #[arg(long)]
     pub system: Option<String>,
-    /// Decoding method: ar, dflash, ddtree, dspark, sparkling, treespark.
+    /// Decoding method: ar, dflash, ddtree, dspark, sparkling, treespark, or lookup (no
+    /// drafter: each round proposes the tokens that followed the most recent earlier occurrence
+    /// of the last 3, 2 or 1 tokens of prompt + answer; single sequences only).
     #[arg(long, default_value = "sparkling")]
     pub method: String,
     /// Tree budget: `auto` (default) chooses per round the prefix of the tree worth its
@@ -35,7 +37,8 @@ pub struct GenerateArgs {
     /// pay — from a cost curve measured once per model × backend × threads × weights (cached
     /// under `$SPARKLING_ASSETS/costs/`, printed by `sparkling profile`), building trees of up
     /// to 16 nodes on the cpu backend, 64 (treespark 32) elsewhere; or a number: non-root
-    /// nodes verified every round (chains: max chain length).
+    /// nodes verified every round (chains: max chain length). `lookup` has no cost model: `auto`
+    /// gives it chains of up to 4 tokens.
     #[arg(long)]
     pub budget: Option<String>,
     /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each

@@ -112,7 +112,7 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
 
 /// Methods in table order, those present in `rows`.
 fn methods(rows: &[Row]) -> Vec<String> {
-    let order = ["ar", "dflash", "ddtree", "dspark", "sparkling", "treespark"];
+    let order = ["ar", "dflash", "ddtree", "dspark", "sparkling", "treespark", "lookup"];
     let mut m: Vec<String> = order.iter().filter(|o| rows.iter().any(|r| r.method == **o)).map(|s| s.to_string()).collect();
     for r in rows {
         if !m.contains(&r.method) {

@@ -393,10 +393,13 @@ impl<'a, B: Backend> Batch<'a, B> {
     /// Errors (nothing is queued): the checks of [`Engine::check`] (empty prompt, ids outside
     /// the vocabulary, prompt + max-new-tokens + the largest tree beyond the context), invalid
     /// sampling parameters ([`GenParams::validate`]), a method whose drafter kind the batch has
-    /// not got ([`Batch::with_drafter`]), `--budget auto` for a speculative method, KV
-    /// allocation failures.
+    /// not got ([`Batch::with_drafter`]), `--budget auto` for a speculative method, the
+    /// `lookup` method (not batched), KV allocation failures.
     pub fn add(&mut self, prompt: &[u32], params: &GenParams) -> Result<SeqId> {
         params.validate()?;
+        if params.method == Method::Lookup {
+            return Err(Error::Input("method `lookup` is not batched yet: decode its sequences one at a time (`generate`, `bench` without `--batch`)".into()));
+        }
         let drafter = match params.method.drafter_kind() {
             None => None,
             Some(kind) => {

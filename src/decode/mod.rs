@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod budget;
+pub mod lookup;
 pub mod propose;
 pub mod rng;
 pub mod stats;
@@ -38,6 +39,10 @@ pub enum Method {
     Sparkling,
     /// TreeSpark policy: per-parent top-k, frontier pruning, global top-N packing (§5.4).
     TreeSpark,
+    /// Prompt lookup: no drafter; the chain is what followed the most recent earlier
+    /// occurrence of the context's last tokens ([`lookup`]). Not in [`Method::ALL`] (the
+    /// published methods the tables compare); single-sequence decoding only.
+    Lookup,
 }
 
 impl Method {
@@ -53,7 +58,8 @@ impl Method {
             "dspark" => Method::DSpark,
             "sparkling" => Method::Sparkling,
             "treespark" => Method::TreeSpark,
-            _ => return Err(Error::Input(format!("unknown method `{s}` (expected ar, dflash, ddtree, dspark, sparkling, treespark)"))),
+            "lookup" => Method::Lookup,
+            _ => return Err(Error::Input(format!("unknown method `{s}` (expected ar, dflash, ddtree, dspark, sparkling, treespark, lookup)"))),
         })
     }
 
@@ -66,13 +72,14 @@ impl Method {
             Method::DSpark => "dspark",
             Method::Sparkling => "sparkling",
             Method::TreeSpark => "treespark",
+            Method::Lookup => "lookup",
         }
     }
 
     /// The drafter convention this method needs (`None` for `ar`).
     pub fn drafter_kind(self) -> Option<DrafterKind> {
         match self {
-            Method::Ar => None,
+            Method::Ar | Method::Lookup => None,
             Method::DFlash | Method::DDTree => Some(DrafterKind::DFlash),
             Method::DSpark | Method::Sparkling | Method::TreeSpark => Some(DrafterKind::DSpark),
         }
@@ -85,6 +92,8 @@ impl Method {
     pub fn default_budget(self, host_memory: bool) -> usize {
         let b = match self {
             Method::TreeSpark => 32,
+            // Prompt lookup's chain: τ gains little past 4 tokens (BENCHMARKS.md §33 d).
+            Method::Lookup => 4,
             _ => 64,
         };
         if host_memory {
@@ -169,7 +178,7 @@ impl GenParams {
                 return Err(Error::Input(format!("{arg} 0: must be ≥ 1")));
             }
         }
-        if t.budget == 0 && self.method.drafter_kind().is_some() {
+        if t.budget == 0 && self.method != Method::Ar {
             return Err(Error::Input(format!(
                 "tree budget 0 for method `{}`: expected a positive tree budget (≥ 1 non-root node) or `auto`",
                 self.method.name()
@@ -350,6 +359,9 @@ impl<'a, B: Backend> Engine<'a, B> {
             return Ok(Generation { tokens: out, stopped: false, stats, cost_model: None, auto_state: None });
         }
         let tree_params = TreeParams { prep: p.tree.prep.resolve(b.host_memory()), ..p.tree };
+        // `lookup`'s chain length: the budget, or its default under `--budget auto` (no
+        // drafter, so no cost model: a fixed chain; rounds without a match are plain AR steps).
+        let lookup_len = if p.auto_budget.is_some() { p.method.default_budget(b.host_memory()) } else { tree_params.budget };
         // SparklingTree device prep reads the Markov head on the device (uploaded once).
         let markov_dev = match drafter {
             Some(d) if p.method == Method::Sparkling && tree_params.prep == TreePrep::Device => d.markov_device(b)?,
@@ -424,46 +436,58 @@ impl<'a, B: Backend> Engine<'a, B> {
             };
             let mut decision = None;
             let mut drafted = false;
-            let prop = match (drafter, dcache.as_mut()) {
-                (Some(d), Some(dc)) if run_drafter && !pending.is_empty() => {
-                    let ctx = take_context(b, &mut pending)?;
-                    // A tree of `budget` nodes is at most `budget` deep; under `--budget auto`,
-                    // as deep as the recent kept trees allow (a smaller drafter block).
-                    let full = d.cfg.draft_depth().min(tree_params.budget.max(1));
-                    let depth = auto.as_ref().map_or(full, |a| a.draft_depth(full));
-                    let (logits, hidden) = d.draft_rows(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
-                    let forward_ms = ms(t);
-                    let draft = DraftLogits::of(d, &logits, depth, markov_dev);
-                    let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
-                    stats.draft_ms += forward_ms;
-                    drafted = true;
-                    // The DSpark confidence head, where the drafter has one and `--budget auto`
-                    // reads it: its slot terms need the hidden rows `[depth, H]` on the host (a
-                    // copy on the CPU, one small read-back on a device), counted as draft time.
-                    let tc = Instant::now();
-                    let conf = match (&d.confidence, use_confidence && auto.is_some()) {
-                        (Some(head), true) => {
-                            let rows = b.download_async(&hidden).await?;
-                            let slot = head.slot_terms(&rows, d.cfg.hidden)?;
-                            Some(head.path_confidence(&prop.tree, &slot, d.cfg.hidden, |t| d.markov_row(t)))
+            let prop = if p.method == Method::Lookup {
+                // No drafter: the chain is what followed the most recent earlier occurrence of
+                // the context's last tokens (prompt and committed tokens, the anchor last).
+                let mut ctx = Vec::with_capacity(prompt.len() + out.len());
+                ctx.extend_from_slice(prompt);
+                ctx.extend_from_slice(&out);
+                let drafts = lookup::propose(&ctx, lookup_len, lookup::MAX_NGRAM);
+                stats.draft_ms += ms(t);
+                drafted = !drafts.is_empty();
+                Proposal { tree: DraftTree::chain(anchor, &drafts), ..Proposal::default() }
+            } else {
+                match (drafter, dcache.as_mut()) {
+                    (Some(d), Some(dc)) if run_drafter && !pending.is_empty() => {
+                        let ctx = take_context(b, &mut pending)?;
+                        // A tree of `budget` nodes is at most `budget` deep; under `--budget auto`,
+                        // as deep as the recent kept trees allow (a smaller drafter block).
+                        let full = d.cfg.draft_depth().min(tree_params.budget.max(1));
+                        let depth = auto.as_ref().map_or(full, |a| a.draft_depth(full));
+                        let (logits, hidden) = d.draft_rows(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
+                        let forward_ms = ms(t);
+                        let draft = DraftLogits::of(d, &logits, depth, markov_dev);
+                        let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
+                        stats.draft_ms += forward_ms;
+                        drafted = true;
+                        // The DSpark confidence head, where the drafter has one and `--budget auto`
+                        // reads it: its slot terms need the hidden rows `[depth, H]` on the host (a
+                        // copy on the CPU, one small read-back on a device), counted as draft time.
+                        let tc = Instant::now();
+                        let conf = match (&d.confidence, use_confidence && auto.is_some()) {
+                            (Some(head), true) => {
+                                let rows = b.download_async(&hidden).await?;
+                                let slot = head.slot_terms(&rows, d.cfg.hidden)?;
+                                Some(head.path_confidence(&prop.tree, &slot, d.cfg.hidden, |t| d.markov_row(t)))
+                            }
+                            _ => None,
+                        };
+                        stats.draft_ms += ms(tc);
+                        if let Some(a) = auto.as_mut() {
+                            let tp = Instant::now();
+                            let dec = a.choose(&prop.tree, ms(t), conf.as_deref());
+                            prop.tree = dec.tree.clone();
+                            decision = Some(dec);
+                            stats.policy_us += ms(tp) * 1e3;
                         }
-                        _ => None,
-                    };
-                    stats.draft_ms += ms(tc);
-                    if let Some(a) = auto.as_mut() {
-                        let tp = Instant::now();
-                        let dec = a.choose(&prop.tree, ms(t), conf.as_deref());
-                        prop.tree = dec.tree.clone();
-                        decision = Some(dec);
-                        stats.policy_us += ms(tp) * 1e3;
+                        prop
                     }
-                    prop
+                    (Some(_), Some(_)) => {
+                        stats.drafts_skipped += 1;
+                        Proposal::root(anchor)
+                    }
+                    _ => Proposal::root(anchor),
                 }
-                (Some(_), Some(_)) => {
-                    stats.drafts_skipped += 1;
-                    Proposal::root(anchor)
-                }
-                _ => Proposal::root(anchor),
             };
             let tree = &prop.tree;
 
@@ -501,7 +525,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             let accept_ms = ms(t);
             stats.accept_ms += accept_ms;
             stats.record_round(&prop, accepted.len());
-            if drafter.is_some() {
+            if drafter.is_some() || p.method == Method::Lookup {
                 stats.record_size(tree.len() - 1);
             }
             on_round(&RoundView { round: stats.rounds - 1, root_pos, tree, accepted: &accepted, bonus, drafted });
@@ -574,6 +598,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         };
         let max_tree = match drafter {
             Some(d) => p.tree.budget.max(d.cfg.block_size).saturating_add(1),
+            // `lookup`'s chain: at most the budget (its default under `--budget auto`).
+            None if p.method == Method::Lookup => p.tree.budget.max(p.method.default_budget(true)).saturating_add(1),
             None => 1,
         };
         // Saturating: a huge budget or token count (e.g. from JavaScript) must fail this check,

@@ -299,7 +299,8 @@ fn propose_host(
 ) -> Proposal {
     let t0 = Instant::now();
     let (tree, prep_ms, heap_ms) = match method {
-        Method::Ar => (DraftTree::root(anchor), 0.0, 0.0),
+        // No draft logits: `lookup` proposes in the decode loop (`super::lookup`).
+        Method::Ar | Method::Lookup => (DraftTree::root(anchor), 0.0, 0.0),
         Method::DFlash if chain_scores => {
             let n = depth.min(p.budget);
             let (drafts, lp): (Vec<u32>, Vec<f32>) = logits
