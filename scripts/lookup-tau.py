@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Acceptance length τ of prompt-lookup drafting, simulated on the target's own greedy answers.
 
-A drafter-free proposer (prompt lookup decoding, "PLD"): at each round, find the most recent
-earlier occurrence of the context's last n tokens (n = --ngram down to 1, prompt and answer so
-far both searched), propose the k tokens that followed it as a chain, and count how many the
+A drafter-free proposer (prompt lookup decoding, "PLD"; `sparkling --method lookup`): at each
+round, find the most recent earlier occurrence of the context's last n tokens (n = --ngram down
+to 1, prompt and answer so far both searched), propose the k tokens that followed it as a chain
+(past the context's end the copy reads its own proposal, as the engine does), and count how many the
 target's greedy answer confirms; the round commits those plus the bonus token. This replays
 that rule over recorded answers, so it measures τ without running the target (at T = 0 every
 method emits these exact tokens, so the replay is what decoding would see).
@@ -35,9 +36,12 @@ def propose(ctx, k, nmax):
         suffix = ctx[size - n:]
         for s in range(size - n - 1, -1, -1):
             if ctx[s:s + n] == suffix:
-                cont = ctx[s + n:s + n + k]
-                if cont:
-                    return cont
+                # As the engine (src/decode/lookup.rs): past the context's end the copy reads
+                # the tokens it has proposed.
+                cont = []
+                for i in range(s + n, s + n + k):
+                    cont.append(ctx[i] if i < size else cont[i - size])
+                return cont
     return []
 
 

@@ -700,6 +700,29 @@ fn a_zero_tree_budget_is_refused_by_every_command() {
 }
 
 #[test]
+fn lookup_reads_the_budget_and_is_refused_in_batches() {
+    let d = tmpdir("cli-lookup");
+    let t = tiny_target(d.path(), "tiny", 2);
+    let prompts = d.path().join("p.txt");
+    std::fs::write(&prompts, "hi\n").unwrap();
+    let gen = |budget: &'static str| {
+        vec!["generate", "--target", s(&t), "--prompt-ids", "1,2,3,1,2", "--max-new-tokens", "6", "--method", "lookup", "--budget", budget]
+    };
+    // `--budget` is lookup's chain length: numbers and auto run, 0 is refused like any method's.
+    for budget in ["1", "3", "auto"] {
+        let o = run(d.path(), &gen(budget));
+        assert!(o.status.success(), "--budget {budget}: {}", stderr(&o));
+    }
+    let o = run(d.path(), &gen("0"));
+    no_panic(&o);
+    assert!(o.status.code() == Some(1) && stderr(&o).contains("--budget `0`: expected a positive tree budget"), "{}", stderr(&o));
+    // Not batched: refused before anything loads, naming the method and the way out.
+    let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", "ar,lookup", "--batch", "2", "--budgets", "2"]);
+    no_panic(&o);
+    assert!(o.status.code() == Some(1) && stderr(&o).contains("lookup is not batched yet; run it without --batch"), "{}", stderr(&o));
+}
+
+#[test]
 fn options_no_method_reads_are_refused_naming_option_and_method() {
     let d = tmpdir("cli-unused");
     let t = tiny_target(d.path(), "tiny", 4);

@@ -188,7 +188,8 @@ fn generate_args(a: &BenchArgs) -> GenerateArgs {
     }
 }
 
-/// The parsed `--budgets` (default: 64). Errors name `--budgets` ([`BudgetChoice::parse`]).
+/// The parsed `--budgets` (default: 64; `lookup` then runs at its own default chain length).
+/// Errors name `--budgets` ([`BudgetChoice::parse`]).
 fn budget_choices(a: &BenchArgs) -> Result<Vec<BudgetChoice>> {
     match &a.budgets {
         Some(b) => b.iter().map(|b| BudgetChoice::parse(b, "--budgets")).collect(),
@@ -207,6 +208,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         super::refuse_unused_options(&options, &methods, &format!("--methods {}", a.methods.join(",")))?;
     } else {
         super::refuse_unused_options(&options, &methods, &format!("--batch with --methods {}", a.methods.join(",")))?;
+        if methods.contains(&Method::Lookup) {
+            return Err(Error::Input("--batch with --methods lookup: lookup is not batched yet; run it without --batch".into()));
+        }
         if methods.iter().any(|m| m.drafter_kind().is_some()) && budget_choices(&a)?.contains(&BudgetChoice::Auto) {
             return Err(Error::Input("--batch decodes tree methods at fixed budgets: pass --budgets N[,N…] (auto is not batched)".into()));
         }
@@ -258,6 +262,10 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     for &meth in methods {
         if meth == Method::Ar {
             runs.push((meth, BudgetChoice::Fixed(0)));
+        } else if meth == Method::Lookup && a.budgets.is_none() {
+            // Without --budgets: lookup's own default chain (the bench default of 64 suits
+            // trees; a 64-token chain is mostly rejected rows).
+            runs.push((meth, BudgetChoice::Fixed(meth.default_budget(m.backend.host_memory()))));
         } else {
             runs.extend(budgets.iter().map(|&b| (meth, b)));
         }

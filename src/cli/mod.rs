@@ -138,8 +138,10 @@ fn readers(option: &str) -> &'static [sparkling::decode::Method] {
     match option {
         "--candidates" | "--max-fanout" => &[Sparkling],
         "--treespark-k" => &[TreeSpark],
+        // Every method with a draft tree or chain (lookup's budget is its chain length).
+        "--budget" | "--budgets" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark, Lookup],
         // Every method with a drafter.
-        "--budget" | "--budgets" | "--tree-prep" | "--drafter" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark],
+        "--tree-prep" | "--drafter" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark],
         // The methods whose drafter is a DSpark one (only those carry a confidence head).
         "--no-confidence" => &[DSpark, Sparkling, TreeSpark],
         _ => &[],

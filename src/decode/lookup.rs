@@ -7,15 +7,30 @@
 //! the six evaluation sets, above the trained drafter at those budgets, with no drafter forward
 //! (BENCHMARKS.md §33 d, `scripts/lookup-tau.py`).
 
+use super::{GenParams, Method};
+
 /// Longest suffix matched: the last 3 tokens, else 2, else 1.
 pub const MAX_NGRAM: usize = 3;
 
-/// Up to `k` draft tokens for the position after `context` (prompt and committed tokens,
-/// oldest first, the round's anchor last): for `n` = `max_ngram` down to 1, the most recent
-/// earlier occurrence of the last `n` tokens (its end before the context's end) gives the
-/// tokens that followed it, at most `k` and never past the context's end; the first `n` with
-/// a match wins. Empty when nothing matches, `k` is 0 or the context is shorter than 2 tokens.
-/// A scan from the end: O(len · n) per call, microseconds at the context lengths served here.
+/// The chain length `lookup` proposes under `p`: the tree budget, or under `--budget auto`
+/// (there is no drafter, so no cost model) [`Method::default_budget`] — chains of up to 4.
+pub fn chain_len(p: &GenParams, host_memory: bool) -> usize {
+    if p.auto_budget.is_some() {
+        Method::Lookup.default_budget(host_memory)
+    } else {
+        p.tree.budget
+    }
+}
+
+/// `k` draft tokens for the position after `context` (prompt and committed tokens, oldest
+/// first, the round's anchor last): for `n` = `max_ngram` down to 1, the most recent earlier
+/// occurrence of the last `n` tokens (its end before the context's end) gives the tokens that
+/// followed it; the first `n` with a match wins. The copy runs on past the context's end into
+/// the tokens it has proposed (as an LZ77 copy does), so inside a repeating run of period `p`
+/// the chain continues the run instead of stopping after `p` tokens. Empty when nothing
+/// matches, `k` is 0 or the context is shorter than 2 tokens. A scan from the end: O(len · n)
+/// per call, microseconds at the context lengths served here (an n-gram index would make it
+/// O(1) at long contexts).
 pub fn propose(context: &[u32], k: usize, max_ngram: usize) -> Vec<u32> {
     let len = context.len();
     if k == 0 {
@@ -30,10 +45,11 @@ pub fn propose(context: &[u32], k: usize, max_ngram: usize) -> Vec<u32> {
         // ending before the context's last token (so at least one token follows it).
         for s in (0..len - n).rev() {
             if &context[s..s + n] == suffix {
-                let follow = &context[s + n..len.min(s + n + k)];
-                if !follow.is_empty() {
-                    return follow.to_vec();
+                let mut follow = Vec::with_capacity(k);
+                for i in s + n..s + n + k {
+                    follow.push(if i < len { context[i] } else { follow[i - len] });
                 }
+                return follow;
             }
         }
     }
@@ -50,8 +66,9 @@ mod tests {
         let ctx = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
         assert_eq!(propose(&ctx, 1, 3), vec![9]);
         assert_eq!(propose(&ctx, 3, 3), vec![9, 7, 1]);
-        // Capped by the context's end: the follow-up of the match at 5..8 is 9, 7, 1, 2, 3.
-        assert_eq!(propose(&ctx, 10, 3), vec![9, 7, 1, 2, 3]);
+        // Past the context's end the copy continues into its own proposal: 9, 7, 1, 2, 3 are
+        // the context's, then 9, 7, 1, … repeat with the match's period (5).
+        assert_eq!(propose(&ctx, 10, 3), vec![9, 7, 1, 2, 3, 9, 7, 1, 2, 3]);
     }
 
     #[test]
@@ -65,9 +82,8 @@ mod tests {
         assert!(propose(&[5], 4, 3).is_empty());
         assert!(propose(&[], 4, 3).is_empty());
         assert!(propose(&[1, 1, 1], 0, 3).is_empty(), "k = 0");
-        // A run of one token proposes more of it.
-        assert_eq!(propose(&[1, 1, 1], 4, 3), vec![1]);
-        // Never past the context's end: the most recent "1 1 1" (at 1..4) is followed by one 1.
-        assert_eq!(propose(&[1, 1, 1, 1, 1], 4, 3), vec![1]);
+        // A run proposes more of the run, as long as asked (the copy overlaps itself).
+        assert_eq!(propose(&[1, 1, 1], 4, 3), vec![1, 1, 1, 1]);
+        assert_eq!(propose(&[4, 1, 2, 1, 2, 1, 2], 5, 3), vec![1, 2, 1, 2, 1]);
     }
 }

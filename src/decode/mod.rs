@@ -359,9 +359,8 @@ impl<'a, B: Backend> Engine<'a, B> {
             return Ok(Generation { tokens: out, stopped: false, stats, cost_model: None, auto_state: None });
         }
         let tree_params = TreeParams { prep: p.tree.prep.resolve(b.host_memory()), ..p.tree };
-        // `lookup`'s chain length: the budget, or its default under `--budget auto` (no
-        // drafter, so no cost model: a fixed chain; rounds without a match are plain AR steps).
-        let lookup_len = if p.auto_budget.is_some() { p.method.default_budget(b.host_memory()) } else { tree_params.budget };
+        // `lookup`'s chain length (rounds without a match are plain AR steps).
+        let lookup_len = lookup::chain_len(p, b.host_memory());
         // SparklingTree device prep reads the Markov head on the device (uploaded once).
         let markov_dev = match drafter {
             Some(d) if p.method == Method::Sparkling && tree_params.prep == TreePrep::Device => d.markov_device(b)?,
@@ -598,8 +597,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         };
         let max_tree = match drafter {
             Some(d) => p.tree.budget.max(d.cfg.block_size).saturating_add(1),
-            // `lookup`'s chain: at most the budget (its default under `--budget auto`).
-            None if p.method == Method::Lookup => p.tree.budget.max(p.method.default_budget(true)).saturating_add(1),
+            // `lookup`'s chain: at most its length (the budget, or its default under auto).
+            None if p.method == Method::Lookup => lookup::chain_len(p, self.backend.host_memory()).saturating_add(1),
             None => 1,
         };
         // Saturating: a huge budget or token count (e.g. from JavaScript) must fail this check,
