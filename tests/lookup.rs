@@ -34,7 +34,7 @@ fn lookup_emits_exactly_the_ar_tokens() {
                         assert_eq!(g.tokens, want.tokens, "{what}");
                         // τ counts kept tokens, also when max-new-tokens cut the last chain.
                         assert_eq!(g.stats.committed + 1, g.tokens.len(), "{what}");
-                        assert!(g.stats.rounds >= 1 && g.stats.draft_ms >= 0.0, "{what}");
+                        assert!(g.stats.rounds >= 1, "{what}");
                         rounds += g.stats.rounds;
                         tokens += g.stats.committed;
                     }
