@@ -700,7 +700,7 @@ fn a_zero_tree_budget_is_refused_by_every_command() {
 }
 
 #[test]
-fn lookup_reads_the_budget_and_is_refused_in_batches() {
+fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
     let d = tmpdir("cli-lookup");
     let t = tiny_target(d.path(), "tiny", 2);
     let prompts = d.path().join("p.txt");
@@ -716,10 +716,29 @@ fn lookup_reads_the_budget_and_is_refused_in_batches() {
     let o = run(d.path(), &gen("0"));
     no_panic(&o);
     assert!(o.status.code() == Some(1) && stderr(&o).contains("--budget `0`: expected a positive tree budget"), "{}", stderr(&o));
-    // Not batched: refused before anything loads, naming the method and the way out.
-    let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", "ar,lookup", "--batch", "2", "--budgets", "2"]);
+    // `--lookup` grafts onto a drafter's tree: methods without one refuse it (lookup's chain
+    // is its --budget), and bad values are refused before anything loads.
+    let with = |method: &'static str, extra: [&'static str; 2]| {
+        let mut v = vec!["generate", "--target", s(&t), "--prompt-ids", "1,2,3", "--max-new-tokens", "2", "--method", method];
+        v.extend(extra);
+        v
+    };
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (with("ar", ["--lookup", "4"]), "--lookup is not used by --method ar"),
+        (with("lookup", ["--lookup", "4"]), "--lookup is not used by --method lookup"),
+        (with("lookup", ["--lookup-drafter", "always"]), "--lookup-drafter is not used by --method lookup"),
+        (with("sparkling", ["--lookup", "four"]), "--lookup four: expected `auto`, `off` or a chain length"),
+        (with("sparkling", ["--lookup-drafter", "sometimes"]), "--lookup-drafter sometimes: expected `fallback` or `always`"),
+        (with("dflash", ["--lookup-drafter", "always"]), "--lookup-drafter needs a lookup chain"),
+    ];
+    for (args, want) in cases {
+        let o = run(d.path(), &args);
+        no_panic(&o);
+        assert!(o.status.code() == Some(1) && stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
+    let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", "ar,sparkling", "--lookup", "auto,x"]);
     no_panic(&o);
-    assert!(o.status.code() == Some(1) && stderr(&o).contains("lookup is not batched yet; run it without --batch"), "{}", stderr(&o));
+    assert!(o.status.code() == Some(1) && stderr(&o).contains("--lookup x: expected"), "{}", stderr(&o));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use sparkling::core::{AttnMask, AttnShape, Backend, RaggedSeq, NO_PARENT};
 use sparkling::cpu::{CpuBackend, KvDtype, WeightDtype};
 use sparkling::decode::batch::{Batch, BatchOptions, SeqId};
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{Engine, GenParams, Method};
+use sparkling::decode::{Engine, GenParams, LookupGraft, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{Arch, DrafterKind, TargetConfig};
 use sparkling::model::drafter::{DraftJob, Drafter};
@@ -371,6 +371,10 @@ fn speculative_methods_batched_equal_alone_and_ar() {
                 },
             ),
             (PROMPTS[0].to_vec(), params(Method::DSpark, 8, 0.0, 0, 1, vec![])),
+            // Prompt lookup: alone, and grafted onto drafted trees (both drafter policies).
+            (PROMPTS[2].to_vec(), params(Method::Lookup, 4, 0.0, 0, 22, vec![])),
+            (PROMPTS[4].to_vec(), GenParams { lookup: LookupGraft { len: 4, skip_drafter: true }, ..params(Method::Sparkling, 4, 0.0, 0, 24, vec![]) }),
+            (PROMPTS[1].to_vec(), GenParams { lookup: LookupGraft { len: 3, skip_drafter: false }, ..params(Method::DFlash, 4, 0.8, 5, 20, vec![]) }),
         ];
         // Alone, with the request's method, and as `ar` with the same sampling.
         let mut alone_rounds: Vec<Vec<Round>> = Vec::new();
@@ -387,7 +391,7 @@ fn speculative_methods_batched_equal_alone_and_ar() {
                     })
                     .unwrap();
                 alone_rounds.push(rounds);
-                let as_ar = ar.generate(p, &GenParams { method: Method::Ar, ..g.clone() }, &mut |_| {}).unwrap();
+                let as_ar = ar.generate(p, &GenParams { method: Method::Ar, lookup: LookupGraft::OFF, ..g.clone() }, &mut |_| {}).unwrap();
                 assert_eq!((&got.tokens, got.stopped), (&as_ar.tokens, as_ar.stopped), "{arch:?} {:?} alone vs ar", g.method);
                 (got.tokens, got.stopped)
             })

@@ -1,7 +1,8 @@
 //! `lookup` (prompt lookup, no drafter): every generation equals `ar`'s — at T = 0, at T > 0
 //! with the same seed, under `--budget auto`, with stop tokens and length cuts inside an
 //! accepted chain — on random targets of each arch, whose greedy texts repeat, so the chains
-//! are accepted often; and what it refuses.
+//! are accepted often; the same for a lookup chain grafted onto a drafter's tree (`--lookup`,
+//! both drafter policies); and what they refuse.
 
 mod common;
 
@@ -9,7 +10,8 @@ use common::*;
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::batch::{Batch, BatchOptions};
 use sparkling::decode::budget::AutoBudget;
-use sparkling::decode::{Engine, GenParams, Method};
+use sparkling::decode::{Engine, GenParams, LookupGraft, Method};
+use sparkling::model::config::DrafterKind;
 
 const PROMPTS: [&[u32]; 3] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7], &[5, 6, 7, 5, 6, 7, 5, 6]];
 
@@ -67,18 +69,85 @@ fn a_stop_token_inside_an_accepted_chain_ends_generation_there() {
 }
 
 #[test]
-fn lookup_refuses_a_zero_budget_and_batching() {
+fn lookup_refuses_a_zero_budget_and_a_graft_without_a_drafter() {
     let b = CpuBackend::new();
     let dir = tmpdir("target");
     let target = random_target(dir.path(), ARCHS[1], 48, 9);
     let e = Engine { backend: &b, target: &target, drafter: None };
     let err = e.generate(PROMPTS[0], &params(Method::Lookup, 0, 0.0, 0, 8, vec![]), &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("tree budget 0") && err.contains("lookup"), "{err}");
-    let mut batch = Batch::new(&b, &target, BatchOptions::default()).unwrap();
-    let err = batch.add(PROMPTS[0], &params(Method::Lookup, 4, 0.0, 0, 8, vec![])).unwrap_err().to_string();
-    assert!(err.contains("`lookup` is not batched"), "{err}");
-    assert!(batch.is_empty(), "nothing was queued");
+    // A grafted chain needs a drafter method; `ar` and `lookup` refuse it (lookup's chain is its budget).
+    for m in [Method::Ar, Method::Lookup] {
+        let g = GenParams { lookup: LookupGraft { len: 4, skip_drafter: true }, ..params(m, 4, 0.0, 0, 8, vec![]) };
+        let err = e.generate(PROMPTS[0], &g, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("--lookup 4") && err.contains(m.name()) && err.contains("drafter"), "{err}");
+        let mut batch = Batch::new(&b, &target, BatchOptions::default()).unwrap();
+        assert!(batch.add(PROMPTS[0], &g).is_err());
+        assert!(batch.is_empty(), "nothing was queued");
+    }
+    // The defaults: sparkling grafts (fallback on the CPU, always on a device), the others not.
+    assert_eq!(GenParams::new(Method::Sparkling, true).lookup, LookupGraft { len: 4, skip_drafter: true });
+    assert_eq!(GenParams::new(Method::Sparkling, false).lookup, LookupGraft { len: 8, skip_drafter: false });
+    for m in [Method::Ar, Method::Lookup, Method::DFlash, Method::DDTree, Method::DSpark, Method::TreeSpark] {
+        assert_eq!(GenParams::new(m, true).lookup, LookupGraft::OFF, "{m:?}");
+    }
     assert_eq!(Method::parse("lookup").unwrap(), Method::Lookup);
     assert_eq!(Method::Lookup.name(), "lookup");
     assert!(!Method::ALL.contains(&Method::Lookup), "ALL lists the published methods the tables compare");
+}
+
+#[test]
+fn a_lookup_chain_grafted_onto_drafted_trees_emits_exactly_the_ar_tokens() {
+    let b = CpuBackend::new();
+    // Σ committed tokens and rounds with the graft, and the same runs without it.
+    let (mut with, mut without) = ((0usize, 0usize), (0usize, 0usize));
+    let (mut lookup_rounds, mut skipped_drafter) = (0usize, 0usize);
+    for (ai, arch) in ARCHS.into_iter().enumerate() {
+        let (td, sd, fd) = (tmpdir("target"), tmpdir("dspark"), tmpdir("dflash"));
+        let target = random_target(td.path(), arch, 48, 31 + ai as u64);
+        let dspark = random_drafter(sd.path(), &target.cfg, DrafterKind::DSpark, 8, 4, 3 + ai as u64);
+        let dflash = random_drafter(fd.path(), &target.cfg, DrafterKind::DFlash, 8, 0, 4 + ai as u64);
+        let ar = Engine { backend: &b, target: &target, drafter: None };
+        for prompt in PROMPTS {
+            for (temperature, seed) in [(0.0f32, 0u64), (0.9, 7)] {
+                let max_new = 50;
+                let want = ar.generate(prompt, &params(Method::Ar, 1, temperature, seed, max_new, vec![]), &mut |_| {}).unwrap();
+                for (method, drafter) in [(Method::Sparkling, &dspark), (Method::DDTree, &dflash), (Method::DSpark, &dspark)] {
+                    let e = Engine { backend: &b, target: &target, drafter: Some(drafter) };
+                    for (budget, auto) in [(2usize, false), (6, false), (8, true)] {
+                        let base = params(method, budget, temperature, seed, max_new, vec![]);
+                        let base = GenParams { auto_budget: auto.then(AutoBudget::default), ..base };
+                        let off = e.generate(prompt, &base, &mut |_| {}).unwrap();
+                        assert_eq!(off.tokens, want.tokens);
+                        without = (without.0 + off.stats.committed, without.1 + off.stats.rounds);
+                        for (len, skip_drafter) in [(4usize, true), (4, false), (1, true), (8, false)] {
+                            let g = GenParams { lookup: LookupGraft { len, skip_drafter }, ..base.clone() };
+                            let mut trees_ok = true;
+                            let got = e
+                                .generate_observed(prompt, &g, &mut |_| {}, &mut |r| {
+                                    trees_ok &= r.tree.is_well_formed() && r.tree.len() <= 1 + budget.max(8) + len;
+                                })
+                                .unwrap();
+                            let what =
+                                format!("{arch:?} {method:?} prompt {prompt:?} T {temperature} budget {budget} auto {auto} lookup {len} skip {skip_drafter}");
+                            assert_eq!(got.tokens, want.tokens, "{what}");
+                            assert!(trees_ok, "{what}: a verified tree was malformed or over its size");
+                            assert_eq!(got.stats.committed + 1, got.tokens.len(), "{what}");
+                            assert!(got.stats.lookup_rounds <= got.stats.rounds && got.stats.lookup_committed <= got.stats.committed, "{what}");
+                            with = (with.0 + got.stats.committed, with.1 + got.stats.rounds);
+                            lookup_rounds += got.stats.lookup_rounds;
+                            if skip_drafter && got.stats.lookup_rounds > 0 {
+                                skipped_drafter += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The random targets repeat themselves and their random drafters rarely agree with them, so
+    // the grafted chains carry the acceptance: a graft that did nothing would fail this.
+    let (tau_with, tau_without) = (with.0 as f64 / with.1 as f64, without.0 as f64 / without.1 as f64);
+    assert!(lookup_rounds > 0 && skipped_drafter > 0);
+    assert!(tau_with > tau_without + 0.2, "τ with the lookup graft {tau_with:.2} vs without {tau_without:.2}");
 }

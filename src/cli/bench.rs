@@ -7,7 +7,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
 use sparkling::decode::budget::BudgetChoice;
-use sparkling::decode::{Method, Stats};
+use sparkling::decode::{GenParams, Method, Stats};
 use sparkling::{Error, Result};
 use std::fmt::Write as _;
 use std::io::Read;
@@ -63,6 +63,15 @@ pub struct BenchArgs {
     /// --no-confidence`).
     #[arg(long)]
     pub no_confidence: bool,
+    /// Prompt lookup beside the drafter, comma-separated (`auto`, `off`, or a chain length N;
+    /// see `generate --lookup`): each method with a drafter runs at every value (default:
+    /// `auto`, each method's own default). E.g. `--lookup auto,off` measures the graft against
+    /// the drafter alone in one interleaved run.
+    #[arg(long, value_delimiter = ',')]
+    pub lookup: Option<Vec<String>>,
+    /// With a lookup chain: `fallback` or `always` (see `generate --lookup-drafter`).
+    #[arg(long)]
+    pub lookup_drafter: Option<String>,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -177,6 +186,8 @@ fn generate_args(a: &BenchArgs) -> GenerateArgs {
         treespark_k: a.treespark_k,
         tree_prep: a.tree_prep.clone(),
         no_confidence: a.no_confidence,
+        lookup: a.lookup.as_ref().and_then(|l| l.first().cloned()),
+        lookup_drafter: a.lookup_drafter.clone(),
         temperature: a.temperature,
         top_k: 0,
         top_p: 1.0,
@@ -197,6 +208,24 @@ fn budget_choices(a: &BenchArgs) -> Result<Vec<BudgetChoice>> {
     }
 }
 
+/// The `--lookup` values (`[None]`: each method's default).
+fn lookup_choices(a: &BenchArgs) -> Vec<Option<String>> {
+    match &a.lookup {
+        Some(l) => l.iter().map(|x| Some(x.clone())).collect(),
+        None => vec![None],
+    }
+}
+
+/// A run's lookup column: `-` without a drafter, `off`, or the chain length and the drafter
+/// policy (`4 fallback`, `8 always`).
+fn lookup_label(meth: Method, p: &GenParams) -> String {
+    match (meth.drafter_kind(), p.lookup.len) {
+        (None, _) => "-".into(),
+        (Some(_), 0) => "off".into(),
+        (Some(_), n) => format!("{n} {}", if p.lookup.skip_drafter { "fallback" } else { "always" }),
+    }
+}
+
 /// Run `bench` on the backend named by `--backend`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
@@ -208,9 +237,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         super::refuse_unused_options(&options, &methods, &format!("--methods {}", a.methods.join(",")))?;
     } else {
         super::refuse_unused_options(&options, &methods, &format!("--batch with --methods {}", a.methods.join(",")))?;
-        if methods.contains(&Method::Lookup) {
-            return Err(Error::Input("--batch with --methods lookup: lookup is not batched yet; run it without --batch".into()));
-        }
         if methods.iter().any(|m| m.drafter_kind().is_some()) && budget_choices(&a)?.contains(&BudgetChoice::Auto) {
             return Err(Error::Input("--batch decodes tree methods at fixed budgets: pass --budgets N[,N…] (auto is not batched)".into()));
         }
@@ -223,6 +249,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if let Some(p) = &a.tree_prep {
         super::generate::tree_prep(p)?;
+    }
+    for l in lookup_choices(&a) {
+        super::generate::lookup_graft(Method::Sparkling, l.as_deref(), a.lookup_drafter.as_deref(), true)?;
     }
     if let Some(j) = &a.json {
         sparkling::fsio::check_writable(j, "--json")?; // fail before the benchmark, not after
@@ -258,52 +287,61 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     }
     let stop = sparkling::decode::stop_tokens(&m.models.target.cfg.eos, &tok.stop);
     let budgets = budget_choices(a)?;
-    let mut runs: Vec<(Method, BudgetChoice)> = Vec::new();
+    // (method, budget, --lookup value): drafter methods at every budget × lookup value.
+    let mut runs: Vec<(Method, BudgetChoice, Option<String>)> = Vec::new();
     for &meth in methods {
         if meth == Method::Ar {
-            runs.push((meth, BudgetChoice::Fixed(0)));
+            runs.push((meth, BudgetChoice::Fixed(0), None));
         } else if meth == Method::Lookup && a.budgets.is_none() {
             // Without --budgets: lookup's own default chain (the bench default of 64 suits
             // trees; a 64-token chain is mostly rejected rows).
-            runs.push((meth, BudgetChoice::Fixed(meth.default_budget(m.backend.host_memory()))));
+            runs.push((meth, BudgetChoice::Fixed(meth.default_budget(m.backend.host_memory())), None));
+        } else if meth == Method::Lookup {
+            runs.extend(budgets.iter().map(|&b| (meth, b, None)));
         } else {
-            runs.extend(budgets.iter().map(|&b| (meth, b)));
+            for &b in &budgets {
+                runs.extend(lookup_choices(a).into_iter().map(|l| (meth, b, l)));
+            }
         }
     }
+    // Each run's parameters: the shared arguments, its budget and its lookup value.
+    let run_params = |meth: Method, budget: BudgetChoice, lookup: &Option<String>| -> Result<GenParams> {
+        let budget = match budget {
+            BudgetChoice::Fixed(n) => BudgetChoice::Fixed(n.max(1)),
+            auto => auto,
+        };
+        let args = GenerateArgs { lookup: lookup.clone(), ..generate_args(a) };
+        let mut params = gen_params(meth, Some(budget), &args, stop.clone(), m.backend.host_memory())?;
+        super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
+        Ok(params)
+    };
     let pb = ProgressBar::new((runs.len() * prompts.len()) as u64);
     pb.set_style(ProgressStyle::with_template("{msg:28} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
-    let gen_args = generate_args(a);
     if !a.batch.is_empty() {
         pb.finish_and_clear();
         let mut batch_runs = Vec::new();
-        for &(meth, budget) in &runs {
-            let budget = match budget {
-                BudgetChoice::Fixed(n) => BudgetChoice::Fixed(n.max(1)),
-                auto => auto,
+        for (meth, budget, lookup) in &runs {
+            let params = run_params(*meth, *budget, lookup)?;
+            let label = match lookup_label(*meth, &params).as_str() {
+                "-" | "off" => budget.name(),
+                l => format!("{}, lookup {l}", budget.name()),
             };
-            let mut params = gen_params(meth, Some(budget), &gen_args, stop.clone(), m.backend.host_memory())?;
-            super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
-            batch_runs.push((budget.name(), params));
+            batch_runs.push((label, params));
         }
         return super::bench_batch::bench_batch(&m, &prompts, &batch_runs, a);
     }
     let mut reference: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
     let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
     let mut params_of = Vec::new();
-    for &(meth, budget) in &runs {
-        let budget = match budget {
-            BudgetChoice::Fixed(n) => BudgetChoice::Fixed(n.max(1)),
-            auto => auto,
-        };
-        let mut params = gen_params(meth, Some(budget), &gen_args, stop.clone(), m.backend.host_memory())?;
-        super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
+    for (meth, budget, lookup) in &runs {
+        let mut params = run_params(*meth, *budget, lookup)?;
         super::costs::attach(&mut params, &cost_path);
         params_of.push(params);
     }
     let mut totals: Vec<(Stats, usize)> = vec![(Stats::default(), 0); runs.len()];
-    // Interleaved: prompt-major, every (method, budget) on a prompt before the next prompt.
+    // Interleaved: prompt-major, every (method, budget, lookup) on a prompt before the next prompt.
     for (i, p) in prompts.iter().enumerate() {
-        for (ri, &(meth, budget)) in runs.iter().enumerate() {
+        for (ri, &(meth, budget, _)) in runs.iter().enumerate() {
             pb.set_message(format!("{} b{}", meth.name(), budget.name()));
             let engine = m.models.engine(&m.backend, meth)?;
             let g = engine.generate(p, &params_of[ri], &mut |_| {})?;
@@ -330,27 +368,29 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             pb.inc(1);
         }
     }
-    let results: Vec<(Method, BudgetChoice, Stats, usize)> = runs.iter().zip(totals).map(|(&(m, b), (s, x))| (m, b, s, x)).collect();
+    let results: Vec<(Method, BudgetChoice, String, Stats, usize)> =
+        runs.iter().zip(totals).zip(&params_of).map(|((&(m, b, _), (s, x)), p)| (m, b, lookup_label(m, p), s, x)).collect();
     pb.finish_and_clear();
-    let ar_tps = results.iter().find(|r| r.0 == Method::Ar).map(|r| r.2.tokens_per_s());
+    let ar_tps = results.iter().find(|r| r.0 == Method::Ar).map(|r| r.3.tokens_per_s());
     let mut table = String::new();
     let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
-    let _ = writeln!(table, "| method | budget | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run | tree sizes (nodes: rounds) |");
-    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(table, "| method | budget | lookup | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run | tree sizes (nodes: rounds) | lookup rounds (τ there) |");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
-    for (meth, budget, s, mism) in &results {
+    for (meth, budget, lookup, s, mism) in &results {
         let [d, p, h, v, ac, c] = s.per_round_ms();
         // `None` (JSON null, table "–") when the run has no `ar` row to compare with.
         let speed = ar_tps.map(|x| s.tokens_per_s() / x);
         let _ = writeln!(
             table,
-            "| {} | {} | {:.2} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} |",
+            "| {} | {} | {lookup} | {:.2} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} | {} |",
             meth.name(),
             if *meth == Method::Ar { "-".to_string() } else { budget.name() },
             s.tau(),
             s.tokens_per_s(),
             speed.map_or_else(|| "–".to_string(), |x| format!("{x:.2}×")),
-            super::generate::size_histogram(s).unwrap_or_else(|| "-".into())
+            super::generate::size_histogram(s).unwrap_or_else(|| "-".into()),
+            s.lookup_tau().map_or_else(|| "-".to_string(), |t| format!("{} of {} ({t:.2})", s.lookup_rounds, s.rounds)),
         );
         let budget_json = match budget {
             BudgetChoice::Auto => serde_json::json!("auto"),
@@ -360,7 +400,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "prediction_rmse": s.prediction_rmse(), "drafts_skipped": s.drafts_skipped, "policy_us_per_round": s.policy_us_per_round()})
         });
         json_rows.push(serde_json::json!({
-            "method": meth.name(), "budget": budget_json, "auto": auto_json, "tau": s.tau(), "tokens_per_s": s.tokens_per_s(),
+            "method": meth.name(), "budget": budget_json, "lookup": lookup, "auto": auto_json, "tau": s.tau(), "tokens_per_s": s.tokens_per_s(),
             "speedup_vs_ar": speed, "per_round_ms": {"draft": d, "prep": p, "heap": h, "verify": v, "accept": ac, "compact": c},
             "conditional_acceptance": s.conditional_acceptance(), "outputs_differing_from_first_run": mism, "stats": s,
         }));

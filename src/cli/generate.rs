@@ -5,7 +5,7 @@ use clap::Args;
 use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::budget::BudgetChoice;
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{stop_tokens, GenParams, Method, RoundView, Stats};
+use sparkling::decode::{stop_tokens, GenParams, LookupGraft, Method, RoundView, Stats};
 use sparkling::tokenizer::{TextStream, TextTokenizer};
 use sparkling::{Error, Result};
 use std::io::Write;
@@ -64,6 +64,20 @@ pub struct GenerateArgs {
     /// `auto` (default: host on the cpu backend, device otherwise).
     #[arg(long)]
     pub tree_prep: Option<String>,
+    /// Prompt lookup beside the drafter (methods with a drafter): each round the tokens that
+    /// followed the most recent earlier occurrence of the context's last 3, 2 or 1 tokens are
+    /// grafted onto the drafter's tree as a chain, and the target verifies both at once.
+    /// `auto` (default): sparkling chains of up to 4 tokens on the cpu, 8 elsewhere; the
+    /// published methods (dflash, ddtree, dspark, treespark) none. `off`, or N: chains of up
+    /// to N tokens for any method with a drafter.
+    #[arg(long)]
+    pub lookup: Option<String>,
+    /// With a lookup chain: `fallback` (the drafter runs only in rounds whose lookup finds no
+    /// match; the default on the cpu, where the drafter's forward and its extra verify rows
+    /// rarely pay beside a matched chain) or `always` (the default elsewhere: the drafter's tree
+    /// and the chain every round).
+    #[arg(long)]
+    pub lookup_drafter: Option<String>,
     /// Sampling temperature (0 = greedy; every method then emits the target's greedy tokens).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -97,7 +111,7 @@ pub struct GenerateArgs {
 impl GenerateArgs {
     /// The options [`super::refuse_unused_options`] checks, with whether each was given;
     /// `budget` names the budget option (`--budget`, bench's `--budgets`).
-    pub fn tree_options<'a>(&self, budget: &'a str, budget_given: bool) -> [(&'a str, bool); 7] {
+    pub fn tree_options<'a>(&self, budget: &'a str, budget_given: bool) -> [(&'a str, bool); 9] {
         [
             (budget, budget_given),
             ("--no-confidence", self.no_confidence),
@@ -106,6 +120,8 @@ impl GenerateArgs {
             ("--treespark-k", self.treespark_k.is_some()),
             ("--tree-prep", self.tree_prep.is_some()),
             ("--drafter", !self.model.drafter.is_empty()),
+            ("--lookup", self.lookup.is_some()),
+            ("--lookup-drafter", self.lookup_drafter.is_some()),
         ]
     }
 }
@@ -186,8 +202,37 @@ pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs
     if let Some(ab) = p.auto_budget.as_mut() {
         ab.confidence = !a.no_confidence;
     }
+    if method.drafter_kind().is_some() {
+        p.lookup = lookup_graft(method, a.lookup.as_deref(), a.lookup_drafter.as_deref(), host_memory)?;
+    }
     p.validate()?;
     Ok(p)
+}
+
+/// The `--lookup` / `--lookup-drafter` choice of a method with a drafter (`None`: the
+/// option's default, [`LookupGraft::default_for`]). Errors name the option and the values
+/// it takes.
+pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, host_memory: bool) -> Result<LookupGraft> {
+    let mut g = LookupGraft::default_for(method, host_memory);
+    match len {
+        None | Some("auto") => {}
+        Some("off") => g.len = 0,
+        Some(s) => {
+            let len = s.parse::<usize>().map_err(|_| Error::Input(format!("--lookup {s}: expected `auto`, `off` or a chain length in tokens (0 = off)")))?;
+            // The backend's drafter policy (fallback on the cpu), also for the methods off by default.
+            g = LookupGraft { len, skip_drafter: host_memory };
+        }
+    }
+    match drafter {
+        None => {}
+        Some("fallback") => g.skip_drafter = true,
+        Some("always") => g.skip_drafter = false,
+        Some(s) => return Err(Error::Input(format!("--lookup-drafter {s}: expected `fallback` or `always`"))),
+    }
+    if drafter.is_some() && g.len == 0 {
+        return Err(Error::Input("--lookup-drafter needs a lookup chain: --lookup is off for this method (give --lookup N)".into()));
+    }
+    Ok(g)
 }
 
 /// Print a human-readable stats summary to stderr.
@@ -210,6 +255,9 @@ pub fn print_stats(method: Method, s: &Stats) {
     }
     if let Some(h) = size_histogram(s) {
         eprintln!("  tree sizes (nodes: rounds): {h}");
+    }
+    if let Some(lt) = s.lookup_tau() {
+        eprintln!("  lookup chain verified in {} of {} rounds (τ {lt:.2} there)", s.lookup_rounds, s.rounds);
     }
     if let Some((pred, obs)) = s.predicted_vs_observed_tau() {
         eprintln!(
@@ -251,6 +299,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 "--no-confidence is read by --budget auto only: leave --budget out (auto is the default), or leave --no-confidence out".into(),
             ));
         }
+    }
+    if method.drafter_kind().is_some() {
+        lookup_graft(method, a.lookup.as_deref(), a.lookup_drafter.as_deref(), true)?;
+        // bad values before loading
     }
     let kinds: Vec<_> = method.drafter_kind().into_iter().collect();
     let s = select(&a.model)?;

@@ -141,7 +141,7 @@ fn readers(option: &str) -> &'static [sparkling::decode::Method] {
         // Every method with a draft tree or chain (lookup's budget is its chain length).
         "--budget" | "--budgets" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark, Lookup],
         // Every method with a drafter.
-        "--tree-prep" | "--drafter" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark],
+        "--tree-prep" | "--drafter" | "--lookup" | "--lookup-drafter" => &[DFlash, DDTree, DSpark, Sparkling, TreeSpark],
         // The methods whose drafter is a DSpark one (only those carry a confidence head).
         "--no-confidence" => &[DSpark, Sparkling, TreeSpark],
         _ => &[],

@@ -354,6 +354,8 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             max_new_tokens: a.check_tokens,
             stop: vec![],
             auto_budget: None,
+            // As `generate`: sparkling with its default lookup graft.
+            lookup: sparkling::decode::LookupGraft::default_for(method, b.host_memory()),
         };
         let ar = Engine { backend: b, target: t, drafter: None }.generate(short, &gp(Method::Ar), &mut |_| {})?;
         let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(short, &gp(Method::Sparkling), &mut |_| {})?;

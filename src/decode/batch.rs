@@ -52,10 +52,16 @@
 //! draft in ONE packed drafter forward per step ([`Drafter::draft_batch`]: their rows packed,
 //! attention ragged over their own draft caches; each sequence's logits the bits of its forward
 //! alone); `--budget auto` is not batched (its policy measures single-sequence rounds) and is
-//! refused.
+//! refused for them.
+//!
+//! Prompt lookup is batched the same way: a `lookup` sequence (no drafter) feeds its lookup
+//! chain as its tree block each step, and a sequence with a drafter and a lookup graft
+//! ([`super::LookupGraft`]) grafts its chain onto its drafted tree, or — skipping the drafter
+//! in a round whose lookup matched — feeds the chain alone, exactly as
+//! [`Engine::generate`](super::Engine::generate) proposes them.
 
 use super::propose::{propose_scored, take_context, DraftLogits, TreeParams, TreePrep};
-use super::rng;
+use super::{lookup, rng};
 use super::{Engine, GenParams, Method};
 use crate::error::{Error, Result};
 use crate::model::drafter::{DraftJob, Drafter};
@@ -393,13 +399,10 @@ impl<'a, B: Backend> Batch<'a, B> {
     /// Errors (nothing is queued): the checks of [`Engine::check`] (empty prompt, ids outside
     /// the vocabulary, prompt + max-new-tokens + the largest tree beyond the context), invalid
     /// sampling parameters ([`GenParams::validate`]), a method whose drafter kind the batch has
-    /// not got ([`Batch::with_drafter`]), `--budget auto` for a speculative method, the
-    /// `lookup` method (not batched), KV allocation failures.
+    /// not got ([`Batch::with_drafter`]), `--budget auto` for a method with a drafter, KV
+    /// allocation failures.
     pub fn add(&mut self, prompt: &[u32], params: &GenParams) -> Result<SeqId> {
         params.validate()?;
-        if params.method == Method::Lookup {
-            return Err(Error::Input("method `lookup` is not batched yet: decode its sequences one at a time (`generate`, `bench` without `--batch`)".into()));
-        }
         let drafter = match params.method.drafter_kind() {
             None => None,
             Some(kind) => {
@@ -491,14 +494,30 @@ impl<'a, B: Backend> Batch<'a, B> {
         let t = Instant::now();
         // Speculative sequences past their prefill draft their trees first (every sequence of a
         // drafter in one packed drafter forward); their blocks are filled in below.
-        let (mut want, mut want_feed) = (Vec::new(), Vec::new());
+        let (mut want, mut want_feed, mut grafts) = (Vec::new(), Vec::new(), Vec::new());
         for (i, s) in self.seqs.iter().enumerate() {
             let Some((ids, wants_logits)) = s.next_input(self.opts.max_prefill_rows, tail) else { continue };
             let root = s.fed();
-            if s.spec.is_some() && root >= s.prompt.len() && !s.done {
-                want.push((i, ids[0], root));
-                want_feed.push(feeding.len());
-                feeding.push(Feed { seq: i, ids: Vec::new(), positions: Vec::new(), wants_logits: true, tree: None });
+            let proposes = (s.spec.is_some() || s.params.method == Method::Lookup) && root >= s.prompt.len() && !s.done;
+            if proposes {
+                // Its prompt-lookup chain (`lookup`, or `--lookup` beside a drafter), as
+                // `Engine::generate` proposes it.
+                let len = match s.params.method {
+                    Method::Lookup => lookup::chain_len(&s.params, b.host_memory()),
+                    _ => s.params.lookup.len,
+                };
+                let chain = if len > 0 { lookup::propose(&[&s.prompt[..], &s.out[..]].concat(), len, lookup::MAX_NGRAM) } else { Vec::new() };
+                if s.spec.is_some() && (chain.is_empty() || !s.params.lookup.skip_drafter) {
+                    want.push((i, ids[0], root));
+                    want_feed.push(feeding.len());
+                    grafts.push(chain);
+                    feeding.push(Feed { seq: i, ids: Vec::new(), positions: Vec::new(), wants_logits: true, tree: None });
+                } else {
+                    // The chain alone (the drafter skipped on a match, or no drafter).
+                    let tree = DraftTree::chain(ids[0], &chain);
+                    let positions = tree.depths.iter().map(|&d| root as u32 + d).collect();
+                    feeding.push(Feed { seq: i, ids: tree.tokens.clone(), positions, wants_logits: true, tree: Some(tree) });
+                }
             } else {
                 let positions = (root as u32..(root + ids.len()) as u32).collect();
                 feeding.push(Feed { seq: i, ids, positions, wants_logits, tree: None });
@@ -506,7 +525,8 @@ impl<'a, B: Backend> Batch<'a, B> {
         }
         if !want.is_empty() {
             let trees = draft_trees(b, self.target, &self.drafters, &mut self.seqs, &want)?;
-            for ((&f, &(_, _, root)), tree) in want_feed.iter().zip(&want).zip(trees) {
+            for (((&f, &(_, _, root)), mut tree), graft) in want_feed.iter().zip(&want).zip(trees).zip(&grafts) {
+                tree.graft_chain(graft);
                 let f = &mut feeding[f];
                 f.positions = tree.depths.iter().map(|&d| root as u32 + d).collect();
                 f.ids = tree.tokens.clone();

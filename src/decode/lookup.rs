@@ -12,6 +12,43 @@ use super::{GenParams, Method};
 /// Longest suffix matched: the last 3 tokens, else 2, else 1.
 pub const MAX_NGRAM: usize = 3;
 
+/// Prompt lookup beside a drafter (`--lookup`): each round, the lookup chain ([`propose`], up
+/// to `len` tokens) is grafted onto the drafter's tree ([`DraftTree::graft_chain`]), so the
+/// target verifies both sources in one forward and keeps whichever path it agrees with; with
+/// `skip_drafter`, a round whose lookup finds a match verifies the chain alone and skips the
+/// drafter (whose tree rarely adds to a matched chain what its forward and its extra verify
+/// rows cost on a CPU: BENCHMARKS.md §34). Lossless either way: the target verifies every
+/// node. Not read by `ar` and `lookup` (whose chain is its tree budget).
+///
+/// [`DraftTree::graft_chain`]: sparkling_core::tree::DraftTree::graft_chain
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LookupGraft {
+    /// Longest chain grafted, tokens (0: off).
+    pub len: usize,
+    /// Skip the drafter in rounds whose lookup finds a match.
+    pub skip_drafter: bool,
+}
+
+impl LookupGraft {
+    /// No lookup: the drafter's tree alone.
+    pub const OFF: LookupGraft = LookupGraft { len: 0, skip_drafter: false };
+
+    /// The default for `method` on a backend with (`host_memory`, the CPU) or without host
+    /// tensors: `sparkling` grafts chains of up to 4 tokens and skips the drafter on a match
+    /// on the CPU (six evaluation sets: 1.44–1.49× `ar` against 1.35–1.45× for `lookup` alone
+    /// and ≈ 1.0× for the drafter alone, BENCHMARKS.md §34), and chains of up to 8 beside
+    /// every drafted tree on a device, where extra verify rows cost little (not yet measured
+    /// on a GPU with real weights); the published methods (`dflash`, `ddtree`, `dspark`,
+    /// `treespark`) stay as published: off.
+    pub fn default_for(method: Method, host_memory: bool) -> LookupGraft {
+        match method {
+            Method::Sparkling if host_memory => LookupGraft { len: 4, skip_drafter: true },
+            Method::Sparkling => LookupGraft { len: 8, skip_drafter: false },
+            _ => LookupGraft::OFF,
+        }
+    }
+}
+
 /// The chain length `lookup` proposes under `p`: the tree budget, or under `--budget auto`
 /// (there is no drafter, so no cost model) [`Method::default_budget`] — chains of up to 4.
 pub fn chain_len(p: &GenParams, host_memory: bool) -> usize {

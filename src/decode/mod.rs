@@ -17,6 +17,7 @@ use crate::model::config::DrafterKind;
 use crate::model::drafter::Drafter;
 use crate::model::target::{LogitRows, Target};
 use budget::{AutoBudget, AutoState, CostModel};
+pub use lookup::LookupGraft;
 use propose::{propose_scored, take_context, DraftLogits, Proposal, TreeParams, TreePrep};
 use sparkling_core::tree::DraftTree;
 use sparkling_core::{AttnMask, Backend, SampleParams};
@@ -123,6 +124,9 @@ pub struct GenParams {
     /// worth its measured cost (`tree.budget` is then N_max, the largest tree built), or skips
     /// the drafter; `None`: every round verifies `tree.budget` nodes.
     pub auto_budget: Option<AutoBudget>,
+    /// Prompt lookup beside the drafter (methods with a drafter; [`LookupGraft::OFF`] for the
+    /// others): the lookup chain grafted onto each round's tree, or verified alone.
+    pub lookup: LookupGraft,
 }
 
 impl GenParams {
@@ -130,7 +134,8 @@ impl GenParams {
     /// tensors: `--budget auto` with N_max = [`budget::auto_max_budget`] (16 on the CPU
     /// backend, else 64, TreeSpark 32), 128 SparklingTree candidates per depth, fan-out 64,
     /// TreeSpark k = 4, [`TreePrep::Auto`], greedy (T = 0, top-k off, top-p 1), seed 0,
-    /// 256 new tokens, no stop tokens (see [`stop_tokens`]). The CLI and the browser start here;
+    /// 256 new tokens, no stop tokens (see [`stop_tokens`]), the method's
+    /// [`LookupGraft::default_for`]. The CLI and the browser start here;
     /// [`GenParams::with_budget`] sets a fixed budget.
     pub fn new(method: Method, host_memory: bool) -> GenParams {
         GenParams {
@@ -141,6 +146,7 @@ impl GenParams {
             max_new_tokens: 256,
             stop: Vec::new(),
             auto_budget: Some(AutoBudget::default()),
+            lookup: LookupGraft::default_for(method, host_memory),
         }
     }
 
@@ -162,7 +168,7 @@ impl GenParams {
 
     /// Check the values no caller may pass: a temperature that is negative or not finite,
     /// top-p outside (0, 1], zero candidates, fan-out or TreeSpark k, a tree budget of 0 for a
-    /// method with a drafter (`ar` reads no budget).
+    /// method with a drafter (`ar` reads no budget), a lookup graft for a method without one.
     /// Errors: [`Error::Input`] naming the parameter.
     pub fn validate(&self) -> Result<()> {
         let s = &self.sampling;
@@ -177,6 +183,13 @@ impl GenParams {
             if v == 0 {
                 return Err(Error::Input(format!("{arg} 0: must be ≥ 1")));
             }
+        }
+        if self.lookup.len > 0 && self.method.drafter_kind().is_none() {
+            return Err(Error::Input(format!(
+                "a lookup chain grafted onto the tree (--lookup {}) needs a method with a drafter, not `{}`; method `lookup` takes its chain length from --budget",
+                self.lookup.len,
+                self.method.name()
+            )));
         }
         if t.budget == 0 && self.method != Method::Ar {
             return Err(Error::Input(format!(
@@ -231,9 +244,10 @@ pub struct RoundView<'t> {
     pub accepted: &'t [usize],
     /// The target's own token after the accepted path (committed with it).
     pub bonus: u32,
-    /// Whether the drafter ran this round. `false` for `ar` and for rounds `--budget auto`
-    /// skipped (counted in `Stats::drafts_skipped`); a drafted round may still verify the root
-    /// alone when no guess was worth its cost.
+    /// Whether anything was drafted this round: the drafter ran, or a prompt-lookup chain was
+    /// proposed (`lookup`, `--lookup`). `false` for `ar` and for rounds `--budget auto` skipped
+    /// (counted in `Stats::drafts_skipped`); a drafted round may still verify the root alone
+    /// when no guess was worth its cost.
     pub drafted: bool,
 }
 
@@ -425,23 +439,35 @@ impl<'a, B: Backend> Engine<'a, B> {
             // 1. Draft and propose (under `--budget auto`: unless the policy skips the drafter,
             // then truncate the tree to the prefix worth its cost).
             let t = Instant::now();
-            let run_drafter = match auto.as_mut() {
-                Some(a) => {
-                    let go = a.should_draft();
-                    stats.policy_us += ms(t) * 1e3;
-                    go
-                }
-                None => true,
+            // Prompt lookup beside the drafter (`--lookup`): the chain grafted onto the tree
+            // below, or verified alone when it matched and the drafter is skipped on a match.
+            let graft = if p.lookup.len > 0 && drafter.is_some() {
+                let chain = lookup::propose(&context(prompt, &out), p.lookup.len, lookup::MAX_NGRAM);
+                stats.draft_ms += ms(t);
+                chain
+            } else {
+                Vec::new()
             };
+            let t = Instant::now();
+            let run_drafter = if !graft.is_empty() && p.lookup.skip_drafter {
+                false
+            } else {
+                match auto.as_mut() {
+                    Some(a) => {
+                        let go = a.should_draft();
+                        stats.policy_us += ms(t) * 1e3;
+                        go
+                    }
+                    None => true,
+                }
+            };
+            let t = Instant::now();
             let mut decision = None;
             let mut drafted = false;
             let prop = if p.method == Method::Lookup {
                 // No drafter: the chain is what followed the most recent earlier occurrence of
                 // the context's last tokens (prompt and committed tokens, the anchor last).
-                let mut ctx = Vec::with_capacity(prompt.len() + out.len());
-                ctx.extend_from_slice(prompt);
-                ctx.extend_from_slice(&out);
-                let drafts = lookup::propose(&ctx, lookup_len, lookup::MAX_NGRAM);
+                let drafts = lookup::propose(&context(prompt, &out), lookup_len, lookup::MAX_NGRAM);
                 stats.draft_ms += ms(t);
                 drafted = !drafts.is_empty();
                 Proposal { tree: DraftTree::chain(anchor, &drafts), ..Proposal::default() }
@@ -481,13 +507,19 @@ impl<'a, B: Backend> Engine<'a, B> {
                         }
                         prop
                     }
-                    (Some(_), Some(_)) => {
+                    (Some(_), Some(_)) if graft.is_empty() || !p.lookup.skip_drafter => {
                         stats.drafts_skipped += 1;
                         Proposal::root(anchor)
                     }
                     _ => Proposal::root(anchor),
                 }
             };
+            let mut prop = prop;
+            if !graft.is_empty() {
+                prop.tree.graft_chain(&graft);
+                stats.lookup_rounds += 1;
+                drafted = true;
+            }
             let tree = &prop.tree;
 
             // 2. Verify the whole tree in one target forward with tree attention.
@@ -537,6 +569,9 @@ impl<'a, B: Backend> Engine<'a, B> {
             // τ counts the tokens kept: a last round cut by a stop token or the length limit
             // commits fewer than it accepted (so τ × rounds + 1 = the tokens generated).
             stats.committed -= new.len() - (out.len() - before);
+            if !graft.is_empty() {
+                stats.lookup_committed += out.len() - before;
+            }
 
             // 5. Compact the target KV to the accepted path; carry the accepted rows' taps.
             let t = Instant::now();
@@ -596,7 +631,8 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
         };
         let max_tree = match drafter {
-            Some(d) => p.tree.budget.max(d.cfg.block_size).saturating_add(1),
+            // The drafter's tree, and a grafted lookup chain beside it.
+            Some(d) => p.tree.budget.max(d.cfg.block_size).saturating_add(p.lookup.len).saturating_add(1),
             // `lookup`'s chain: at most its length (the budget, or its default under auto).
             None if p.method == Method::Lookup => lookup::chain_len(p, self.backend.host_memory()).saturating_add(1),
             None => 1,
@@ -634,6 +670,14 @@ impl<'a, B: Backend> Engine<'a, B> {
         on_tokens(&out[start..]);
         stop
     }
+}
+
+/// The lookup context of a round: prompt and committed tokens, oldest first (the anchor last).
+fn context(prompt: &[u32], out: &[u32]) -> Vec<u32> {
+    let mut ctx = Vec::with_capacity(prompt.len() + out.len());
+    ctx.extend_from_slice(prompt);
+    ctx.extend_from_slice(out);
+    ctx
 }
 
 /// The target's token for each row of `logits`: argmax at `T < 1e-5`, else a draw with the

@@ -61,6 +61,12 @@ pub struct Stats {
     pub calib_predicted: Vec<f64>,
     /// … and the number of those rounds whose accepted path reached depth `d`.
     pub calib_accepted: Vec<usize>,
+    /// Rounds that verified a prompt-lookup chain beside (or, skipping the drafter, instead
+    /// of) the drafter's tree (`--lookup`; [`super::LookupGraft`]).
+    pub lookup_rounds: usize,
+    /// Tokens those rounds committed (accepted path + bonus): τ of the lookup rounds =
+    /// `lookup_committed / lookup_rounds` ([`Stats::lookup_tau`]).
+    pub lookup_committed: usize,
     /// Time spent in the `--budget auto` policy (choice, truncation, bookkeeping), µs.
     pub policy_us: f64,
     /// Time spent measuring the cost model (first use only), ms.
@@ -129,6 +135,11 @@ impl Stats {
         (self.predicted_rounds > 0).then(|| (self.predicted_sq_err / self.predicted_rounds as f64).sqrt())
     }
 
+    /// τ of the rounds that verified a `--lookup` chain (`None` before any such round).
+    pub fn lookup_tau(&self) -> Option<f64> {
+        (self.lookup_rounds > 0).then(|| self.lookup_committed as f64 / self.lookup_rounds as f64)
+    }
+
     /// Policy time per round, µs.
     pub fn policy_us_per_round(&self) -> f64 {
         self.policy_us / self.rounds.max(1) as f64
@@ -193,6 +204,8 @@ impl Stats {
             *a += b;
         }
         self.drafts_skipped += o.drafts_skipped;
+        self.lookup_rounds += o.lookup_rounds;
+        self.lookup_committed += o.lookup_committed;
         self.predicted_rounds += o.predicted_rounds;
         self.predicted_tokens += o.predicted_tokens;
         self.predicted_rounds_committed += o.predicted_rounds_committed;

@@ -77,6 +77,7 @@ pub fn params(method: Method, budget: usize, temperature: f32, seed: u64, max_ne
         max_new_tokens: max_new,
         stop,
         auto_budget: None,
+        lookup: sparkling::decode::LookupGraft::OFF,
     }
 }
 

@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::{AttnMask, Backend, SampleParams};
 use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{Engine, GenParams, Method};
+use sparkling::decode::{Engine, GenParams, LookupGraft, Method};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::{open_source, TensorSource};
 use sparkling::model::config::{read_json, TargetConfig};
@@ -260,6 +260,7 @@ pub fn answer(lt: &LoadedTarget, id: u32, prompt: &[u32], o: &GenOptions) -> Res
         max_new_tokens: o.max_new_tokens,
         stop,
         auto_budget: None,
+        lookup: LookupGraft::OFF,
     };
     let engine = Engine { backend: b, target: &lt.target, drafter: None };
     let g = engine.generate(prompt, &params, &mut |_| {})?;
@@ -466,6 +467,7 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
     let params = GenParams {
         method: Method::Ar,
         auto_budget: None,
+        lookup: LookupGraft::OFF,
         tree: TreeParams { budget: 1, candidates: 1, max_fanout: 1, treespark_k: 1, prep: TreePrep::Host },
         sampling: SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
         seed: 0,

@@ -34,7 +34,7 @@ use sparkling::core::{Backend, SampleParams, NO_PARENT};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::budget::{BudgetChoice, CostModel};
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{stop_tokens, GenParams, Method, Models, RoundView};
+use sparkling::decode::{stop_tokens, GenParams, LookupGraft, Method, Models, RoundView};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::safetensors_source::SafetensorsSource;
 use sparkling::loader::TensorSource;
@@ -213,7 +213,9 @@ impl Session {
     /// nodes, treespark 32, 16 on the CPU backend; 128
     /// candidates, fan-out 64, k 4, 256 new tokens, greedy, seed 0) — `stop` (token ids; default
     /// the CLI's rule, `sparkling::decode::stop_tokens`: the target's EOS plus the tokenizer's
-    /// stop tokens), `tree_prep` (`"auto"`: device on WebGPU, host on the CPU backend). `prompt_ids`: a `Uint32Array` or an array of ids;
+    /// stop tokens), `tree_prep` (`"auto"`: device on WebGPU, host on the CPU backend), `lookup`
+    /// (methods with a drafter: the prompt-lookup chain grafted onto each tree, in tokens, 0 =
+    /// off; default the CLI's `--lookup auto`, `LookupGraft::default_for`). `prompt_ids`: a `Uint32Array` or an array of ids;
     /// `options`: an object or its JSON text. Unknown keys are an error. `on_tokens(ids, text)`, optional, is
     /// called with each round's committed tokens (and their text when a tokenizer is set); when
     /// it returns `false` the generation stops at the round's end (as with [`Session::cancel`]).
@@ -341,8 +343,8 @@ fn options_text(v: &JsValue) -> Result<String, String> {
 }
 
 /// Option keys `generate` understands.
-const OPTION_KEYS: [&str; 12] =
-    ["method", "budget", "candidates", "max_fanout", "treespark_k", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "tree_prep"];
+const OPTION_KEYS: [&str; 13] =
+    ["method", "budget", "candidates", "max_fanout", "treespark_k", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "tree_prep", "lookup"];
 
 /// An error for an unknown option key, suggesting the key it probably meant.
 fn unknown_key(k: &str) -> sparkling::Error {
@@ -440,6 +442,13 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
         },
         max_new_tokens: uint("max_new_tokens", d.max_new_tokens)?,
         stop,
+        lookup: match v.get("lookup") {
+            None | Some(Value::Null) => d.lookup,
+            Some(_) if method.drafter_kind().is_none() => {
+                return Err(bad("lookup", "no `lookup` key for a method without a drafter (method `lookup` takes its chain length from `budget`)"))
+            }
+            Some(_) => LookupGraft { len: uint("lookup", d.lookup.len)?, skip_drafter: host_memory },
+        },
     })
 }
 

@@ -75,6 +75,7 @@ fn params(method: Method, budget: usize, prep: TreePrep) -> GenParams {
         max_new_tokens: 20,
         stop: vec![],
         auto_budget: (budget == 0).then(AutoBudget::default),
+        lookup: sparkling::decode::LookupGraft::OFF,
     }
 }
 

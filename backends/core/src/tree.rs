@@ -58,6 +58,36 @@ impl DraftTree {
         self.tokens.is_empty()
     }
 
+    /// Graft the chain `drafts` (the tokens after the root, in order) onto this tree, as a
+    /// prompt-lookup chain is grafted onto a drafter's tree: follow the root's existing path
+    /// while a child carries the chain's next token, then append the rest of the chain below
+    /// the last matched node. Appended nodes take that node's path score (a chain carries no
+    /// probabilities; a child's score never exceeds its parent's, so pop-order prefixes stay
+    /// ancestor-closed). Parents stay before children and siblings keep distinct tokens, so a
+    /// well-formed tree stays well formed. Returns the number of nodes appended (0 when the
+    /// tree already holds the whole chain). O(len · chain) ([`DraftTree::child_with_token`]).
+    pub fn graft_chain(&mut self, drafts: &[u32]) -> usize {
+        let mut cur = 0usize;
+        let mut matched = 0usize;
+        for &t in drafts {
+            match self.child_with_token(cur, t) {
+                Some(c) => cur = c,
+                None => break,
+            }
+            matched += 1;
+        }
+        let score = self.scores[cur];
+        for &t in &drafts[matched..] {
+            let depth = self.depths[cur] + 1;
+            self.tokens.push(t);
+            self.parents.push(cur as u32);
+            self.depths.push(depth);
+            self.scores.push(score);
+            cur = self.tokens.len() - 1;
+        }
+        drafts.len() - matched
+    }
+
     /// Number of non-root nodes (`len() - 1`; 0 for an empty/default tree).
     pub fn num_nodes(&self) -> usize {
         self.tokens.len().saturating_sub(1)
@@ -277,6 +307,30 @@ impl CandidateTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn graft_chain_follows_the_existing_path_then_appends() {
+        // root 10 → 11 (score -1) → 12 (-2); root → 13 (-0.5).
+        let mut t =
+            DraftTree { tokens: vec![10, 11, 12, 13], parents: vec![NO_PARENT, 0, 1, 0], depths: vec![0, 1, 2, 1], scores: vec![0.0, -1.0, -2.0, -0.5] };
+        // 11 and 12 exist; 14 and 15 are appended under 12 with 12's score.
+        assert_eq!(t.graft_chain(&[11, 12, 14, 15]), 2);
+        assert_eq!(t.tokens, vec![10, 11, 12, 13, 14, 15]);
+        assert_eq!(t.parents, vec![NO_PARENT, 0, 1, 0, 2, 4]);
+        assert_eq!(t.depths, vec![0, 1, 2, 1, 3, 4]);
+        assert_eq!(t.scores, vec![0.0, -1.0, -2.0, -0.5, -2.0, -2.0]);
+        assert!(t.is_well_formed());
+        // A chain the tree already holds adds nothing; a new first token branches at the root.
+        assert_eq!(t.graft_chain(&[13]), 0);
+        assert_eq!(t.graft_chain(&[]), 0);
+        assert_eq!(t.graft_chain(&[16, 11]), 2);
+        assert_eq!((t.parents[6], t.parents[7], t.depths[7], t.scores[7]), (0, 6, 2, 0.0));
+        assert!(t.is_well_formed());
+        // Onto a root alone it is DraftTree::chain.
+        let mut r = DraftTree::root(7);
+        r.graft_chain(&[1, 2, 3]);
+        assert_eq!(r, DraftTree::chain(7, &[1, 2, 3]));
+    }
 
     #[test]
     fn device_tree_words_decode_and_faults_are_errors() {
