@@ -35,8 +35,9 @@ impl LookupGraft {
 
     /// The default for `method` on a backend with (`host_memory`, the CPU) or without host
     /// tensors: `sparkling` grafts chains of up to 4 tokens and skips the drafter on a match
-    /// on the CPU (six evaluation sets: 1.44–1.49× `ar` against 1.35–1.45× for `lookup` alone
-    /// and ≈ 1.0× for the drafter alone, BENCHMARKS.md §34), and chains of up to 8 beside
+    /// on the CPU (six evaluation sets: 1.38× `ar` under `--budget auto`, 1.44× at budget 4,
+    /// against 1.40× for `lookup` alone and 1.02–1.03× for the drafter alone, BENCHMARKS.md
+    /// §34), and chains of up to 8 beside
     /// every drafted tree on a device, where extra verify rows cost little (not yet measured
     /// on a GPU with real weights); the published methods (`dflash`, `ddtree`, `dspark`,
     /// `treespark`) stay as published: off.

@@ -11,7 +11,7 @@ use js_sys::{Array, Function, Object, Reflect};
 use sparkling::core::NO_PARENT;
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::budget::BudgetChoice;
-use sparkling::decode::{Engine, GenParams, Method};
+use sparkling::decode::{Engine, GenParams, LookupGraft, Method};
 use sparkling::loader::safetensors_source::SafetensorsSource;
 use sparkling::model::config::{Arch, DrafterConfig, DrafterKind, TargetConfig};
 use sparkling::model::drafter::Drafter;
@@ -57,8 +57,15 @@ async fn session(backend: &str, f: &(TargetConfig, Vec<u8>, DrafterConfig, Vec<u
 }
 
 /// The options every run here uses: greedy, no stop tokens, a fixed budget and length.
+/// Without the lookup graft (`"lookup": 0`), whose default differs between the CPU backend and
+/// WebGPU (fallback vs always), so both backends verify the same trees of at most `BUDGET` nodes.
 fn options(method: &str, max_new: usize) -> JsValue {
-    JsValue::from_str(&format!(r#"{{"method": "{method}", "budget": {BUDGET}, "max_new_tokens": {max_new}, "stop": []}}"#))
+    options_lookup(method, max_new, 0)
+}
+
+fn options_lookup(method: &str, max_new: usize, lookup: usize) -> JsValue {
+    let lookup = if method == "ar" { String::new() } else { format!(r#", "lookup": {lookup}"#) };
+    JsValue::from_str(&format!(r#"{{"method": "{method}", "budget": {BUDGET}, "max_new_tokens": {max_new}, "stop": []{lookup}}}"#))
 }
 
 fn field(o: &JsValue, k: &str) -> JsValue {
@@ -173,7 +180,7 @@ async fn rounds_are_the_engines_and_rebuild_the_tokens_on_cpu_and_webgpu() {
     let target = Target::load(&b, &SafetensorsSource::from_bytes("t", f.1.clone()).unwrap(), f.0.clone(), &|_, _| {}).unwrap();
     let drafter = Drafter::load(&b, &SafetensorsSource::from_bytes("d", f.3.clone()).unwrap(), f.2.clone(), &f.0).unwrap();
     let mut p = GenParams::new(Method::Sparkling, true).with_budget(BudgetChoice::Fixed(BUDGET));
-    (p.max_new_tokens, p.stop) = (MAX_NEW, vec![]);
+    (p.max_new_tokens, p.stop, p.lookup) = (MAX_NEW, vec![], LookupGraft::OFF);
     let mut engine_rounds = Vec::new();
     let e = Engine { backend: &b, target: &target, drafter: Some(&drafter) };
     let g = e
@@ -203,6 +210,17 @@ async fn rounds_are_the_engines_and_rebuild_the_tokens_on_cpu_and_webgpu() {
     assert_eq!(rebuild(&grounds), tokens, "the WebGPU rounds rebuild the committed tokens");
     assert!(field(&gobjs[0], "texts").is_null(), "no tokenizer: texts is null");
     assert_eq!(grounds, rounds, "WebGPU's rounds equal the CPU backend's");
+
+    // With a lookup chain grafted onto the trees (the `lookup` option; each backend's default
+    // drafter policy): the same tokens, trees larger by at most the chain.
+    for s in [&cpu, &gpu] {
+        let got = Array::new();
+        let push = Function::new_with_args("round", "this.push(round)").bind0(&got);
+        let ids: JsValue = PROMPT.iter().map(|&x| JsValue::from(x)).collect::<Array>().into();
+        let r = JsFuture::from(s.generate(ids, options_lookup("sparkling", MAX_NEW, 4), None, Some(push))).await.unwrap_or_else(|e| panic!("generate: {e:?}"));
+        assert_eq!(u32s(&field(&r, "tokens")), tokens, "tokens with the lookup graft");
+        assert!(got.iter().all(|o| u32s(&field(&o, "tokens")).len() <= BUDGET + 1 + 4), "trees of at most the budget + the chain");
+    }
 }
 
 #[wasm_bindgen_test]
