@@ -52,6 +52,17 @@ struct BenchFile {
     rows: Vec<Row>,
 }
 
+/// A row's series name: its method, with the lookup graft when the row has one (`bench
+/// --lookup auto,off` runs a method twice at one budget: `sparkling` and `sparkling +lookup 6
+/// fallback` are two series). `None` when the row has no `method`.
+fn series(r: &serde_json::Value) -> Option<String> {
+    let m = r["method"].as_str()?;
+    Some(match r["lookup"].as_str() {
+        None | Some("-") | Some("off") => m.to_string(),
+        Some(l) => format!("{m} +lookup {l}"),
+    })
+}
+
 fn read_bench(path: &Path) -> Result<BenchFile> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::file(path, e.to_string()))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(path, format!("not JSON: {e}")))?;
@@ -81,13 +92,13 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
             };
             let (predicted, accepted) = (nums("calib_predicted")?, nums("calib_accepted")?);
             if !predicted.is_empty() {
-                let method = r["method"].as_str().unwrap_or("?").to_string();
+                let method = series(r).unwrap_or_else(|| "?".into());
                 calib.push(CalibRow { method, predicted, accepted });
             }
             continue;
         }
         out.push(Row {
-            method: r["method"].as_str().ok_or_else(|| bad(&format!("row {i} has no `method`")))?.to_string(),
+            method: series(r).ok_or_else(|| bad(&format!("row {i} has no `method`")))?,
             // `ar` rows carry budget 0 (no tree); every other method's is a tree budget ≥ 1.
             budget: Some(num("budget")?)
                 .filter(|b| b.fract() == 0.0 && (*b >= 1.0 || r["method"].as_str() == Some("ar")))
@@ -348,6 +359,22 @@ mod tests {
             row("sparkling", 16, 2.1, 40.0, &[0.7, 0.4, 0.1]),
             row("sparkling", 64, 2.5, 20.0, &[0.8, 0.5, 0.2]),
         ]})
+    }
+
+    #[test]
+    fn rows_with_a_lookup_graft_are_their_own_series() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("six.json");
+        let row = |lookup: &str, tau: f64| serde_json::json!({"method": "sparkling", "budget": 3, "lookup": lookup, "tau": tau, "tokens_per_s": 50.0});
+        let v = serde_json::json!({"rows": [
+            {"method": "ar", "budget": 0, "lookup": "-", "tau": 1.0, "tokens_per_s": 40.0},
+            row("off", 1.57), row("6 fallback", 2.13),
+        ]});
+        std::fs::write(&input, v.to_string()).unwrap();
+        let f = read_bench(&input).unwrap();
+        let names: Vec<&str> = f.rows.iter().map(|r| r.method.as_str()).collect();
+        assert_eq!(names, ["ar", "sparkling", "sparkling +lookup 6 fallback"]);
+        assert_eq!(methods(&f.rows), ["ar", "sparkling", "sparkling +lookup 6 fallback"]);
     }
 
     #[test]

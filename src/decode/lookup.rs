@@ -34,7 +34,7 @@ impl LookupGraft {
     pub const OFF: LookupGraft = LookupGraft { len: 0, skip_drafter: false };
 
     /// The default for `method` on a backend with (`host_memory`, the CPU) or without host
-    /// tensors: `sparkling` grafts chains of up to 4 tokens and skips the drafter on a match
+    /// tensors: `sparkling` grafts chains of up to 6 tokens and skips the drafter on a match
     /// on the CPU (six evaluation sets: 1.38× `ar` under `--budget auto`, 1.44× at budget 4,
     /// against 1.40× for `lookup` alone and 1.02–1.03× for the drafter alone, BENCHMARKS.md
     /// §34), and chains of up to 8 beside
@@ -43,15 +43,16 @@ impl LookupGraft {
     /// `treespark`) stay as published: off.
     pub fn default_for(method: Method, host_memory: bool) -> LookupGraft {
         match method {
-            Method::Sparkling if host_memory => LookupGraft { len: 4, skip_drafter: true },
+            Method::Sparkling if host_memory => LookupGraft { len: 6, skip_drafter: true },
             Method::Sparkling => LookupGraft { len: 8, skip_drafter: false },
             _ => LookupGraft::OFF,
         }
     }
 }
 
-/// The chain length `lookup` proposes under `p`: the tree budget, or under `--budget auto`
-/// (there is no drafter, so no cost model) [`Method::default_budget`] — chains of up to 4.
+/// The longest chain `lookup` proposes under `p` (after a full-length match; [`propose`]): the
+/// tree budget, or under `--budget auto` (there is no drafter, so no cost model)
+/// [`Method::default_budget`] — chains of up to 6.
 pub fn chain_len(p: &GenParams, host_memory: bool) -> usize {
     if p.auto_budget.is_some() {
         Method::Lookup.default_budget(host_memory)
@@ -60,10 +61,14 @@ pub fn chain_len(p: &GenParams, host_memory: bool) -> usize {
     }
 }
 
-/// `k` draft tokens for the position after `context` (prompt and committed tokens, oldest
+/// Up to `k` draft tokens for the position after `context` (prompt and committed tokens, oldest
 /// first, the round's anchor last): for `n` = `max_ngram` down to 1, the most recent earlier
 /// occurrence of the last `n` tokens (its end before the context's end) gives the tokens that
-/// followed it; the first `n` with a match wins. The copy runs on past the context's end into
+/// followed it; the first `n` with a match wins. The chain's length follows the match's:
+/// `⌈k·n / max_ngram⌉` tokens (`k` = 6, 3-gram matches: 2 / 4 / 6 tokens after a 1 / 2 /
+/// 3-token match), since a short match is a weak guess and each verified row costs compute
+/// on a CPU (six evaluation sets: τ 1.80 at 2 / 4 / 6 against 1.78 at 4 / 4 / 4 with ≈ 8 %
+/// fewer verify rows; 4–5 % faster in the same processes, BENCHMARKS.md §34 g). The copy runs on past the context's end into
 /// the tokens it has proposed (as an LZ77 copy does), so inside a repeating run of period `p`
 /// the chain continues the run instead of stopping after `p` tokens. Empty when nothing
 /// matches, `k` is 0 or the context is shorter than 2 tokens. A scan from the end: O(len · n)
@@ -78,6 +83,7 @@ pub fn propose(context: &[u32], k: usize, max_ngram: usize) -> Vec<u32> {
         if len < n + 1 {
             continue;
         }
+        let k = (k * n).div_ceil(max_ngram);
         let suffix = &context[len - n..];
         // Start positions s of an earlier occurrence context[s..s + n], most recent first, each
         // ending before the context's last token (so at least one token follows it).
@@ -104,6 +110,8 @@ mod tests {
         let ctx = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
         assert_eq!(propose(&ctx, 1, 3), vec![9]);
         assert_eq!(propose(&ctx, 3, 3), vec![9, 7, 1]);
+        // With a 4-gram limit the same 3-token match gets ⌈4·3/4⌉ = 3 of k = 4 tokens.
+        assert_eq!(propose(&ctx, 4, 4), vec![9, 7, 1]);
         // Past the context's end the copy continues into its own proposal: 9, 7, 1, 2, 3 are
         // the context's, then 9, 7, 1, … repeat with the match's period (5).
         assert_eq!(propose(&ctx, 10, 3), vec![9, 7, 1, 2, 3, 9, 7, 1, 2, 3]);
@@ -111,8 +119,13 @@ mod tests {
 
     #[test]
     fn falls_back_to_shorter_suffixes_and_to_nothing() {
-        // No earlier "8 9" nor "5 8 9"; an earlier "9" at 1 is followed by 4.
-        assert_eq!(propose(&[7, 9, 4, 5, 8, 9], 2, 3), vec![4, 5]);
+        // No earlier "8 9" nor "5 8 9"; an earlier "9" at 1 is followed by 4 — a 1-token match,
+        // so ⌈k/3⌉ tokens: 1 of k = 2, 2 of k = 6.
+        assert_eq!(propose(&[7, 9, 4, 5, 8, 9], 2, 3), vec![4]);
+        assert_eq!(propose(&[7, 9, 4, 5, 8, 9], 6, 3), vec![4, 5]);
+        // A 2-token match ("5 8" at 3..5, followed by 9 1 5 8 9): ⌈2k/3⌉ tokens.
+        assert_eq!(propose(&[0, 0, 2, 5, 8, 9, 1, 5, 8], 6, 3), vec![9, 1, 5, 8]);
+        assert_eq!(propose(&[0, 0, 2, 5, 8, 9, 1, 5, 8], 1, 3), vec![9]);
         // The longest suffix with a match wins over a more recent shorter one: "2 9" at 0..2
         // (followed by 6) beats the more recent "9" at 3 (followed by 1).
         assert_eq!(propose(&[2, 9, 6, 9, 1, 2, 9], 1, 3), vec![6]);
@@ -120,8 +133,10 @@ mod tests {
         assert!(propose(&[5], 4, 3).is_empty());
         assert!(propose(&[], 4, 3).is_empty());
         assert!(propose(&[1, 1, 1], 0, 3).is_empty(), "k = 0");
-        // A run proposes more of the run, as long as asked (the copy overlaps itself).
-        assert_eq!(propose(&[1, 1, 1], 4, 3), vec![1, 1, 1, 1]);
+        // A run proposes more of the run, as long as asked (the copy overlaps itself): "1 1"
+        // is a 2-token match in a 3-token context (⌈2·4/3⌉ = 3 tokens), "2 1 2" a 3-token one.
+        assert_eq!(propose(&[1, 1, 1], 4, 3), vec![1, 1, 1]);
+        assert_eq!(propose(&[1, 1, 1, 1], 4, 3), vec![1, 1, 1, 1]);
         assert_eq!(propose(&[4, 1, 2, 1, 2, 1, 2], 5, 3), vec![1, 2, 1, 2, 1]);
     }
 }

@@ -93,8 +93,9 @@ impl Method {
     pub fn default_budget(self, host_memory: bool) -> usize {
         let b = match self {
             Method::TreeSpark => 32,
-            // Prompt lookup's chain: τ gains little past 4 tokens (BENCHMARKS.md §33 d).
-            Method::Lookup => 4,
+            // Prompt lookup's longest chain (2 / 4 / 6 tokens after a 1 / 2 / 3-token match;
+            // BENCHMARKS.md §34 g).
+            Method::Lookup => 6,
             _ => 64,
         };
         if host_memory {
