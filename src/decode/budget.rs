@@ -23,7 +23,8 @@
 //!    decided before it runs ([`AutoState::should_draft`]) from the predicted gain of the
 //!    recent drafted rounds (an exponential average of `E(n*) − T(n*)/T_ar`, tokens gained over
 //!    plain AR in the same time); while it is negative the drafter is skipped (a plain AR
-//!    step) and re-tried after 4, 8, … 64 skipped rounds (probes). The decode loop keeps the
+//!    step) and re-tried after 4, 8, … 64 skipped rounds (probes of up to [`PROBE_BURST`]
+//!    drafted rounds). The decode loop keeps the
 //!    skipped rounds' taps and feeds them to the drafter when it next runs, so its context is
 //!    exactly the one it would have had (its context rows are per-row K/V, independent of
 //!    when they are written).
@@ -429,6 +430,13 @@ pub const MAX_PROBE_INTERVAL: usize = 64;
 /// Skipped drafter calls before the first probe (then 8, 16, … [`MAX_PROBE_INTERVAL`]).
 pub const FIRST_PROBE_INTERVAL: usize = 4;
 
+/// Drafted rounds of a probe ([`AutoState::should_draft`]): a drafter's per-round gains are
+/// skewed (a missed round loses a fraction of a token, a hit gains one or more), and the first
+/// round after a run of skips is its slowest (cold caches, the skipped tokens' taps to
+/// consume), so a single-round probe mostly read as a loss and drafting never resumed although
+/// it paid on average (BENCHMARKS.md §34 h: `--budget auto` then matched the best fixed budget).
+pub const PROBE_BURST: usize = 8;
+
 /// The per-generation state of `--budget auto`: the cost model with its online corrections,
 /// the calibration, and the draft/skip schedule.
 #[derive(Debug, Clone)]
@@ -458,6 +466,8 @@ pub struct AutoState {
     /// prediction relative to it, so it only moves a round above or below the level that the
     /// calibration learns.
     conf_level: Vec<Ema>,
+    /// Drafted rounds left in the current probe ([`PROBE_BURST`]).
+    burst: usize,
 }
 
 /// The most the confidence head may scale a node's predicted acceptance up or down (its path
@@ -494,6 +504,7 @@ impl AutoState {
             interval: FIRST_PROBE_INTERVAL,
             kept_depths: std::collections::VecDeque::new(),
             conf_level: Vec::new(),
+            burst: 0,
         }
     }
 
@@ -540,14 +551,16 @@ impl AutoState {
 
     /// Run the drafter this round? Yes while the recent drafted rounds predicted a gain over
     /// AR (and on the first round); else the round is a plain AR step, except every
-    /// `interval`-th one (a probe; the interval starts at [`FIRST_PROBE_INTERVAL`], doubles
-    /// after each probe that still predicts a loss, up to [`MAX_PROBE_INTERVAL`], and resets
-    /// once drafting pays).
+    /// `interval`-th one, which starts a probe: [`PROBE_BURST`] drafted rounds (fewer when a
+    /// round of it finds nothing worth verifying). The interval starts at
+    /// [`FIRST_PROBE_INTERVAL`], doubles after each probe that ends still predicting a loss,
+    /// up to [`AutoState::max_interval`], and resets once drafting pays.
     pub fn should_draft(&mut self) -> bool {
-        if self.gain.get_or(0.0) >= 0.0 {
+        if self.burst > 0 || self.gain.get_or(0.0) >= 0.0 {
             return true;
         }
         if self.skipped + 1 >= self.interval {
+            self.burst = PROBE_BURST;
             return true;
         }
         self.skipped += 1;
@@ -606,7 +619,16 @@ impl AutoState {
         let gain = choice.expected - choice.ms / self.ar_ms().max(1e-9);
         let was_probe = self.gain.get_or(0.0) < 0.0;
         self.gain.push(gain);
-        if self.gain.get_or(0.0) >= 0.0 {
+        if self.burst > 0 {
+            // A probe burst ends early when this round found nothing worth verifying (a
+            // hopeless drafter then costs one drafted round per probe, as before bursts).
+            self.burst = if choice.n == 0 { 0 } else { self.burst - 1 };
+            if self.burst == 0 && self.gain.get_or(0.0) < 0.0 {
+                self.interval = (self.interval * 2).min(self.max_interval());
+            } else if self.gain.get_or(0.0) >= 0.0 {
+                self.interval = FIRST_PROBE_INTERVAL;
+            }
+        } else if self.gain.get_or(0.0) >= 0.0 {
             self.interval = FIRST_PROBE_INTERVAL;
         } else if was_probe {
             self.interval = (self.interval * 2).min(self.max_interval());

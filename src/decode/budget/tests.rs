@@ -219,6 +219,34 @@ fn random_drafter_is_skipped_and_probed_with_backoff() {
     assert!(gaps.iter().all(|&g| g <= MAX_PROBE_INTERVAL), "{gaps:?}");
 }
 
+/// A drafter whose rounds alternate one hit with two slight misses gains on average; its
+/// EMA of the predicted gain still turns negative after two misses. A probe of
+/// [`PROBE_BURST`] rounds sees the hits and drafting resumes; a single-round probe that lands
+/// on a miss only backs off further.
+#[test]
+fn a_skewed_drafter_that_pays_on_average_keeps_drafting() {
+    let cost = CostModel::from_points(vec![1, 2, 17], vec![10.0, 11.0, 40.0], 2.0);
+    let mut s = AutoState::new(cost, 16);
+    let mut hit = DraftTree::chain(1, &[2, 3]);
+    hit.scores = vec![0.0, -0.01, -0.02];
+    let mut miss = DraftTree::chain(1, &[2]);
+    miss.scores = vec![0.0, -1.5];
+    let mut drafted = 0;
+    for round in 0..300 {
+        let tree = if round % 3 == 0 { &hit } else { &miss };
+        if s.should_draft() {
+            drafted += 1;
+            let d = s.choose(tree, 2.0, None);
+            assert!(d.choice.n >= 1, "both trees are worth verifying: {:?}", d.choice);
+            let reached = if round % 3 == 0 { 2 } else { 0 };
+            s.observe(1 + d.choice.n, 11.0, 0.1, Some((&d.raw_mass, reached)));
+        } else {
+            s.observe(1, 10.0, 0.1, None);
+        }
+    }
+    assert!(drafted > 200, "drafted in only {drafted} of 300 rounds");
+}
+
 #[test]
 fn a_good_drafter_keeps_drafting() {
     let cost = CostModel::from_points(vec![1, 5, 17], vec![10.0, 12.0, 40.0], 3.0);
