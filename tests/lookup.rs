@@ -85,6 +85,13 @@ fn lookup_refuses_a_zero_budget_and_a_graft_without_a_drafter() {
         assert!(batch.add(PROMPTS[0], &g).is_err());
         assert!(batch.is_empty(), "nothing was queued");
     }
+    // Chains longer than MAX_CHAIN are refused, naming the option.
+    let long = GenParams { lookup: LookupGraft { len: 65, skip_drafter: true }, ..params(Method::Sparkling, 4, 0.0, 0, 8, vec![]) };
+    let err = long.validate().unwrap_err().to_string();
+    assert!(err.contains("--lookup 65") && err.contains("at most 64"), "{err}");
+    let err = params(Method::Lookup, 65, 0.0, 0, 8, vec![]).validate().unwrap_err().to_string();
+    assert!(err.contains("--budget 65") && err.contains("at most 64"), "{err}");
+    assert!(params(Method::Lookup, 64, 0.0, 0, 8, vec![]).validate().is_ok());
     // The defaults: sparkling grafts (fallback on the CPU, always on a device), the others not.
     assert_eq!(GenParams::new(Method::Sparkling, true).lookup, LookupGraft { len: 6, skip_drafter: true });
     assert_eq!(GenParams::new(Method::Sparkling, false).lookup, LookupGraft { len: 8, skip_drafter: false });

@@ -29,7 +29,7 @@ pub struct GenerateArgs {
     pub system: Option<String>,
     /// Decoding method: ar, dflash, ddtree, dspark, sparkling, treespark, or lookup (no
     /// drafter: each round proposes the tokens that followed the most recent earlier occurrence
-    /// of the last 3, 2 or 1 tokens of prompt + answer; single sequences only).
+    /// of the last 3, 2 or 1 tokens of prompt + answer).
     #[arg(long, default_value = "sparkling")]
     pub method: String,
     /// Tree budget: `auto` (default) chooses per round the prefix of the tree worth its
@@ -69,8 +69,8 @@ pub struct GenerateArgs {
     /// grafted onto the drafter's tree as a chain, and the target verifies both at once.
     /// A chain of up to N tokens follows a 3-token match, ⌈N·n/3⌉ an n-token one.
     /// `auto` (default): sparkling chains of up to 6 tokens on the cpu, 8 elsewhere; the
-    /// published methods (dflash, ddtree, dspark, treespark) none. `off`, or N: chains of up
-    /// to N tokens for any method with a drafter.
+    /// published methods (dflash, ddtree, dspark, treespark) none. `off` (or 0), or N: chains
+    /// of up to N tokens (at most 64) for any method with a drafter.
     #[arg(long)]
     pub lookup: Option<String>,
     /// With a lookup chain: `fallback` (the drafter runs only in rounds whose lookup finds no
@@ -262,9 +262,11 @@ pub fn print_stats(method: Method, s: &Stats) {
     }
     if let Some((pred, obs)) = s.predicted_vs_observed_tau() {
         eprintln!(
-            "  budget auto: drafter skipped in {} of {} rounds; drafted rounds τ predicted {pred:.2} vs observed {obs:.2} (per-round error {:.2} tokens rms); policy {:.1} µs/round",
-            s.drafts_skipped,
+            "  budget auto: drafter ran in {} of {} rounds (skipped by the policy in {}{}); drafted rounds τ predicted {pred:.2} vs observed {obs:.2} (per-round error {:.2} tokens rms); policy {:.1} µs/round",
+            s.predicted_rounds,
             s.rounds,
+            s.drafts_skipped,
+            if s.lookup_rounds > 0 { ", the rest lookup rounds" } else { "" },
             s.prediction_rmse().unwrap_or(0.0),
             s.policy_us_per_round()
         );

@@ -12,6 +12,11 @@ use super::{GenParams, Method};
 /// Longest suffix matched: the last 3 tokens, else 2, else 1.
 pub const MAX_NGRAM: usize = 3;
 
+/// Longest lookup chain accepted (`--lookup N`, `lookup`'s `--budget`): the copy repeats the
+/// matched run past the context's end, so an unbounded N verified thousands of rows of one
+/// repeated phrase per round (a user trial: `--lookup 8000` ran 350× slower, exact tokens).
+pub const MAX_CHAIN: usize = 64;
+
 /// Prompt lookup beside a drafter (`--lookup`): each round, the lookup chain ([`propose`], up
 /// to `len` tokens) is grafted onto the drafter's tree ([`DraftTree::graft_chain`]), so the
 /// target verifies both sources in one forward and keeps whichever path it agrees with; with

@@ -185,6 +185,13 @@ impl GenParams {
                 return Err(Error::Input(format!("{arg} 0: must be ≥ 1")));
             }
         }
+        if self.lookup.len > lookup::MAX_CHAIN || (self.method == Method::Lookup && self.auto_budget.is_none() && t.budget > lookup::MAX_CHAIN) {
+            let (what, n) = if self.method == Method::Lookup { ("--budget", t.budget) } else { ("--lookup", self.lookup.len) };
+            return Err(Error::Input(format!(
+                "{what} {n}: a lookup chain of at most {} tokens (longer chains repeat one phrase and cost a verify row per token)",
+                lookup::MAX_CHAIN
+            )));
+        }
         if self.lookup.len > 0 && self.method.drafter_kind().is_none() {
             return Err(Error::Input(format!(
                 "a lookup chain grafted onto the tree (--lookup {}) needs a method with a drafter, not `{}`; method `lookup` takes its chain length from --budget",
