@@ -727,7 +727,10 @@ fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
         (with("ar", ["--lookup", "4"]), "--lookup is not used by --method ar"),
         (with("lookup", ["--lookup", "4"]), "--lookup is not used by --method lookup"),
         (with("lookup", ["--lookup-drafter", "always"]), "--lookup-drafter is not used by --method lookup"),
-        (with("sparkling", ["--lookup", "four"]), "--lookup four: expected `auto`, `off` or a chain length"),
+        (with("sparkling", ["--lookup", "four"]), "--lookup `four`: expected `auto`, `off` or a chain length"),
+        // A negative number reaches our own check (not clap's "unexpected argument").
+        (with("sparkling", ["--lookup", "-1"]), "--lookup `-1`: expected `auto`, `off` or a chain length"),
+        (with("sparkling", ["--budget", "-1"]), "--budget `-1`: expected a positive tree budget"),
         (with("sparkling", ["--lookup-drafter", "sometimes"]), "--lookup-drafter sometimes: expected `fallback` or `always`"),
         (with("dflash", ["--lookup-drafter", "always"]), "--lookup-drafter needs a lookup chain"),
     ];
@@ -736,9 +739,11 @@ fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
         no_panic(&o);
         assert!(o.status.code() == Some(1) && stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
     }
-    let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", "ar,sparkling", "--lookup", "auto,x"]);
-    no_panic(&o);
-    assert!(o.status.code() == Some(1) && stderr(&o).contains("--lookup x: expected"), "{}", stderr(&o));
+    for (list, want) in [("auto,x", "--lookup `x`: expected"), ("auto,,4", "--lookup ``: expected"), ("-2", "--lookup `-2`: expected")] {
+        let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", "ar,sparkling", "--lookup", list]);
+        no_panic(&o);
+        assert!(o.status.code() == Some(1) && stderr(&o).contains(want), "--lookup {list}: {}", stderr(&o));
+    }
 }
 
 #[test]

@@ -378,6 +378,7 @@ fn speculative_methods_batched_equal_alone_and_ar() {
         ];
         // Alone, with the request's method, and as `ar` with the same sampling.
         let mut alone_rounds: Vec<Vec<Round>> = Vec::new();
+        let mut alone_lookup_rounds: Vec<usize> = Vec::new();
         let alone: Vec<(Vec<u32>, bool)> = reqs
             .iter()
             .map(|(p, g)| {
@@ -391,12 +392,15 @@ fn speculative_methods_batched_equal_alone_and_ar() {
                     })
                     .unwrap();
                 alone_rounds.push(rounds);
+                alone_lookup_rounds.push(got.stats.lookup_rounds);
                 let as_ar = ar.generate(p, &GenParams { method: Method::Ar, lookup: LookupGraft::OFF, ..g.clone() }, &mut |_| {}).unwrap();
                 assert_eq!((&got.tokens, got.stopped), (&as_ar.tokens, as_ar.stopped), "{arch:?} {:?} alone vs ar", g.method);
                 (got.tokens, got.stopped)
             })
             .collect();
         assert!(alone[0].1 && alone[0].0.len() <= 6, "{arch:?}: the stop comes early");
+        // The three lookup requests found matches (so the lookup-step count below is tested).
+        assert!(alone_lookup_rounds[reqs.len() - 3..].iter().all(|&n| n > 0), "{arch:?}: {alone_lookup_rounds:?}");
         let mut multi_token_steps = 0;
         for stagger in [false, true] {
             for max_in_flight in [2usize, reqs.len()] {
@@ -429,6 +433,8 @@ fn speculative_methods_batched_equal_alone_and_ar() {
                         }
                         for f in out.finished {
                             assert_eq!(f.stats.new_tokens, f.tokens.len());
+                            // The same rounds verified a lookup chain as alone.
+                            assert_eq!(f.stats.lookup_steps, alone_lookup_rounds[owner[&f.id]], "{arch:?} request {}: lookup steps", owner[&f.id]);
                             got[owner[&f.id]] = Some((f.tokens, f.stopped));
                         }
                         step += 1;

@@ -35,7 +35,7 @@ pub struct BenchArgs {
     /// --budget auto`); each tree/chain method runs at every budget, ar once. Every prompt
     /// runs all (method, budget) pairs before the next prompt (interleaved, so machine-load
     /// drift hits every row alike). Default: 64.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub budgets: Option<Vec<String>>,
     /// Maximum new tokens per prompt.
     #[arg(long, default_value_t = 128)]
@@ -67,7 +67,7 @@ pub struct BenchArgs {
     /// see `generate --lookup`): each method with a drafter runs at every value (default:
     /// `auto`, each method's own default). E.g. `--lookup auto,off` measures the graft against
     /// the drafter alone in one interleaved run.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub lookup: Option<Vec<String>>,
     /// With a lookup chain: `fallback` or `always` (see `generate --lookup-drafter`).
     #[arg(long)]
@@ -315,6 +315,18 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
         Ok(params)
     };
+    // A run listed twice (`--budgets 3,3`, or `--lookup auto,6` where auto means 6) runs once.
+    let mut seen = std::collections::HashSet::new();
+    let mut unique = Vec::with_capacity(runs.len());
+    for (meth, budget, lookup) in runs {
+        let key = (meth.name(), budget.name(), lookup_label(meth, &run_params(meth, budget, &lookup)?));
+        if seen.insert(key.clone()) {
+            unique.push((meth, budget, lookup));
+        } else {
+            eprintln!("note: {} at budget {} with lookup {} is listed twice; it runs once", key.0, key.1, key.2);
+        }
+    }
+    let runs = unique;
     let pb = ProgressBar::new((runs.len() * prompts.len()) as u64);
     pb.set_style(ProgressStyle::with_template("{msg:28} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     if !a.batch.is_empty() {
@@ -374,8 +386,8 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     let ar_tps = results.iter().find(|r| r.0 == Method::Ar).map(|r| r.3.tokens_per_s());
     let mut table = String::new();
     let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
-    let _ = writeln!(table, "| method | budget | lookup | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run | tree sizes (nodes: rounds) | lookup rounds (τ there) |");
-    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(table, "| method | budget | lookup | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run | tree sizes (nodes: rounds) | lookup rounds (τ there) | drafter ran (ms each) |");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
     for (meth, budget, lookup, s, mism) in &results {
         let [d, p, h, v, ac, c] = s.per_round_ms();
@@ -383,7 +395,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         let speed = ar_tps.map(|x| s.tokens_per_s() / x);
         let _ = writeln!(
             table,
-            "| {} | {} | {lookup} | {:.2} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} | {} |",
+            "| {} | {} | {lookup} | {:.2} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} | {} | {} |",
             meth.name(),
             if *meth == Method::Ar { "-".to_string() } else { budget.name() },
             s.tau(),
@@ -391,6 +403,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             speed.map_or_else(|| "–".to_string(), |x| format!("{x:.2}×")),
             super::generate::size_histogram(s).unwrap_or_else(|| "-".into()),
             s.lookup_tau().map_or_else(|| "-".to_string(), |t| format!("{} of {} ({t:.2})", s.lookup_rounds, s.rounds)),
+            s.drafter_ms_per_run().map_or_else(|| "-".to_string(), |d| format!("{} of {} ({d:.2})", s.drafter_rounds, s.rounds)),
         );
         let budget_json = match budget {
             BudgetChoice::Auto => serde_json::json!("auto"),
@@ -402,6 +415,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         json_rows.push(serde_json::json!({
             "method": meth.name(), "budget": budget_json, "lookup": lookup, "auto": auto_json, "tau": s.tau(), "tokens_per_s": s.tokens_per_s(),
             "speedup_vs_ar": speed, "per_round_ms": {"draft": d, "prep": p, "heap": h, "verify": v, "accept": ac, "compact": c},
+            "drafter_ms_per_run": s.drafter_ms_per_run(),
             "conditional_acceptance": s.conditional_acceptance(), "outputs_differing_from_first_run": mism, "stats": s,
         }));
     }

@@ -39,6 +39,8 @@ struct Row {
     decode_seqs: usize,
     /// How many such steps.
     decode_steps: usize,
+    /// Σ per-sequence decode steps that verified a lookup chain.
+    lookup_steps: usize,
     mismatches: usize,
 }
 
@@ -79,6 +81,7 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], budget: &str, params
         decode_tokens: 0,
         decode_seqs: 0,
         decode_steps: 0,
+        lookup_steps: 0,
         mismatches: 0,
     };
     let mut prompt_len: HashMap<SeqId, usize> = HashMap::new();
@@ -106,6 +109,7 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], budget: &str, params
             row.latency_ms.push(f.stats.latency_ms);
             row.first_token_ms.push(f.stats.first_token_ms);
             row.seq_steps += f.stats.decode_steps;
+            row.lookup_steps += f.stats.lookup_steps;
             tokens[owner[&f.id]] = f.tokens;
             pb.inc(1);
         }
@@ -147,9 +151,9 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
     let _ = writeln!(
         table,
-        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | decode-only tok/s (seqs/step) | decode vs ar batch 1 | τ | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | ≠ first row |"
+        "| method | budget | batch | aggregate tok/s | vs ar batch 1 | decode-only tok/s (seqs/step) | decode vs ar batch 1 | τ | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | lookup steps | ≠ first row |"
     );
-    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
     for r in &rows {
         let agg = r.new_tokens as f64 / r.wall_s.max(1e-9);
@@ -166,7 +170,7 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
         let budget = if r.method == Method::Ar { "-" } else { r.budget.as_str() };
         let _ = writeln!(
             table,
-            "| {} | {budget} | {} | {agg:.1} | {} | {} | {} | {per_step:.2} | {:.2} | {} | {:.1} | {rps:.1} | {:.0} / {:.0} | {:.0} | {} |",
+            "| {} | {budget} | {} | {agg:.1} | {} | {} | {} | {per_step:.2} | {:.2} | {} | {:.1} | {rps:.1} | {:.0} / {:.0} | {:.0} | {} | {} |",
             r.method.name(),
             r.batch,
             speed.map_or("–".to_string(), |x| format!("{x:.2}×")),
@@ -178,6 +182,8 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
             lat["mean"].as_f64().unwrap_or(0.0),
             lat["p90"].as_f64().unwrap_or(0.0),
             ftl["mean"].as_f64().unwrap_or(0.0),
+            // Per-sequence decode steps that verified a lookup chain (alone or grafted).
+            if r.lookup_steps > 0 { format!("{} of {}", r.lookup_steps, r.seq_steps) } else { "-".into() },
             r.mismatches
         );
         json_rows.push(serde_json::json!({
@@ -186,7 +192,7 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
             "decode_only": {"tokens_per_s": dec, "speedup_vs_ar_batch_1": dec_speed, "steps": r.decode_steps, "seconds": r.decode_s, "tokens": r.decode_tokens, "mean_sequences_per_step": occupancy},
             "tau": per_step, "draft_s": r.draft_s,
             "sequences": r.latency_ms.len(), "new_tokens": r.new_tokens, "wall_s": r.wall_s, "steps": r.steps,
-            "rows_per_step": rps, "latency_ms": lat, "first_token_ms": ftl,
+            "rows_per_step": rps, "lookup_steps": r.lookup_steps, "latency_ms": lat, "first_token_ms": ftl,
             "per_sequence_latency_ms": r.latency_ms, "outputs_differing_from_first_row": r.mismatches,
         }));
     }

@@ -39,7 +39,7 @@ pub struct GenerateArgs {
     /// to 16 nodes on the cpu backend, 64 (treespark 32) elsewhere; or a number: non-root
     /// nodes verified every round (chains: max chain length). `lookup` has no cost model: `auto`
     /// gives it chains of up to 6 tokens (2 / 4 / 6 after a 1 / 2 / 3-token match).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<String>,
     /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
     /// node's acceptance from its calibrated path probability alone (the head, where a drafter
@@ -71,7 +71,7 @@ pub struct GenerateArgs {
     /// `auto` (default): sparkling chains of up to 6 tokens on the cpu, 8 elsewhere; the
     /// published methods (dflash, ddtree, dspark, treespark) none. `off` (or 0), or N: chains
     /// of up to N tokens (at most 64) for any method with a drafter.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lookup: Option<String>,
     /// With a lookup chain: `fallback` (the drafter runs only in rounds whose lookup finds no
     /// match; the default on the cpu, where the drafter's forward and its extra verify rows
@@ -219,7 +219,7 @@ pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, ho
         None | Some("auto") => {}
         Some("off") => g.len = 0,
         Some(s) => {
-            let len = s.parse::<usize>().map_err(|_| Error::Input(format!("--lookup {s}: expected `auto`, `off` or a chain length in tokens (0 = off)")))?;
+            let len = s.parse::<usize>().map_err(|_| Error::Input(format!("--lookup `{s}`: expected `auto`, `off` or a chain length in tokens (0 = off)")))?;
             // The backend's drafter policy (fallback on the cpu), also for the methods off by default.
             g = LookupGraft { len, skip_drafter: host_memory };
         }
@@ -259,6 +259,12 @@ pub fn print_stats(method: Method, s: &Stats) {
     }
     if let Some(lt) = s.lookup_tau() {
         eprintln!("  lookup chain verified in {} of {} rounds (τ {lt:.2} there)", s.lookup_rounds, s.rounds);
+    }
+    if let Some(dm) = s.drafter_ms_per_run().filter(|_| s.drafter_rounds < s.rounds) {
+        eprintln!(
+            "  drafter: {dm:.2} ms in each of the {} rounds it ran (of {}; the draft figure above averages over every round)",
+            s.drafter_rounds, s.rounds
+        );
     }
     if let Some((pred, obs)) = s.predicted_vs_observed_tau() {
         eprintln!(
@@ -394,13 +400,17 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
         let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": g.stats.tau(), "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
         sparkling::fsio::write_bytes(p, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())
     });
-    if let Some(c) = &g.cost_model {
-        super::costs::save(&cost_path, c);
-    }
     if let Some(e) = out_err {
+        if let Some(c) = &g.cost_model {
+            super::costs::save(&cost_path, c);
+        }
         return Err(super::stdout_error(e));
     }
     outln!()?;
+    // After the answer's last line, so its note does not run on from the streamed text.
+    if let Some(c) = &g.cost_model {
+        super::costs::save(&cost_path, c);
+    }
     // The statistics reach stderr even when the --stats-json write failed (then its error).
     print_stats(method, &g.stats);
     eprintln!("  kernels: {} | target matmuls: {}", m.backend.name(), m.models.target.kernel_paths(&m.backend));

@@ -101,6 +101,9 @@ pub struct SeqStats {
     /// Steps that committed tokens after the first one (one token each for `ar`, a verified
     /// tree for a speculative method): τ = (new_tokens − 1) / decode_steps.
     pub decode_steps: usize,
+    /// Decode steps that verified a prompt-lookup chain (`lookup`, or `--lookup` beside a
+    /// drafter: alone or grafted onto the drafted tree).
+    pub lookup_steps: usize,
     /// From [`Batch::add`] to its first generated token, ms.
     pub first_token_ms: f64,
     /// From [`Batch::add`] to leaving the batch, ms (the per-sequence latency).
@@ -211,6 +214,7 @@ struct Seq<'a, B: Backend> {
     first_token_ms: f64,
     steps: usize,
     decode_steps: usize,
+    lookup_steps: usize,
 }
 
 impl<B: Backend> Seq<'_, B> {
@@ -264,6 +268,7 @@ impl<B: Backend> Seq<'_, B> {
             new_tokens: self.out.len(),
             steps: self.steps,
             decode_steps: self.decode_steps,
+            lookup_steps: self.lookup_steps,
             first_token_ms: self.first_token_ms,
             latency_ms: self.added.elapsed().as_secs_f64() * 1e3,
         };
@@ -448,6 +453,7 @@ impl<'a, B: Backend> Batch<'a, B> {
             first_token_ms: 0.0,
             steps: 0,
             decode_steps: 0,
+            lookup_steps: 0,
         });
         Ok(id)
     }
@@ -495,6 +501,7 @@ impl<'a, B: Backend> Batch<'a, B> {
         // Speculative sequences past their prefill draft their trees first (every sequence of a
         // drafter in one packed drafter forward); their blocks are filled in below.
         let (mut want, mut want_feed, mut grafts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut lookup_seqs = Vec::new();
         for (i, s) in self.seqs.iter().enumerate() {
             let Some((ids, wants_logits)) = s.next_input(self.opts.max_prefill_rows, tail) else { continue };
             let root = s.fed();
@@ -507,6 +514,7 @@ impl<'a, B: Backend> Batch<'a, B> {
                     _ => s.params.lookup.len,
                 };
                 let chain = if len > 0 { lookup::propose(&[&s.prompt[..], &s.out[..]].concat(), len, lookup::MAX_NGRAM) } else { Vec::new() };
+                lookup_seqs.extend((!chain.is_empty()).then_some(i));
                 if s.spec.is_some() && (chain.is_empty() || !s.params.lookup.skip_drafter) {
                     want.push((i, ids[0], root));
                     want_feed.push(feeding.len());
@@ -522,6 +530,9 @@ impl<'a, B: Backend> Batch<'a, B> {
                 let positions = (root as u32..(root + ids.len()) as u32).collect();
                 feeding.push(Feed { seq: i, ids, positions, wants_logits, tree: None });
             }
+        }
+        for &i in &lookup_seqs {
+            self.seqs[i].lookup_steps += 1;
         }
         if !want.is_empty() {
             let trees = draft_trees(b, self.target, &self.drafters, &mut self.seqs, &want)?;

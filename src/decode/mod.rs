@@ -451,7 +451,9 @@ impl<'a, B: Backend> Engine<'a, B> {
             // below, or verified alone when it matched and the drafter is skipped on a match.
             let graft = if p.lookup.len > 0 && drafter.is_some() {
                 let chain = lookup::propose(&context(prompt, &out), p.lookup.len, lookup::MAX_NGRAM);
-                stats.draft_ms += ms(t);
+                let dt = ms(t);
+                stats.draft_ms += dt;
+                stats.lookup_ms += dt;
                 chain
             } else {
                 Vec::new()
@@ -472,12 +474,17 @@ impl<'a, B: Backend> Engine<'a, B> {
             let t = Instant::now();
             let mut decision = None;
             let mut drafted = false;
+            // Whether this round verifies a prompt-lookup chain (`lookup`'s, or a graft).
+            let mut looked_up = !graft.is_empty();
             let prop = if p.method == Method::Lookup {
                 // No drafter: the chain is what followed the most recent earlier occurrence of
                 // the context's last tokens (prompt and committed tokens, the anchor last).
                 let drafts = lookup::propose(&context(prompt, &out), lookup_len, lookup::MAX_NGRAM);
-                stats.draft_ms += ms(t);
+                let dt = ms(t);
+                stats.draft_ms += dt;
+                stats.lookup_ms += dt;
                 drafted = !drafts.is_empty();
+                looked_up = drafted;
                 Proposal { tree: DraftTree::chain(anchor, &drafts), ..Proposal::default() }
             } else {
                 match (drafter, dcache.as_mut()) {
@@ -492,6 +499,7 @@ impl<'a, B: Backend> Engine<'a, B> {
                         let draft = DraftLogits::of(d, &logits, depth, markov_dev);
                         let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
                         stats.draft_ms += forward_ms;
+                        stats.drafter_rounds += 1;
                         drafted = true;
                         // The DSpark confidence head, where the drafter has one and `--budget auto`
                         // reads it: its slot terms need the hidden rows `[depth, H]` on the host (a
@@ -525,8 +533,10 @@ impl<'a, B: Backend> Engine<'a, B> {
             let mut prop = prop;
             if !graft.is_empty() {
                 prop.tree.graft_chain(&graft);
-                stats.lookup_rounds += 1;
                 drafted = true;
+            }
+            if looked_up {
+                stats.lookup_rounds += 1;
             }
             let tree = &prop.tree;
 
@@ -577,7 +587,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             // τ counts the tokens kept: a last round cut by a stop token or the length limit
             // commits fewer than it accepted (so τ × rounds + 1 = the tokens generated).
             stats.committed -= new.len() - (out.len() - before);
-            if !graft.is_empty() {
+            if looked_up {
                 stats.lookup_committed += out.len() - before;
             }
 

@@ -20,8 +20,13 @@ pub struct Stats {
     pub committed: usize,
     /// Target prefill, ms.
     pub prefill_ms: f64,
-    /// Drafter forward + logits download, ms.
+    /// Proposing, ms: the drafter forward + logits download, and the prompt-lookup scan
+    /// (`lookup_ms`). Rounds that skip the drafter add only their lookup scan.
     pub draft_ms: f64,
+    /// Of `draft_ms`: the prompt-lookup scan (`lookup`, `--lookup`), ms.
+    pub lookup_ms: f64,
+    /// Rounds in which the drafter's forward ran ([`Stats::drafter_ms_per_run`]).
+    pub drafter_rounds: usize,
     /// Candidate / top-k / Markov table preparation, ms.
     pub prep_ms: f64,
     /// Host heap (tree build), ms.
@@ -61,8 +66,9 @@ pub struct Stats {
     pub calib_predicted: Vec<f64>,
     /// … and the number of those rounds whose accepted path reached depth `d`.
     pub calib_accepted: Vec<usize>,
-    /// Rounds that verified a prompt-lookup chain beside (or, skipping the drafter, instead
-    /// of) the drafter's tree (`--lookup`; [`super::LookupGraft`]).
+    /// Rounds that verified a prompt-lookup chain: beside (or, skipping the drafter, instead
+    /// of) the drafter's tree (`--lookup`; [`super::LookupGraft`]), or `lookup`'s own chain
+    /// (its rounds with a match).
     pub lookup_rounds: usize,
     /// Tokens those rounds committed (accepted path + bonus): τ of the lookup rounds =
     /// `lookup_committed / lookup_rounds` ([`Stats::lookup_tau`]).
@@ -184,6 +190,8 @@ impl Stats {
         self.committed += o.committed;
         self.prefill_ms += o.prefill_ms;
         self.draft_ms += o.draft_ms;
+        self.lookup_ms += o.lookup_ms;
+        self.drafter_rounds += o.drafter_rounds;
         self.prep_ms += o.prep_ms;
         self.heap_ms += o.heap_ms;
         self.verify_ms += o.verify_ms;
@@ -222,6 +230,12 @@ impl Stats {
         }
         self.policy_us += o.policy_us;
         self.cost_measure_ms += o.cost_measure_ms;
+    }
+    /// Mean drafting time of the rounds whose drafter ran, ms: `draft_ms` without the lookup
+    /// scans, ÷ `drafter_rounds` (`per_round_ms`'s draft column averages over every round,
+    /// also those that skipped the drafter). `None` when the drafter never ran.
+    pub fn drafter_ms_per_run(&self) -> Option<f64> {
+        (self.drafter_rounds > 0).then(|| (self.draft_ms - self.lookup_ms).max(0.0) / self.drafter_rounds as f64)
     }
     /// Per-round means of each stage, ms: (draft, prep, heap, verify, accept, compact).
     pub fn per_round_ms(&self) -> [f64; 6] {
