@@ -93,7 +93,7 @@ fn lookup_refuses_a_zero_budget_and_a_graft_without_a_drafter() {
     assert!(err.contains("--budget 65") && err.contains("at most 64"), "{err}");
     assert!(params(Method::Lookup, 64, 0.0, 0, 8, vec![]).validate().is_ok());
     // The defaults: sparkling grafts (fallback on the CPU, always on a device), the others not.
-    assert_eq!(GenParams::new(Method::Sparkling, true).lookup, LookupGraft { len: 6, skip_drafter: true });
+    assert_eq!(GenParams::new(Method::Sparkling, true).lookup, LookupGraft { len: 16, skip_drafter: true });
     assert_eq!(GenParams::new(Method::Sparkling, false).lookup, LookupGraft { len: 8, skip_drafter: false });
     for m in [Method::Ar, Method::Lookup, Method::DFlash, Method::DDTree, Method::DSpark, Method::TreeSpark] {
         assert_eq!(GenParams::new(m, true).lookup, LookupGraft::OFF, "{m:?}");

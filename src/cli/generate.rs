@@ -38,7 +38,8 @@ pub struct GenerateArgs {
     /// under `$SPARKLING_ASSETS/costs/`, printed by `sparkling profile`), building trees of up
     /// to 16 nodes on the cpu backend, 64 (treespark 32) elsewhere; or a number: non-root
     /// nodes verified every round (chains: max chain length). `lookup` has no cost model: `auto`
-    /// gives it chains of up to 6 tokens (2 / 4 / 6 after a 1 / 2 / 3-token match).
+    /// gives it chains of up to 16 tokens (2 / 4 / 6 after a 1 / 2 / 3-token match, up to 16
+    /// after a longer match: as many as matched).
     #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<String>,
     /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
@@ -67,8 +68,9 @@ pub struct GenerateArgs {
     /// Prompt lookup beside the drafter (methods with a drafter): each round the tokens that
     /// followed the most recent earlier occurrence of the context's last 3, 2 or 1 tokens are
     /// grafted onto the drafter's tree as a chain, and the target verifies both at once.
-    /// A chain of up to N tokens follows a 3-token match, ⌈N·n/3⌉ an n-token one.
-    /// `auto` (default): sparkling chains of up to 6 tokens on the cpu, 8 elsewhere; the
+    /// With k = min(N, 6): ⌈k·n/3⌉ tokens follow an n-token match (n = 1, 2), and a 3-token
+    /// match gets k tokens, or as many as the match's whole length if longer, up to N.
+    /// `auto` (default): sparkling chains of up to 16 tokens on the cpu, 8 elsewhere; the
     /// published methods (dflash, ddtree, dspark, treespark) none. `off` (or 0), or N: chains
     /// of up to N tokens (at most 64) for any method with a drafter.
     #[arg(long, allow_negative_numbers = true)]

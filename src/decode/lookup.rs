@@ -39,16 +39,17 @@ impl LookupGraft {
     pub const OFF: LookupGraft = LookupGraft { len: 0, skip_drafter: false };
 
     /// The default for `method` on a backend with (`host_memory`, the CPU) or without host
-    /// tensors: `sparkling` grafts chains of up to 6 tokens and skips the drafter on a match
-    /// on the CPU (six evaluation sets: 1.38× `ar` under `--budget auto`, 1.44× at budget 4,
-    /// against 1.40× for `lookup` alone and 1.02–1.03× for the drafter alone, BENCHMARKS.md
-    /// §34), and chains of up to 8 beside
+    /// tensors: `sparkling` grafts chains of up to 16 tokens (6 unless the match is longer,
+    /// [`propose`]) and skips the drafter on a match on the CPU (six evaluation sets, 256
+    /// tokens, chains of up to 6: 1.50× `ar` under `--budget auto`, against 1.47× for
+    /// `lookup` alone and 1.03–1.09× for the drafter alone, BENCHMARKS.md §34; up to 16:
+    /// §35), and chains of up to 8 beside
     /// every drafted tree on a device, where extra verify rows cost little (not yet measured
     /// on a GPU with real weights); the published methods (`dflash`, `ddtree`, `dspark`,
     /// `treespark`) stay as published: off.
     pub fn default_for(method: Method, host_memory: bool) -> LookupGraft {
         match method {
-            Method::Sparkling if host_memory => LookupGraft { len: 6, skip_drafter: true },
+            Method::Sparkling if host_memory => LookupGraft { len: 16, skip_drafter: true },
             Method::Sparkling => LookupGraft { len: 8, skip_drafter: false },
             _ => LookupGraft::OFF,
         }
@@ -57,7 +58,7 @@ impl LookupGraft {
 
 /// The longest chain `lookup` proposes under `p` (after a full-length match; [`propose`]): the
 /// tree budget, or under `--budget auto` (there is no drafter, so no cost model)
-/// [`Method::default_budget`] — chains of up to 6.
+/// [`Method::default_budget`] — chains of up to 16.
 pub fn chain_len(p: &GenParams, host_memory: bool) -> usize {
     if p.auto_budget.is_some() {
         Method::Lookup.default_budget(host_memory)
@@ -66,21 +67,34 @@ pub fn chain_len(p: &GenParams, host_memory: bool) -> usize {
     }
 }
 
-/// Up to `k` draft tokens for the position after `context` (prompt and committed tokens, oldest
-/// first, the round's anchor last): for `n` = `max_ngram` down to 1, the most recent earlier
-/// occurrence of the last `n` tokens (its end before the context's end) gives the tokens that
-/// followed it; the first `n` with a match wins. The chain's length follows the match's:
-/// `⌈k·n / max_ngram⌉` tokens (`k` = 6, 3-gram matches: 2 / 4 / 6 tokens after a 1 / 2 /
-/// 3-token match), since a short match is a weak guess and each verified row costs compute
-/// on a CPU (six evaluation sets: τ 1.80 at 2 / 4 / 6 against 1.78 at 4 / 4 / 4 with ≈ 8 %
-/// fewer verify rows; 4–5 % faster in the same processes, BENCHMARKS.md §34 g). The copy runs on past the context's end into
-/// the tokens it has proposed (as an LZ77 copy does), so inside a repeating run of period `p`
-/// the chain continues the run instead of stopping after `p` tokens. Empty when nothing
-/// matches, `k` is 0 or the context is shorter than 2 tokens. A scan from the end: O(len · n)
-/// per call, microseconds at the context lengths served here (an n-gram index would make it
-/// O(1) at long contexts).
-pub fn propose(context: &[u32], k: usize, max_ngram: usize) -> Vec<u32> {
+/// Chain length after a `max_ngram`-token match of no more than `BASE_CHAIN` tokens (shorter
+/// matches get ⌈BASE_CHAIN·n / max_ngram⌉; [`propose`]).
+pub const BASE_CHAIN: usize = 6;
+
+/// Up to `max_len` draft tokens for the position after `context` (prompt and committed tokens,
+/// oldest first, the round's anchor last): for `n` = `max_ngram` down to 1, the most recent
+/// earlier occurrence of the last `n` tokens (its end before the context's end) gives the
+/// tokens that followed it; the first `n` with a match wins.
+///
+/// The chain's length follows the match's, with `k = min(max_len, BASE_CHAIN)`:
+/// - after a 1- or 2-token match (n < `max_ngram`), `⌈k·n / max_ngram⌉` tokens (2 / 4 for
+///   k = 6): a short match is a weak guess, and each verified row costs compute on a CPU
+///   (BENCHMARKS.md §34 g);
+/// - after a full `max_ngram`-token match, the occurrence's whole match length `m` (how far
+///   back before the suffix the context agrees with it), at least `k`, at most `max_len`: a
+///   long repeated run — a quoted line, a repeated code block, a loop the model fell into —
+///   is likely to go on repeating (replayed over SmolLM2's greedy answers on the six sets at
+///   512 tokens: τ 2.29 → 2.47 and ≈ 5 % faster at `max_len` 16, unchanged at T = 1;
+///   BENCHMARKS.md §35).
+///
+/// The copy runs on past the context's end into the tokens it has proposed (as an LZ77 copy
+/// does), so inside a repeating run of period `p` the chain continues the run instead of
+/// stopping after `p` tokens. Empty when nothing matches, `max_len` is 0 or the context is
+/// shorter than 2 tokens. A scan from the end: O(len · n) per call, microseconds at the
+/// context lengths served here (an n-gram index would make it O(1) at long contexts).
+pub fn propose(context: &[u32], max_len: usize, max_ngram: usize) -> Vec<u32> {
     let len = context.len();
+    let k = max_len.min(BASE_CHAIN);
     if k == 0 {
         return Vec::new();
     }
@@ -88,14 +102,23 @@ pub fn propose(context: &[u32], k: usize, max_ngram: usize) -> Vec<u32> {
         if len < n + 1 {
             continue;
         }
-        let k = (k * n).div_ceil(max_ngram);
         let suffix = &context[len - n..];
         // Start positions s of an earlier occurrence context[s..s + n], most recent first, each
         // ending before the context's last token (so at least one token follows it).
         for s in (0..len - n).rev() {
             if &context[s..s + n] == suffix {
-                let mut follow = Vec::with_capacity(k);
-                for i in s + n..s + n + k {
+                let want = if n < max_ngram {
+                    (k * n).div_ceil(max_ngram)
+                } else {
+                    // The match's whole length m: the tokens before both copies that agree.
+                    let mut m = n;
+                    while m < max_len && m - n < s && context[s - (m - n) - 1] == context[len - m - 1] {
+                        m += 1;
+                    }
+                    k.max(m).min(max_len)
+                };
+                let mut follow = Vec::with_capacity(want);
+                for i in s + n..s + n + want {
                     follow.push(if i < len { context[i] } else { follow[i - len] });
                 }
                 return follow;
@@ -118,8 +141,29 @@ mod tests {
         // With a 4-gram limit the same 3-token match gets ⌈4·3/4⌉ = 3 of k = 4 tokens.
         assert_eq!(propose(&ctx, 4, 4), vec![9, 7, 1]);
         // Past the context's end the copy continues into its own proposal: 9, 7, 1, 2, 3 are
-        // the context's, then 9, 7, 1, … repeat with the match's period (5).
-        assert_eq!(propose(&ctx, 10, 3), vec![9, 7, 1, 2, 3, 9, 7, 1, 2, 3]);
+        // the context's, then 9, … repeats with the match's period (5). A 3-token match gets
+        // BASE_CHAIN = 6 tokens when `max_len` allows more.
+        assert_eq!(propose(&ctx, 10, 3), vec![9, 7, 1, 2, 3, 9]);
+        assert_eq!(propose(&ctx, 64, 3).len(), BASE_CHAIN);
+    }
+
+    #[test]
+    fn a_long_match_proposes_as_many_tokens_as_it_matched() {
+        // 20..=29, then 5, then 20..=27 again: the last 3 tokens match at 5..8, and the 8
+        // tokens 20..=27 agree with the earlier copy (the match's whole length m = 8).
+        let mut ctx: Vec<u32> = (20..30).collect();
+        ctx.push(5);
+        ctx.extend(20..28);
+        assert_eq!(propose(&ctx, 16, 3), vec![28, 29, 5, 20, 21, 22, 23, 24], "m = 8 tokens, under max_len");
+        assert_eq!(propose(&ctx, 7, 3), vec![28, 29, 5, 20, 21, 22, 23], "capped at max_len");
+        assert_eq!(propose(&ctx, 6, 3), vec![28, 29, 5, 20, 21, 22], "max_len = BASE_CHAIN: the short-match rule");
+        assert_eq!(propose(&ctx, 4, 3), vec![28, 29, 5, 20]);
+        // A match of exactly 3 tokens gets BASE_CHAIN, whatever max_len above it.
+        let ctx = [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3];
+        assert_eq!(propose(&ctx, 16, 3), vec![4, 5, 6, 7, 8, 9]);
+        // Inside a long periodic run the match reaches back to the run's start.
+        let run: Vec<u32> = [1, 2].repeat(12);
+        assert_eq!(propose(&run, 16, 3), [1, 2].repeat(8));
     }
 
     #[test]

@@ -89,13 +89,15 @@ impl Method {
     /// Default non-root node budget: 64 (treespark 32) on device backends; at most 8 on a
     /// backend whose tensors live in host memory (`host_memory`, the CPU backend), where
     /// verification is compute-bound and small trees win in tokens/s (BENCHMARKS.md §7: a
-    /// verify of 9 rows ≈ 4 decode steps, 65 rows ≈ 19).
+    /// verify of 9 rows ≈ 4 decode steps, 65 rows ≈ 19). `lookup`: chains of up to 16 on
+    /// every backend.
     pub fn default_budget(self, host_memory: bool) -> usize {
         let b = match self {
             Method::TreeSpark => 32,
-            // Prompt lookup's longest chain (2 / 4 / 6 tokens after a 1 / 2 / 3-token match;
-            // BENCHMARKS.md §34 g).
-            Method::Lookup => 6,
+            // Prompt lookup's longest chain (2 / 4 / 6 tokens after a 1 / 2 / 3-token match, up
+            // to 16 after a longer one; `lookup::propose`, BENCHMARKS.md §34 g, §35). Not capped
+            // on the CPU: only a long repeated run gets a long chain.
+            Method::Lookup => return 16,
             _ => 64,
         };
         if host_memory {
