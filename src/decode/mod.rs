@@ -10,6 +10,7 @@ pub mod budget;
 pub mod lookup;
 pub mod propose;
 pub mod rng;
+mod round;
 pub mod stats;
 
 use crate::error::{Error, Result};
@@ -18,7 +19,8 @@ use crate::model::drafter::Drafter;
 use crate::model::target::{LogitRows, Target};
 use budget::{AutoBudget, AutoState, CostModel};
 pub use lookup::LookupGraft;
-use propose::{propose_scored, take_context, DraftLogits, Proposal, TreeParams, TreePrep};
+use propose::{TreeParams, TreePrep};
+use round::{Proposer, Round};
 use sparkling_core::tree::DraftTree;
 use sparkling_core::{AttnMask, Backend, SampleParams};
 pub use stats::Stats;
@@ -397,7 +399,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         let tap_layers: Vec<usize> = drafter.map(|d| d.cfg.target_layer_ids.clone()).unwrap_or_default();
         let mut cache = self.target.new_cache(b, capacity)?;
-        let mut dcache = match drafter {
+        let dcache = match drafter {
             Some(d) => Some(d.new_cache(b, capacity + d.cfg.block_size)?),
             None => None,
         };
@@ -437,109 +439,27 @@ impl<'a, B: Backend> Engine<'a, B> {
             }
             _ => None,
         };
-        // Taps of committed tokens the drafter has not consumed yet (one entry per round; more
-        // than one after rounds that skipped the drafter).
-        let mut pending: Vec<B::Tensor> = pre.taps.into_iter().collect();
+        let mut proposer = Proposer {
+            b,
+            target: self.target,
+            method: p.method,
+            drafter,
+            dcache,
+            pending: pre.taps.into_iter().collect(),
+            markov_dev,
+            tree_params,
+            lookup_len,
+            use_confidence,
+        };
         let mut anchor = first;
         let mut root_pos = prompt.len();
         let mut stopped = self.push(&mut out, &[first], p, on_tokens);
         let decode_start = Instant::now();
 
         while !stopped && out.len() < p.max_new_tokens {
-            // 1. Draft and propose (under `--budget auto`: unless the policy skips the drafter,
-            // then truncate the tree to the prefix worth its cost).
-            let t = Instant::now();
-            // Prompt lookup beside the drafter (`--lookup`): the chain grafted onto the tree
-            // below, or verified alone when it matched and the drafter is skipped on a match.
-            let graft = if p.lookup.len > 0 && drafter.is_some() {
-                let chain = lookup::propose(&context(prompt, &out), p.lookup.len, lookup::MAX_NGRAM);
-                let dt = ms(t);
-                stats.draft_ms += dt;
-                stats.lookup_ms += dt;
-                chain
-            } else {
-                Vec::new()
-            };
-            let t = Instant::now();
-            let run_drafter = if !graft.is_empty() && p.lookup.skip_drafter {
-                false
-            } else {
-                match auto.as_mut() {
-                    Some(a) => {
-                        let go = a.should_draft();
-                        stats.policy_us += ms(t) * 1e3;
-                        go
-                    }
-                    None => true,
-                }
-            };
-            let t = Instant::now();
-            let mut decision = None;
-            let mut drafted = false;
-            // Whether this round verifies a prompt-lookup chain (`lookup`'s, or a graft).
-            let mut looked_up = !graft.is_empty();
-            let prop = if p.method == Method::Lookup {
-                // No drafter: the chain is what followed the most recent earlier occurrence of
-                // the context's last tokens (prompt and committed tokens, the anchor last).
-                let drafts = lookup::propose(&context(prompt, &out), lookup_len, lookup::MAX_NGRAM);
-                let dt = ms(t);
-                stats.draft_ms += dt;
-                stats.lookup_ms += dt;
-                drafted = !drafts.is_empty();
-                looked_up = drafted;
-                Proposal { tree: DraftTree::chain(anchor, &drafts), ..Proposal::default() }
-            } else {
-                match (drafter, dcache.as_mut()) {
-                    (Some(d), Some(dc)) if run_drafter && !pending.is_empty() => {
-                        let ctx = take_context(b, &mut pending)?;
-                        // A tree of `budget` nodes is at most `budget` deep; under `--budget auto`,
-                        // as deep as the recent kept trees allow (a smaller drafter block).
-                        let full = d.cfg.draft_depth().min(tree_params.budget.max(1));
-                        let depth = auto.as_ref().map_or(full, |a| a.draft_depth(full));
-                        let (logits, hidden) = d.draft_rows(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
-                        let forward_ms = ms(t);
-                        let draft = DraftLogits::of(d, &logits, depth, markov_dev);
-                        let mut prop = propose_scored(b, p.method, &draft, anchor, &tree_params, auto.is_some()).await?;
-                        stats.draft_ms += forward_ms;
-                        stats.drafter_rounds += 1;
-                        drafted = true;
-                        // The DSpark confidence head, where the drafter has one and `--budget auto`
-                        // reads it: its slot terms need the hidden rows `[depth, H]` on the host (a
-                        // copy on the CPU, one small read-back on a device), counted as draft time.
-                        let tc = Instant::now();
-                        let conf = match (&d.confidence, use_confidence && auto.is_some()) {
-                            (Some(head), true) => {
-                                let rows = b.download_async(&hidden).await?;
-                                let slot = head.slot_terms(&rows, d.cfg.hidden)?;
-                                Some(head.path_confidence(&prop.tree, &slot, d.cfg.hidden, |t| d.markov_row(t)))
-                            }
-                            _ => None,
-                        };
-                        stats.draft_ms += ms(tc);
-                        if let Some(a) = auto.as_mut() {
-                            let tp = Instant::now();
-                            let dec = a.choose(&prop.tree, ms(t), conf.as_deref());
-                            prop.tree = dec.tree.clone();
-                            decision = Some(dec);
-                            stats.policy_us += ms(tp) * 1e3;
-                        }
-                        prop
-                    }
-                    (Some(_), Some(_)) if graft.is_empty() || !p.lookup.skip_drafter => {
-                        stats.drafts_skipped += 1;
-                        Proposal::root(anchor)
-                    }
-                    _ => Proposal::root(anchor),
-                }
-            };
-            let mut prop = prop;
-            if !graft.is_empty() {
-                prop.tree.graft_chain(&graft);
-                drafted = true;
-            }
-            if looked_up {
-                stats.lookup_rounds += 1;
-            }
+            // 1. Propose: the lookup chain, the drafter's tree (under `--budget auto`, unless the
+            // policy skips the drafter, truncated to the prefix worth its cost), or both.
+            let Round { prop, decision, drafted, looked_up } = proposer.propose(p, auto.as_mut(), prompt, &out, anchor, root_pos, &mut stats).await?;
             let tree = &prop.tree;
 
             // 2. Verify the whole tree in one target forward with tree attention.
@@ -597,7 +517,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             let t = Instant::now();
             cache.compact(b, root_pos, &accepted)?;
             if let Some(tp) = ver.taps {
-                pending.push(b.gather_rows(&tp, &accepted)?);
+                proposer.pending.push(b.gather_rows(&tp, &accepted)?);
             }
             let compact_ms = ms(t);
             stats.compact_ms += compact_ms;
@@ -690,14 +610,6 @@ impl<'a, B: Backend> Engine<'a, B> {
         on_tokens(&out[start..]);
         stop
     }
-}
-
-/// The lookup context of a round: prompt and committed tokens, oldest first (the anchor last).
-fn context(prompt: &[u32], out: &[u32]) -> Vec<u32> {
-    let mut ctx = Vec::with_capacity(prompt.len() + out.len());
-    ctx.extend_from_slice(prompt);
-    ctx.extend_from_slice(out);
-    ctx
 }
 
 /// The target's token for each row of `logits`: argmax at `T < 1e-5`, else a draw with the
