@@ -16,7 +16,7 @@ const DEFAULTS = {
 const FETCH_HINT = "run `scripts/fetch-assets smollm2`, then restart `scripts/web-demo`";
 const SERVE_HINT = "serve the page with `scripts/web-demo` (it builds the package and links models/ and the fetched assets)";
 // Methods and the drafter kind each needs (src/decode: Method::drafter_kind).
-const NEEDS = { ar: null, dflash: "DFlash", ddtree: "DFlash", dspark: "DSpark", sparkling: "DSpark", treespark: "DSpark" };
+const NEEDS = { ar: null, lookup: null, dflash: "DFlash", ddtree: "DFlash", dspark: "DSpark", sparkling: "DSpark", treespark: "DSpark" };
 
 const $ = (id) => document.getElementById(id);
 const ui = {};
@@ -305,7 +305,7 @@ async function load() {
       opt.disabled = need !== null && !kinds.includes(need);
     }
     if (ui.method.selectedOptions[0]?.disabled) ui.method.value = "ar";
-    if (kinds.length === 0) warnings.push("No drafter loaded: only the plain method (ar) is available.");
+    if (kinds.length === 0) warnings.push("No drafter loaded: only the plain method (ar) and prompt lookup are available.");
     // The largest tree size the page accepts: the processor checks a tree as several plain
     // steps, so a large one stalls the page for seconds each step.
     ui.budget.max = backend === "cpu" ? 64 : 512;
