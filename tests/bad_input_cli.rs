@@ -39,6 +39,17 @@ fn tiny_target(dir: &Path, name: &str, layers: usize) -> PathBuf {
     p
 }
 
+/// A word-level tokenizer.json for the tiny targets' 64-token vocabulary: words `w0`…`w63`.
+fn word_tokenizer(path: &Path) {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..64).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    std::fs::write(path, json.to_string()).unwrap();
+}
+
 fn listing(d: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     v.sort();
@@ -744,6 +755,53 @@ fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
         no_panic(&o);
         assert!(o.status.code() == Some(1) && stderr(&o).contains(want), "--lookup {list}: {}", stderr(&o));
     }
+    let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", "ar", "--limit", "0"]);
+    no_panic(&o);
+    assert!(o.status.code() == Some(1) && stderr(&o).contains("--limit 0: expected at least 1 prompt"), "{}", stderr(&o));
+    // A drafter method on a target too shallow to tap (2 layers) says so, before creating an
+    // untrained drafter it could not load.
+    let o = run(d.path(), &["generate", "--target", s(&t), "--prompt-ids", "1,2,3", "--method", "dspark", "--max-new-tokens", "2"]);
+    no_panic(&o);
+    assert!(o.status.code() == Some(1) && stderr(&o).contains("too shallow for a DSpark drafter"), "{}", stderr(&o));
+    // `--lookup-drafter` applies to the runs with a chain: beside `--lookup off` (and a
+    // method without a graft) it runs; values are case-insensitive; a run listed twice
+    // (`auto` resolved) runs once, with a note.
+    let json = d.path().join("rows.json");
+    let t4 = tiny_target(d.path(), "tiny4", 4);
+    let tok = d.path().join("tokenizer4.json");
+    word_tokenizer(&tok);
+    std::fs::write(&prompts, "w1 w2 w3 w1 w2 w3 w1 w2\n").unwrap();
+    let o = run(
+        d.path(),
+        &[
+            "bench",
+            "--target",
+            s(&t4),
+            "--tokenizer",
+            s(&tok),
+            "--prompts",
+            s(&prompts),
+            "--methods",
+            "ar,sparkling,dspark",
+            "--budgets",
+            "2",
+            "--lookup",
+            "AUTO,off,16",
+            "--lookup-drafter",
+            "Always",
+            "--max-new-tokens",
+            "4",
+            "--json",
+            s(&json),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("note: sparkling at budget 2 with lookup 16 always is listed more than once"), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows: Vec<(String, String)> =
+        v["rows"].as_array().unwrap().iter().map(|r| (r["method"].as_str().unwrap().to_string(), r["lookup"].as_str().unwrap().to_string())).collect();
+    let want = [("ar", "-"), ("sparkling", "16 always"), ("sparkling", "off"), ("dspark", "off"), ("dspark", "16 always")];
+    assert_eq!(rows, want.map(|(m, l)| (m.to_string(), l.to_string())), "{}", stderr(&o));
 }
 
 #[test]
@@ -816,6 +874,16 @@ fn options_no_method_reads_are_refused_naming_option_and_method() {
         let o = run(d.path(), &a);
         assert!(o.status.success(), "{opt} with a temperature: {}", stderr(&o));
     }
+    // A negative temperature is refused before loading, naming the option; a negative count
+    // gets clap's "invalid value" (not "unexpected argument").
+    for (opt, v, want) in [("--temperature", "-0.5", "--temperature -0.5: expected a finite value ≥ 0"), ("--top-k", "-1", "invalid value '-1' for '--top-k")]
+    {
+        let mut a = gen("ar");
+        a.extend([opt, v]);
+        let o = run(d.path(), &a);
+        no_panic(&o);
+        assert!(!o.status.success() && stderr(&o).contains(want) && !stderr(&o).contains("target:"), "{opt} {v}: {}", stderr(&o));
+    }
     // A drafter the method does not read, or a second one of a kind, is refused by name.
     let dflash = d.path().join("dflash");
     let init = DrafterInit { kind: DrafterKind::DFlash, layers: 1, block_size: 4, markov_rank: 0, taps: 2, mask_token_id: None, confidence_head: false };
@@ -838,13 +906,7 @@ fn tokenizer_argument_is_the_file_it_names() {
     let d = tmpdir("cli-tok");
     let t = tiny_target(d.path(), "tiny", 4);
     let tok = d.path().join("my-tokenizer.json");
-    let vocab: serde_json::Map<String, serde_json::Value> = (0..64).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
-        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
-    });
-    std::fs::write(&tok, json.to_string()).unwrap();
+    word_tokenizer(&tok);
     // A decoy next to it: the old code read the directory's tokenizer.json instead.
     std::fs::write(d.path().join("tokenizer.json"), "not a tokenizer").unwrap();
     let o = run(d.path(), &["generate", "--target", s(&t), "--tokenizer", s(&tok), "--method", "ar", "--prompt", "w1 w2 w3", "--max-new-tokens", "2"]);

@@ -30,9 +30,19 @@ fn lookup_emits_exactly_the_ar_tokens() {
                     let auto = GenParams { auto_budget: Some(AutoBudget::default()), ..params(Method::Lookup, 16, temperature, seed, max_new, vec![]) };
                     let runs = [1usize, 2, 4, 8].map(|k| params(Method::Lookup, k, temperature, seed, max_new, vec![]));
                     for p in runs.iter().chain([&auto]) {
-                        let g = e.generate(prompt, p, &mut |_| {}).unwrap();
                         let what =
                             format!("{arch:?} prompt {prompt:?} T {temperature} max_new {max_new} budget {} auto {}", p.tree.budget, p.auto_budget.is_some());
+                        // No chain outgrows the tokens still to generate (less the bonus).
+                        let g = e
+                            .generate_observed(prompt, p, &mut |_| {}, &mut |r| {
+                                let generated = r.root_pos - prompt.len() + 1;
+                                assert!(
+                                    r.tree.len() - 1 <= max_new.saturating_sub(generated + 1),
+                                    "{what}: a {}-token chain with {generated} of {max_new} generated",
+                                    r.tree.len() - 1
+                                );
+                            })
+                            .unwrap();
                         assert_eq!(g.tokens, want.tokens, "{what}");
                         // τ counts kept tokens, also when max-new-tokens cut the last chain.
                         assert_eq!(g.stats.committed + 1, g.tokens.len(), "{what}");

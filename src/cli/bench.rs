@@ -25,7 +25,7 @@ pub struct BenchArgs {
     #[arg(long, required = true)]
     pub prompts: Vec<PathBuf>,
     /// Prompts taken from each file.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     pub limit: usize,
     /// Methods, comma-separated (`lookup`, the drafter-free prompt-lookup chain, is available
     /// but not in the default list, which holds the published methods).
@@ -34,26 +34,26 @@ pub struct BenchArgs {
     /// Budgets, comma-separated: numbers and/or `auto` (the per-round choice of `generate
     /// --budget auto`); each tree/chain method runs at every budget, ar once. Every prompt
     /// runs all (method, budget) pairs before the next prompt (interleaved, so machine-load
-    /// drift hits every row alike). Default: 64.
+    /// drift hits every row alike). Default: 64 (`lookup`: its own chain limit, 16).
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     pub budgets: Option<Vec<String>>,
     /// Maximum new tokens per prompt.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 128)]
     pub max_new_tokens: usize,
     /// Sampling temperature.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub temperature: f32,
     /// RNG seed.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
     /// SparklingTree candidates per depth (sparkling only; default 128).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub candidates: Option<usize>,
     /// SparklingTree maximum fan-out (sparkling only; default 64).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_fanout: Option<usize>,
     /// TreeSpark k (treespark only; default 4).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub treespark_k: Option<usize>,
     /// Candidate selection (methods with a drafter): auto (default: host on cpu, device
     /// otherwise), host or device.
@@ -80,7 +80,7 @@ pub struct BenchArgs {
     /// block per sequence), one row per method × budget × N (`ar`: per N; comma-separated,
     /// e.g. 1,2,4,8,16): aggregate tokens/s, τ, per-sequence latency. Tree methods need fixed
     /// `--budgets` (auto is not batched).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     pub batch: Vec<usize>,
 }
 
@@ -228,6 +228,13 @@ fn lookup_label(meth: Method, p: &GenParams) -> String {
 
 /// Run `bench` on the backend named by `--backend`.
 pub fn run(a: BenchArgs) -> Result<()> {
+    let mut a = a;
+    let mut sizes = std::collections::HashSet::new();
+    let listed = a.batch.len();
+    a.batch.retain(|n| sizes.insert(*n));
+    if a.batch.len() < listed {
+        eprintln!("note: a --batch size is listed more than once; each runs once");
+    }
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
     let options = generate_args(&a).tree_options("--budgets", a.budgets.is_some());
     if a.no_confidence && !budget_choices(&a)?.contains(&BudgetChoice::Auto) {
@@ -250,8 +257,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(p) = &a.tree_prep {
         super::generate::tree_prep(p)?;
     }
+    // Each --lookup value on its own (the drafter policy is checked below, per run).
     for l in lookup_choices(&a) {
-        super::generate::lookup_graft(Method::Sparkling, l.as_deref(), a.lookup_drafter.as_deref(), true)?;
+        super::generate::lookup_graft(Method::Sparkling, l.as_deref(), None, true)?;
+    }
+    if let Some(d) = &a.lookup_drafter {
+        super::generate::lookup_graft(Method::Sparkling, Some("4"), Some(d), true)?;
+    }
+    if a.limit == 0 {
+        return Err(Error::Input("--limit 0: expected at least 1 prompt per --prompts file".into()));
     }
     if let Some(j) = &a.json {
         sparkling::fsio::check_writable(j, "--json")?; // fail before the benchmark, not after
@@ -310,20 +324,37 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             BudgetChoice::Fixed(n) => BudgetChoice::Fixed(n.max(1)),
             auto => auto,
         };
-        let args = GenerateArgs { lookup: lookup.clone(), ..generate_args(a) };
-        let mut params = gen_params(meth, Some(budget), &args, stop.clone(), m.backend.host_memory())?;
+        // `--lookup-drafter` applies to the runs with a chain (`--lookup auto,off` with it
+        // compares that policy against the drafter alone).
+        let host = m.backend.host_memory();
+        let chain = meth.drafter_kind().is_some() && super::generate::lookup_graft(meth, lookup.as_deref(), None, host)?.len > 0;
+        let args = GenerateArgs { lookup: lookup.clone(), lookup_drafter: a.lookup_drafter.clone().filter(|_| chain), ..generate_args(a) };
+        let mut params = gen_params(meth, Some(budget), &args, stop.clone(), host)?;
         super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
         Ok(params)
     };
-    // A run listed twice (`--budgets 3,3`, or `--lookup auto,6` where auto means 6) runs once.
+    // A run listed twice (`--budgets 3,3`, or `--lookup auto,16` where auto means 16) runs once.
     let mut seen = std::collections::HashSet::new();
     let mut unique = Vec::with_capacity(runs.len());
+    let mut noted = std::collections::HashSet::new();
     for (meth, budget, lookup) in runs {
-        let key = (meth.name(), budget.name(), lookup_label(meth, &run_params(meth, budget, &lookup)?));
+        let p = run_params(meth, budget, &lookup)?;
+        // What the run does: `lookup`'s auto is its fixed chain length ([`lookup::chain_len`]).
+        let b = match meth {
+            Method::Ar => "-".to_string(),
+            Method::Lookup => sparkling::decode::lookup::chain_len(&p, m.backend.host_memory()).to_string(),
+            _ => budget.name(),
+        };
+        let key = (meth.name(), b, lookup_label(meth, &p));
         if seen.insert(key.clone()) {
             unique.push((meth, budget, lookup));
-        } else {
-            eprintln!("note: {} at budget {} with lookup {} is listed twice; it runs once", key.0, key.1, key.2);
+        } else if noted.insert(key.clone()) {
+            let what = match (meth, key.2.as_str()) {
+                (Method::Ar, _) => "ar".to_string(),
+                (_, "-") => format!("{} at budget {}", key.0, key.1),
+                (_, l) => format!("{} at budget {} with lookup {l}", key.0, key.1),
+            };
+            eprintln!("note: {what} is listed more than once (after `auto` is resolved); it runs once");
         }
     }
     let runs = unique;
@@ -392,7 +423,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
     for (meth, budget, lookup, s, mism) in &results {
         let [d, p, h, v, ac, c] = s.per_round_ms();
         // `None` (JSON null, table "–") when the run has no `ar` row to compare with.
-        let speed = ar_tps.map(|x| s.tokens_per_s() / x);
+        let speed = ar_tps.map(|x| s.tokens_per_s() / x).filter(|x| x.is_finite());
         let _ = writeln!(
             table,
             "| {} | {} | {lookup} | {:.2} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} | {} | {} |",

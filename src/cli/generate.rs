@@ -36,10 +36,12 @@ pub struct GenerateArgs {
     /// measured cost — none at all (a plain AR step, drafter skipped) when drafting does not
     /// pay — from a cost curve measured once per model × backend × threads × weights (cached
     /// under `$SPARKLING_ASSETS/costs/`, printed by `sparkling profile`), building trees of up
-    /// to 16 nodes on the cpu backend, 64 (treespark 32) elsewhere; or a number: non-root
-    /// nodes verified every round (chains: max chain length). `lookup` has no cost model: `auto`
-    /// gives it chains of up to 16 tokens (2 / 4 / 6 after a 1 / 2 / 3-token match, up to 16
-    /// after a longer match: as many as matched).
+    /// to 16 nodes on the cpu backend, 64 (treespark 32) elsewhere; each round's choice also
+    /// reads the drafting time it just measured, so the tree sizes (never the tokens) can differ
+    /// between identical runs. Or a number: non-root nodes verified every round (chains: max
+    /// chain length). `lookup` has no cost model: `auto` gives it chains of up to 16 tokens
+    /// (2 / 4 / 6 after a 1 / 2 / 3-token match, up to 16 after a longer match: as many as
+    /// matched; half as many after a short match when sampling, T > 0).
     #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<String>,
     /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
@@ -51,13 +53,13 @@ pub struct GenerateArgs {
     /// SparklingTree candidates (sparkling only; default 128): top-C
     /// tokens per depth in the union table (C ≥ vocabulary takes every token; the device table
     /// costs O(n²) in the union size n ≈ depth·C).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub candidates: Option<usize>,
     /// SparklingTree maximum children per parent (sparkling only; default 64).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_fanout: Option<usize>,
     /// TreeSpark children per parent, k (treespark only; default 4).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub treespark_k: Option<usize>,
     /// Where draft candidates are selected (methods with a drafter): `host` (download the
     /// draft logits), `device` (top-k, the Markov candidate table and — on wgpu and CUDA — the
@@ -68,7 +70,7 @@ pub struct GenerateArgs {
     /// Prompt lookup beside the drafter (methods with a drafter): each round the tokens that
     /// followed the most recent earlier occurrence of the context's last 3, 2 or 1 tokens are
     /// grafted onto the drafter's tree as a chain, and the target verifies both at once.
-    /// With k = min(N, 6): ⌈k·n/3⌉ tokens follow an n-token match (n = 1, 2), and a 3-token
+    /// With k = min(N, 6) (3 when sampling, T > 0): ⌈k·n/3⌉ tokens follow an n-token match (n = 1, 2), and a 3-token
     /// match gets k tokens, or as many as the match's whole length if longer, up to N.
     /// `auto` (default): sparkling chains of up to 16 tokens on the cpu, 8 elsewhere; the
     /// published methods (dflash, ddtree, dspark, treespark) none. `off` (or 0), or N: chains
@@ -82,19 +84,19 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub lookup_drafter: Option<String>,
     /// Sampling temperature (0 = greedy; every method then emits the target's greedy tokens).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub temperature: f32,
     /// Top-k filter for sampling (0 = off).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub top_k: usize,
     /// Top-p (nucleus) filter for sampling (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub top_p: f32,
     /// RNG seed (the draw for each position depends only on seed and position).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
     /// Maximum new tokens.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 256)]
     pub max_new_tokens: usize,
     /// Do not stop at end-of-sequence tokens (always generate --max-new-tokens; for timing).
     #[arg(long)]
@@ -218,8 +220,9 @@ pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs
 pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, host_memory: bool) -> Result<LookupGraft> {
     let mut g = LookupGraft::default_for(method, host_memory);
     match len {
-        None | Some("auto") => {}
-        Some("off") => g.len = 0,
+        None => {}
+        Some(s) if s.eq_ignore_ascii_case("auto") => {}
+        Some(s) if s.eq_ignore_ascii_case("off") => g.len = 0,
         Some(s) => {
             let len = s.parse::<usize>().map_err(|_| Error::Input(format!("--lookup `{s}`: expected `auto`, `off` or a chain length in tokens (0 = off)")))?;
             // The backend's drafter policy (fallback on the cpu), also for the methods off by default.
@@ -228,8 +231,8 @@ pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, ho
     }
     match drafter {
         None => {}
-        Some("fallback") => g.skip_drafter = true,
-        Some("always") => g.skip_drafter = false,
+        Some(s) if s.eq_ignore_ascii_case("fallback") => g.skip_drafter = true,
+        Some(s) if s.eq_ignore_ascii_case("always") => g.skip_drafter = false,
         Some(s) => return Err(Error::Input(format!("--lookup-drafter {s}: expected `fallback` or `always`"))),
     }
     if drafter.is_some() && g.len == 0 {
@@ -262,7 +265,7 @@ pub fn print_stats(method: Method, s: &Stats) {
     if let Some(lt) = s.lookup_tau() {
         eprintln!("  lookup chain verified in {} of {} rounds (τ {lt:.2} there)", s.lookup_rounds, s.rounds);
     }
-    if let Some(dm) = s.drafter_ms_per_run().filter(|_| s.drafter_rounds < s.rounds) {
+    if let Some(dm) = s.drafter_ms_per_run() {
         eprintln!(
             "  drafter: {dm:.2} ms in each of the {} rounds it ran (of {}; the draft figure above averages over every round)",
             s.drafter_rounds, s.rounds
@@ -274,7 +277,7 @@ pub fn print_stats(method: Method, s: &Stats) {
             s.predicted_rounds,
             s.rounds,
             s.drafts_skipped,
-            if s.lookup_rounds > 0 { ", the rest lookup rounds" } else { "" },
+            if s.predicted_rounds + s.drafts_skipped < s.rounds { ", the rest lookup rounds" } else { "" },
             s.prediction_rmse().unwrap_or(0.0),
             s.policy_us_per_round()
         );

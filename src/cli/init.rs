@@ -24,23 +24,23 @@ pub struct InitDrafterArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Draft layers.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     pub layers: usize,
     /// Block size Bk.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 16)]
     pub block_size: usize,
     /// Markov head rank r (dspark).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64)]
     pub markov_rank: usize,
     /// Number of tapped target layers (spread from layer 1 to N-3). Default: 3, or as many as a
     /// shallow target has (N-3, at least 1).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub taps: Option<usize>,
     /// Mask token id (default: the last vocabulary row).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub mask_token_id: Option<u32>,
     /// RNG seed.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
     /// Replace the files of a checkpoint or model already in the output directory.
     #[arg(long)]
@@ -57,7 +57,7 @@ pub struct SynthTargetArgs {
     #[arg(long, default_value = "qwen3")]
     pub arch: String,
     /// Vocabulary of the tiny geometry.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 256)]
     pub vocab: usize,
     /// Output directory.
     #[arg(long)]
@@ -66,7 +66,7 @@ pub struct SynthTargetArgs {
     #[arg(long)]
     pub bf16: bool,
     /// RNG seed.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
     /// Replace the files of a checkpoint or model already in the output directory.
     #[arg(long)]
@@ -193,17 +193,17 @@ pub struct SynthArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Drafter block size B.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 16)]
     pub block_size: usize,
     /// DSpark Markov head rank r (the released DSpark checkpoints use 256).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 256)]
     pub markov_rank: usize,
     /// Draft layers (5 in the z-lab / DeepSpec Qwen3 drafters).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 5)]
     pub drafter_layers: usize,
     /// Tapped target layers (5 → [1, 9, 17, 25, 33] for a 36-layer target). Default: 5, or as
     /// many as a shallow target has (N-3, at least 1).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub taps: Option<usize>,
     /// Write only the target (no drafters).
     #[arg(long)]
@@ -212,7 +212,7 @@ pub struct SynthArgs {
     #[arg(long)]
     pub f32: bool,
     /// RNG seed.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
     /// Replace the files of a checkpoint or model already in the output directory.
     #[arg(long)]

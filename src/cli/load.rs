@@ -43,7 +43,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub adapter: Option<String>,
     /// CPU threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub threads: Option<usize>,
     /// Weight storage: `native` (cpu: GGUF tensors stay in their Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q6_K
     /// blocks and run on int8 kernels, ~0.58–1.06 B/weight; GGUF F16/F32 matrices stay as stored;
@@ -339,6 +339,13 @@ pub fn load<B: Backend>(backend: B, tpath: &Path, args: &ModelArgs, kinds: &[Dra
         if let Some(d) = bundled_drafter(&backend, &target.cfg, kind) {
             drafters.push(d);
             continue;
+        }
+        if target.cfg.layers < 3 {
+            return Err(Error::Input(format!(
+                "{}: a {}-layer target is too shallow for a {kind:?} drafter (it taps layers 1..N−3; ≥ 3 layers): use --method ar or lookup",
+                tpath.display(),
+                target.cfg.layers
+            )));
         }
         let stem = tpath.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "target".into());
         // Keyed by the target's geometry too: two targets sharing a file name get their own.

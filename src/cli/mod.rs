@@ -166,8 +166,11 @@ pub fn refuse_unused_options(given: &[(&str, bool)], methods: &[sparkling::decod
 /// Refuse sampling options at temperature 0 (greedy decoding reads none of them; issue 15:
 /// `--top-k`, `--top-p` and `--seed` were accepted and ignored). `top_k` / `top_p`: `None`
 /// where the command has no such option. Only values other than the defaults (0, 1, 0) count
-/// as given.
+/// as given. A negative or non-finite temperature is refused first.
 pub fn refuse_greedy_sampling_options(temperature: f32, top_k: Option<usize>, top_p: Option<f32>, seed: u64) -> Result<()> {
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        return Err(Error::Input(format!("--temperature {temperature}: expected a finite value ≥ 0 (0 = greedy)")));
+    }
     if temperature >= 1e-5 {
         return Ok(());
     }

@@ -18,7 +18,7 @@ pub struct PlotArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Budget shown in the acceptance-by-depth and τ charts (default: the largest in the file).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<usize>,
 }
 

@@ -25,30 +25,30 @@ pub struct ProfileArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prompt tokens prefilled before timing (P); the AR step and the verify run at position P.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 512)]
     pub prefill: usize,
     /// Tree budget B: the verify forward has 1+B rows (a real tree from the drafter).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64)]
     pub budget: usize,
     /// Candidates C per depth in the SparklingTree union table.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 128)]
     pub candidates: usize,
     /// Maximum children per parent in the table (k = min(max_fanout, budget, n)).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64)]
     pub max_fanout: usize,
     /// Context rows the drafter consumes per round (accepted tokens of the previous round).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     pub ctx_rows: usize,
     /// Timed repetitions per part.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20)]
     pub reps: usize,
     /// Untimed warm-up repetitions per part.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     pub warmup: usize,
     /// After timing, generate this many greedy tokens with `ar` and with `sparkling` (budget B,
     /// candidates C) from the first 64 prompt tokens and report whether they are equal (the
     /// engine invariant on the real shapes), τ and tokens/s. 0 = skip.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub check_tokens: usize,
     /// Write the results as JSON here.
     #[arg(long)]

@@ -32,16 +32,16 @@ pub struct ReduceVocabArgs {
     pub out: Option<PathBuf>,
     /// Draft vocabulary size V_d (the most frequent counted tokens; the target's stop tokens
     /// are always kept).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 8192)]
     pub draft_vocab: usize,
     /// Training prompt files to answer with the target and count (repeatable).
     #[arg(long)]
     pub prompts: Vec<PathBuf>,
     /// Prompts answered per file.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 100)]
     pub limit: usize,
     /// Answer tokens per prompt.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 256)]
     pub max_new_tokens: usize,
     /// Training prompt files whose prompt texts are tokenized (every line, no target run) to
     /// order the tokens the answers never or equally often produced (repeatable).

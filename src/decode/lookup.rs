@@ -67,16 +67,32 @@ pub fn chain_len(p: &GenParams, host_memory: bool) -> usize {
     }
 }
 
-/// Chain length after a `max_ngram`-token match of no more than `BASE_CHAIN` tokens (shorter
-/// matches get ⌈BASE_CHAIN·n / max_ngram⌉; [`propose`]).
+/// Chain length after a `max_ngram`-token match of no more than `BASE_CHAIN` tokens at T = 0
+/// (shorter matches get ⌈BASE_CHAIN·n / max_ngram⌉; [`propose`], [`base_chain`]).
 pub const BASE_CHAIN: usize = 6;
+
+/// The base chain length `k` of [`propose`] at sampling temperature `temperature`:
+/// [`BASE_CHAIN`] when greedy, half of it when sampling. At T > 0 a proposed token is kept
+/// only when the target's draw equals it (probability p(token) < 1 even for its argmax), so
+/// acceptance falls off faster along a chain and the rows past the first few rarely pay:
+/// six sets at T = 1, 256 tokens, in the same processes, `lookup` 1.09× / 1.10× `ar` with
+/// k = 3 against 1.04× / 1.09× with k = 6, `sparkling` 1.09× / 1.05× against 1.08× / 1.00×
+/// (BENCHMARKS.md §35 c). Long matches still extend the chain.
+pub fn base_chain(temperature: f32) -> usize {
+    if temperature < 1e-5 {
+        BASE_CHAIN
+    } else {
+        BASE_CHAIN / 2
+    }
+}
 
 /// Up to `max_len` draft tokens for the position after `context` (prompt and committed tokens,
 /// oldest first, the round's anchor last): for `n` = `max_ngram` down to 1, the most recent
 /// earlier occurrence of the last `n` tokens (its end before the context's end) gives the
 /// tokens that followed it; the first `n` with a match wins.
 ///
-/// The chain's length follows the match's, with `k = min(max_len, BASE_CHAIN)`:
+/// The chain's length follows the match's, with `k = min(max_len, base)` (`base`:
+/// [`base_chain`], 6 when greedy):
 /// - after a 1- or 2-token match (n < `max_ngram`), `⌈k·n / max_ngram⌉` tokens (2 / 4 for
 ///   k = 6): a short match is a weak guess, and each verified row costs compute on a CPU
 ///   (BENCHMARKS.md §34 g);
@@ -92,9 +108,9 @@ pub const BASE_CHAIN: usize = 6;
 /// stopping after `p` tokens. Empty when nothing matches, `max_len` is 0 or the context is
 /// shorter than 2 tokens. A scan from the end: O(len · n) per call, microseconds at the
 /// context lengths served here (an n-gram index would make it O(1) at long contexts).
-pub fn propose(context: &[u32], max_len: usize, max_ngram: usize) -> Vec<u32> {
+pub fn propose(context: &[u32], max_len: usize, base: usize, max_ngram: usize) -> Vec<u32> {
     let len = context.len();
-    let k = max_len.min(BASE_CHAIN);
+    let k = max_len.min(base);
     if k == 0 {
         return Vec::new();
     }
@@ -136,15 +152,15 @@ mod tests {
     fn proposes_what_followed_the_most_recent_longest_match() {
         // "1 2 3" occurred twice; the most recent occurrence (positions 5..8) was followed by 9.
         let ctx = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
-        assert_eq!(propose(&ctx, 1, 3), vec![9]);
-        assert_eq!(propose(&ctx, 3, 3), vec![9, 7, 1]);
+        assert_eq!(propose(&ctx, 1, BASE_CHAIN, 3), vec![9]);
+        assert_eq!(propose(&ctx, 3, BASE_CHAIN, 3), vec![9, 7, 1]);
         // With a 4-gram limit the same 3-token match gets ⌈4·3/4⌉ = 3 of k = 4 tokens.
-        assert_eq!(propose(&ctx, 4, 4), vec![9, 7, 1]);
+        assert_eq!(propose(&ctx, 4, BASE_CHAIN, 4), vec![9, 7, 1]);
         // Past the context's end the copy continues into its own proposal: 9, 7, 1, 2, 3 are
         // the context's, then 9, … repeats with the match's period (5). A 3-token match gets
         // BASE_CHAIN = 6 tokens when `max_len` allows more.
-        assert_eq!(propose(&ctx, 10, 3), vec![9, 7, 1, 2, 3, 9]);
-        assert_eq!(propose(&ctx, 64, 3).len(), BASE_CHAIN);
+        assert_eq!(propose(&ctx, 10, BASE_CHAIN, 3), vec![9, 7, 1, 2, 3, 9]);
+        assert_eq!(propose(&ctx, 64, BASE_CHAIN, 3).len(), BASE_CHAIN);
     }
 
     #[test]
@@ -154,38 +170,50 @@ mod tests {
         let mut ctx: Vec<u32> = (20..30).collect();
         ctx.push(5);
         ctx.extend(20..28);
-        assert_eq!(propose(&ctx, 16, 3), vec![28, 29, 5, 20, 21, 22, 23, 24], "m = 8 tokens, under max_len");
-        assert_eq!(propose(&ctx, 7, 3), vec![28, 29, 5, 20, 21, 22, 23], "capped at max_len");
-        assert_eq!(propose(&ctx, 6, 3), vec![28, 29, 5, 20, 21, 22], "max_len = BASE_CHAIN: the short-match rule");
-        assert_eq!(propose(&ctx, 4, 3), vec![28, 29, 5, 20]);
+        assert_eq!(propose(&ctx, 16, BASE_CHAIN, 3), vec![28, 29, 5, 20, 21, 22, 23, 24], "m = 8 tokens, under max_len");
+        assert_eq!(propose(&ctx, 7, BASE_CHAIN, 3), vec![28, 29, 5, 20, 21, 22, 23], "capped at max_len");
+        assert_eq!(propose(&ctx, 6, BASE_CHAIN, 3), vec![28, 29, 5, 20, 21, 22], "max_len = BASE_CHAIN: the short-match rule");
+        assert_eq!(propose(&ctx, 4, BASE_CHAIN, 3), vec![28, 29, 5, 20]);
         // A match of exactly 3 tokens gets BASE_CHAIN, whatever max_len above it.
         let ctx = [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3];
-        assert_eq!(propose(&ctx, 16, 3), vec![4, 5, 6, 7, 8, 9]);
+        assert_eq!(propose(&ctx, 16, BASE_CHAIN, 3), vec![4, 5, 6, 7, 8, 9]);
         // Inside a long periodic run the match reaches back to the run's start.
         let run: Vec<u32> = [1, 2].repeat(12);
-        assert_eq!(propose(&run, 16, 3), [1, 2].repeat(8));
+        assert_eq!(propose(&run, 16, BASE_CHAIN, 3), [1, 2].repeat(8));
+    }
+
+    #[test]
+    fn sampling_halves_the_base_chain_but_not_a_long_match() {
+        assert_eq!((base_chain(0.0), base_chain(0.7), base_chain(1.0)), (BASE_CHAIN, BASE_CHAIN / 2, BASE_CHAIN / 2));
+        let ctx = [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3];
+        assert_eq!(propose(&ctx, 16, 3, 3), vec![4, 5, 6], "a 3-token match: k = 3");
+        assert_eq!(propose(&[7, 9, 4, 5, 8, 9], 16, 3, 3), vec![4], "a 1-token match: ⌈3/3⌉");
+        let mut long: Vec<u32> = (20..30).collect();
+        long.push(5);
+        long.extend(20..28);
+        assert_eq!(propose(&long, 16, 3, 3).len(), 8, "an 8-token match keeps its length");
     }
 
     #[test]
     fn falls_back_to_shorter_suffixes_and_to_nothing() {
         // No earlier "8 9" nor "5 8 9"; an earlier "9" at 1 is followed by 4 — a 1-token match,
         // so ⌈k/3⌉ tokens: 1 of k = 2, 2 of k = 6.
-        assert_eq!(propose(&[7, 9, 4, 5, 8, 9], 2, 3), vec![4]);
-        assert_eq!(propose(&[7, 9, 4, 5, 8, 9], 6, 3), vec![4, 5]);
+        assert_eq!(propose(&[7, 9, 4, 5, 8, 9], 2, BASE_CHAIN, 3), vec![4]);
+        assert_eq!(propose(&[7, 9, 4, 5, 8, 9], 6, BASE_CHAIN, 3), vec![4, 5]);
         // A 2-token match ("5 8" at 3..5, followed by 9 1 5 8 9): ⌈2k/3⌉ tokens.
-        assert_eq!(propose(&[0, 0, 2, 5, 8, 9, 1, 5, 8], 6, 3), vec![9, 1, 5, 8]);
-        assert_eq!(propose(&[0, 0, 2, 5, 8, 9, 1, 5, 8], 1, 3), vec![9]);
+        assert_eq!(propose(&[0, 0, 2, 5, 8, 9, 1, 5, 8], 6, BASE_CHAIN, 3), vec![9, 1, 5, 8]);
+        assert_eq!(propose(&[0, 0, 2, 5, 8, 9, 1, 5, 8], 1, BASE_CHAIN, 3), vec![9]);
         // The longest suffix with a match wins over a more recent shorter one: "2 9" at 0..2
         // (followed by 6) beats the more recent "9" at 3 (followed by 1).
-        assert_eq!(propose(&[2, 9, 6, 9, 1, 2, 9], 1, 3), vec![6]);
-        assert!(propose(&[1, 2, 3, 4], 4, 3).is_empty(), "no repeated token");
-        assert!(propose(&[5], 4, 3).is_empty());
-        assert!(propose(&[], 4, 3).is_empty());
-        assert!(propose(&[1, 1, 1], 0, 3).is_empty(), "k = 0");
+        assert_eq!(propose(&[2, 9, 6, 9, 1, 2, 9], 1, BASE_CHAIN, 3), vec![6]);
+        assert!(propose(&[1, 2, 3, 4], 4, BASE_CHAIN, 3).is_empty(), "no repeated token");
+        assert!(propose(&[5], 4, BASE_CHAIN, 3).is_empty());
+        assert!(propose(&[], 4, BASE_CHAIN, 3).is_empty());
+        assert!(propose(&[1, 1, 1], 0, BASE_CHAIN, 3).is_empty(), "k = 0");
         // A run proposes more of the run, as long as asked (the copy overlaps itself): "1 1"
         // is a 2-token match in a 3-token context (⌈2·4/3⌉ = 3 tokens), "2 1 2" a 3-token one.
-        assert_eq!(propose(&[1, 1, 1], 4, 3), vec![1, 1, 1]);
-        assert_eq!(propose(&[1, 1, 1, 1], 4, 3), vec![1, 1, 1, 1]);
-        assert_eq!(propose(&[4, 1, 2, 1, 2, 1, 2], 5, 3), vec![1, 2, 1, 2, 1]);
+        assert_eq!(propose(&[1, 1, 1], 4, BASE_CHAIN, 3), vec![1, 1, 1]);
+        assert_eq!(propose(&[1, 1, 1, 1], 4, BASE_CHAIN, 3), vec![1, 1, 1, 1]);
+        assert_eq!(propose(&[4, 1, 2, 1, 2, 1, 2], 5, BASE_CHAIN, 3), vec![1, 2, 1, 2, 1]);
     }
 }

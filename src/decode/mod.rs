@@ -417,7 +417,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         let use_confidence = p.auto_budget.as_ref().is_some_and(|a| a.confidence);
         let mut auto: Option<AutoState> = match (&p.auto_budget, drafter) {
             (Some(AutoBudget { resume: Some(s), .. }), Some(_)) if s.n_max == tree_params.budget && s.cost.is_valid() => Some(s.clone()),
-            (Some(a), Some(d)) => {
+            // A generation of one token has no round: nothing to measure a cost model for.
+            (Some(a), Some(d)) if p.max_new_tokens > 1 => {
                 let cost = match &a.cost {
                     Some(c) if c.is_valid() => c.clone(),
                     _ => {

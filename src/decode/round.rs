@@ -77,10 +77,14 @@ impl<B: Backend> Proposer<'_, B> {
         let b = self.b;
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
+        // A chain longer than the tokens still to generate, less the bonus, is verified for
+        // nothing (the commit is cut at `max_new_tokens`).
+        let room = p.max_new_tokens.saturating_sub(out.len() + 1);
+        let base = lookup::base_chain(p.sampling.temperature);
         // Prompt lookup beside the drafter (`--lookup`): the chain grafted onto the tree
         // below, or verified alone when it matched and the drafter is skipped on a match.
         let graft = if p.lookup.len > 0 && self.drafter.is_some() {
-            let chain = lookup::propose(&context(prompt, out), p.lookup.len, lookup::MAX_NGRAM);
+            let chain = lookup::propose(&context(prompt, out), p.lookup.len.min(room), base, lookup::MAX_NGRAM);
             let dt = ms(t);
             stats.draft_ms += dt;
             stats.lookup_ms += dt;
@@ -108,7 +112,7 @@ impl<B: Backend> Proposer<'_, B> {
         let mut prop = if self.method == Method::Lookup {
             // No drafter: the chain is what followed the most recent earlier occurrence of the
             // context's last tokens (prompt and committed tokens, the anchor last).
-            let drafts = lookup::propose(&context(prompt, out), self.lookup_len, lookup::MAX_NGRAM);
+            let drafts = lookup::propose(&context(prompt, out), self.lookup_len.min(room), base, lookup::MAX_NGRAM);
             let dt = ms(t);
             stats.draft_ms += dt;
             stats.lookup_ms += dt;
