@@ -768,6 +768,7 @@ fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
     // (`auto` resolved) runs once, with a note.
     let json = d.path().join("rows.json");
     let t4 = tiny_target(d.path(), "tiny4", 4);
+    let saved = d.path().join("tokens.json");
     let tok = d.path().join("tokenizer4.json");
     word_tokenizer(&tok);
     std::fs::write(&prompts, "w1 w2 w3 w1 w2 w3 w1 w2\n").unwrap();
@@ -793,10 +794,24 @@ fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
             "4",
             "--json",
             s(&json),
+            "--save-tokens",
+            s(&saved),
         ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("note: sparkling at budget 2 with lookup 16 always is listed more than once"), "{}", stderr(&o));
+    // `--save-tokens`: the prompt's ids and the answer every row emitted (4 tokens, no stop).
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&saved).unwrap()).unwrap();
+    let seqs = v["sequences"].as_array().unwrap();
+    assert_eq!(seqs.len(), 1);
+    assert_eq!(seqs[0]["file"].as_str(), Some(s(&prompts)));
+    assert!(!seqs[0]["prompt"].as_array().unwrap().is_empty() && seqs[0]["answer"].as_array().unwrap().len() == 4, "{v}");
+    let o = run(
+        d.path(),
+        &["bench", "--target", s(&t4), "--tokenizer", s(&tok), "--prompts", s(&prompts), "--methods", "ar", "--batch", "2", "--save-tokens", s(&saved)],
+    );
+    no_panic(&o);
+    assert!(o.status.code() == Some(1) && stderr(&o).contains("--save-tokens writes the answers of the one-sequence bench"), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows: Vec<(String, String)> =
         v["rows"].as_array().unwrap().iter().map(|r| (r["method"].as_str().unwrap().to_string(), r["lookup"].as_str().unwrap().to_string())).collect();

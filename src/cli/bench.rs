@@ -75,6 +75,12 @@ pub struct BenchArgs {
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write each prompt's token ids and the first run's answer ids as JSON here
+    /// (`{"temperature", "sequences": [{"file", "prompt", "answer"}]}`; at T = 0 every method
+    /// emits these answers, at T > 0 every method with the same seed): the input of
+    /// `scripts/lookup-tau.py --bench`, which replays prompt-lookup rules over them.
+    #[arg(long)]
+    pub save_tokens: Option<PathBuf>,
     /// Batch decoding: decode the prompt set N sequences at a time (continuous batching: one
     /// target forward per step over every sequence in flight, tree methods verifying one tree
     /// block per sequence), one row per method × budget × N (`ar`: per N; comma-separated,
@@ -264,17 +270,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(d) = &a.lookup_drafter {
         super::generate::lookup_graft(Method::Sparkling, Some("4"), Some(d), true)?;
     }
+    if a.save_tokens.is_some() && !a.batch.is_empty() {
+        return Err(Error::Input("--save-tokens writes the answers of the one-sequence bench: leave out --batch".into()));
+    }
     if a.limit == 0 {
         return Err(Error::Input("--limit 0: expected at least 1 prompt per --prompts file".into()));
     }
-    if let Some(j) = &a.json {
-        sparkling::fsio::check_writable(j, "--json")?; // fail before the benchmark, not after
+    for (j, opt) in [(&a.json, "--json"), (&a.save_tokens, "--save-tokens")] {
+        let Some(j) = j else { continue };
+        sparkling::fsio::check_writable(j, opt)?; // fail before the benchmark, not after
         if let Some(p) = a.prompts.iter().find(|p| sparkling::fsio::same_file(p, j)) {
             return Err(Error::Input(format!(
-                "--json {} is the --prompts file {}: the results would replace the prompts; choose another output file",
+                "{opt} {} is the --prompts file {}: the results would replace the prompts; choose another output file",
                 j.display(),
                 p.display()
             )));
+        }
+    }
+    if let (Some(j), Some(t)) = (&a.json, &a.save_tokens) {
+        if sparkling::fsio::same_file(j, t) || j == t {
+            return Err(Error::Input(format!("--json and --save-tokens are both {}: give them different files", j.display())));
         }
     }
     let mut kinds: Vec<_> = methods.iter().filter_map(|m| m.drafter_kind()).collect();
@@ -294,9 +309,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
 fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<()> {
     let tok = m.tokenizer.as_ref().ok_or_else(|| Error::Input("bench needs a tokenizer (pass --tokenizer)".into()))?;
     let mut prompts = Vec::new();
+    let mut prompt_files = Vec::new();
     for f in &a.prompts {
         for p in read_prompts(f, a.limit)? {
             prompts.push(tok.encode_chat(&p, None)?);
+            prompt_files.push(f.display().to_string());
         }
     }
     let stop = sparkling::decode::stop_tokens(&m.models.target.cfg.eos, &tok.stop);
@@ -410,6 +427,17 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
             totals[ri].0.merge(&g.stats);
             pb.inc(1);
         }
+    }
+    if let Some(path) = &a.save_tokens {
+        let seqs: Vec<serde_json::Value> = prompt_files
+            .iter()
+            .zip(&prompts)
+            .zip(&reference)
+            .map(|((f, p), r)| serde_json::json!({"file": f, "prompt": p, "answer": r.as_deref().unwrap_or_default()}))
+            .collect();
+        let v = serde_json::json!({"temperature": a.temperature, "seed": a.seed, "max_new_tokens": a.max_new_tokens, "sequences": seqs});
+        sparkling::fsio::write_bytes(path, v.to_string().as_bytes())?;
+        eprintln!("wrote {}", path.display());
     }
     let results: Vec<(Method, BudgetChoice, String, Stats, usize)> =
         runs.iter().zip(totals).zip(&params_of).map(|((&(m, b, _), (s, x)), p)| (m, b, lookup_label(m, p), s, x)).collect();
