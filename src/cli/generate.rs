@@ -70,8 +70,9 @@ pub struct GenerateArgs {
     /// Prompt lookup beside the drafter (methods with a drafter): each round the tokens that
     /// followed the most recent earlier occurrence of the context's last 3, 2 or 1 tokens are
     /// grafted onto the drafter's tree as a chain, and the target verifies both at once.
-    /// With k = min(N, 6) (3 when sampling, T > 0): ⌈k·n/3⌉ tokens follow an n-token match (n = 1, 2), and a 3-token
-    /// match gets k tokens, or as many as the match's whole length if longer, up to N.
+    /// With k = min(N, 6) (3 when sampling, T > 0): ⌈k·n/3⌉ tokens follow an n-token match
+    /// (n = 1, 2), and a 3-token match gets k tokens, or as many as the match's whole length if
+    /// longer, up to N.
     /// `auto` (default): sparkling chains of up to 16 tokens on the cpu, 8 elsewhere; the
     /// published methods (dflash, ddtree, dspark, treespark) none. `off` (or 0), or N: chains
     /// of up to N tokens (at most 64) for any method with a drafter.

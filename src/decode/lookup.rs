@@ -100,8 +100,8 @@ pub fn base_chain(temperature: f32) -> usize {
 ///   back before the suffix the context agrees with it), at least `k`, at most `max_len`: a
 ///   long repeated run — a quoted line, a repeated code block, a loop the model fell into —
 ///   is likely to go on repeating (replayed over SmolLM2's greedy answers on the six sets at
-///   512 tokens: τ 2.29 → 2.47 and ≈ 5 % faster at `max_len` 16, unchanged at T = 1;
-///   BENCHMARKS.md §35).
+///   512 tokens: τ 2.29 → 2.47 at `max_len` 16, unchanged at T = 1; in the engine τ 2.64 →
+///   2.89 but only ≈ 1 % faster, as rows 7–17 cost twice what rows 2–6 do; BENCHMARKS.md §35 b).
 ///
 /// The copy runs on past the context's end into the tokens it has proposed (as an LZ77 copy
 /// does), so inside a repeating run of period `p` the chain continues the run instead of
