@@ -92,8 +92,10 @@ def cost_curve(path):
         rows, ms = c["rows"], c["verify_ms"]
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"--costs {path}: {e} (expected a cost model JSON with `rows` and `verify_ms`)")
-    if not rows or rows[0] != 1 or len(rows) != len(ms):
-        raise SystemExit(f"--costs {path}: `rows` must start at 1 and match `verify_ms`")
+    ok = isinstance(rows, list) and isinstance(ms, list) and len(rows) == len(ms) and len(rows) > 0
+    ok = ok and all(isinstance(x, int) for x in rows) and all(isinstance(x, (int, float)) and x > 0 for x in ms)
+    if not ok or rows[0] != 1 or any(b <= a for a, b in zip(rows, rows[1:])):
+        raise SystemExit(f"--costs {path}: expected `rows` rising from 1 and as many positive `verify_ms`")
 
     def cost(r):
         if r >= rows[-1]:
@@ -159,7 +161,13 @@ def main():
     try:
         chains = [int(x) for x in a.chains.split(",")]
     except ValueError:
-        raise SystemExit(f"--chains {a.chains}: expected comma-separated chain lengths")
+        chains = []
+    if not chains or min(chains) < 1:
+        raise SystemExit(f"--chains {a.chains}: expected comma-separated chain lengths ≥ 1")
+    if a.base is not None and a.base < 1:
+        raise SystemExit(f"--base {a.base}: expected a base chain length ≥ 1")
+    if a.ngram < 1:
+        raise SystemExit(f"--ngram {a.ngram}: expected ≥ 1")
     base = a.base if a.base is not None else 6
     if a.bench:
         try:
@@ -168,15 +176,24 @@ def main():
             seqs = data["sequences"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(f"--bench {a.bench}: {e} (expected `sparkling bench --save-tokens` JSON)")
-        if a.base is None and data.get("temperature", 0) >= 1e-5:
+        temperature = data.get("temperature", 0) if isinstance(data, dict) else None
+        ids = lambda v: isinstance(v, list) and all(isinstance(x, int) for x in v)  # noqa: E731
+        if not isinstance(temperature, (int, float)) or not isinstance(seqs, list) or not all(
+            isinstance(q, dict) and ids(q.get("prompt")) and ids(q.get("answer")) for q in seqs
+        ):
+            raise SystemExit(f"--bench {a.bench}: expected `sparkling bench --save-tokens` JSON (a numeric temperature; sequences of prompt and answer id lists)")
+        if a.base is None and temperature >= 1e-5:
             base = 3
         sets = {}
         for q in seqs:
-            if len(q.get("answer", [])) > 1:
-                name = os.path.basename(q.get("file", "bench")).split(".")[0]
+            if len(q["answer"]) > 1:
+                name = str(q.get("file", "bench"))
                 # The answer's first token comes from the prefill; rounds start after it.
                 sets.setdefault(name, []).append((len(q["prompt"]) + 1, q["prompt"] + q["answer"]))
-        print(f"{a.bench}: {sum(len(v) for v in sets.values())} answers, T = {data.get('temperature')}, prompt searched, base {base}")
+        if not sets:
+            raise SystemExit(f"--bench {a.bench}: no answer longer than one token to replay")
+        rule = f"base {base}" if a.rule == "engine" else "fixed rule"
+        print(f"{a.bench}: {sum(len(v) for v in sets.values())} answers, T = {temperature:.3g}, prompt searched, {rule}")
     elif a.cache:
         if not os.path.isdir(a.cache):
             raise SystemExit(f"--cache {a.cache}: not a directory (a `sparkling-train gen-data` cache holds meta.json and seq-*.bin)")
@@ -217,7 +234,7 @@ def main():
             if cost:
                 speeds.append(c / steps)
                 speed = f", {c / steps:.2f}× ar"
-            parts.append(f"{name} τ {c / r:.2f}{speed} (proposals in {p / r:.0%} of rounds, {rows / r:.1f} rows each)")
+            parts.append(f"{name} τ {c / r:.2f}{speed} (proposals in {p / r:.0%} of rounds, {rows / r:.1f} rows per round)")
         mean = f" | mean τ {sum(taus) / len(taus):.2f}" if len(taus) > 1 else ""
         if len(speeds) > 1:
             mean += f", mean {sum(speeds) / len(speeds):.2f}× ar (modelled)"

@@ -806,6 +806,15 @@ fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
     assert_eq!(seqs.len(), 1);
     assert_eq!(seqs[0]["file"].as_str(), Some(s(&prompts)));
     assert!(!seqs[0]["prompt"].as_array().unwrap().is_empty() && seqs[0]["answer"].as_array().unwrap().len() == 4, "{v}");
+    // The same file spelt two ways, before it exists, is refused.
+    let fresh = d.path().join("fresh.json");
+    let dotted = d.path().join(".").join("fresh.json");
+    let o = run(
+        d.path(),
+        &["bench", "--target", s(&t4), "--tokenizer", s(&tok), "--prompts", s(&prompts), "--methods", "ar", "--json", s(&fresh), "--save-tokens", s(&dotted)],
+    );
+    no_panic(&o);
+    assert!(o.status.code() == Some(1) && stderr(&o).contains("give them different files") && !fresh.exists(), "{}", stderr(&o));
     let o = run(
         d.path(),
         &["bench", "--target", s(&t4), "--tokenizer", s(&tok), "--prompts", s(&prompts), "--methods", "ar", "--batch", "2", "--save-tokens", s(&saved)],

@@ -232,6 +232,16 @@ fn lookup_label(meth: Method, p: &GenParams) -> String {
     }
 }
 
+/// `p` with its directory resolved (so `x.json`, `./x.json` and `d/../x.json` compare equal
+/// before the file exists), or `p` itself when the directory cannot be resolved.
+fn resolved(p: &std::path::Path) -> PathBuf {
+    let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    match (std::fs::canonicalize(dir), p.file_name()) {
+        (Ok(d), Some(name)) => d.join(name),
+        _ => p.to_path_buf(),
+    }
+}
+
 /// Run `bench` on the backend named by `--backend`.
 pub fn run(a: BenchArgs) -> Result<()> {
     let mut a = a;
@@ -288,7 +298,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     if let (Some(j), Some(t)) = (&a.json, &a.save_tokens) {
-        if sparkling::fsio::same_file(j, t) || j == t {
+        if sparkling::fsio::same_file(j, t) || resolved(j) == resolved(t) {
             return Err(Error::Input(format!("--json and --save-tokens are both {}: give them different files", j.display())));
         }
     }
@@ -371,7 +381,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
                 (_, "-") => format!("{} at budget {}", key.0, key.1),
                 (_, l) => format!("{} at budget {} with lookup {l}", key.0, key.1),
             };
-            eprintln!("note: {what} is listed more than once (after `auto` is resolved); it runs once");
+            eprintln!("note: {what} is listed more than once; it runs once");
         }
     }
     let runs = unique;

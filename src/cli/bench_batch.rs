@@ -157,10 +157,10 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     let mut json_rows = Vec::new();
     for r in &rows {
         let agg = r.new_tokens as f64 / r.wall_s.max(1e-9);
-        let speed = base.map(|x| agg / x);
+        let speed = base.map(|x| agg / x).filter(|x| x.is_finite());
         // The steps with no prefill row (the draining tail's included), whose cost is decode alone.
         let dec = decode_rate(r);
-        let dec_speed = dec.zip(decode_base).map(|(d, x)| d / x);
+        let dec_speed = dec.zip(decode_base).map(|(d, x)| d / x).filter(|x| x.is_finite());
         let occupancy = (r.decode_steps > 0).then(|| r.decode_seqs as f64 / r.decode_steps as f64);
         let lat = summary(&r.latency_ms);
         let ftl = summary(&r.first_token_ms);

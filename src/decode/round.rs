@@ -84,7 +84,8 @@ impl<B: Backend> Proposer<'_, B> {
         // Prompt lookup beside the drafter (`--lookup`): the chain grafted onto the tree
         // below, or verified alone when it matched and the drafter is skipped on a match.
         let graft = if p.lookup.len > 0 && self.drafter.is_some() {
-            let chain = lookup::propose(&context(prompt, out), p.lookup.len.min(room), base, lookup::MAX_NGRAM);
+            let mut chain = lookup::propose(&context(prompt, out), p.lookup.len, base, lookup::MAX_NGRAM);
+            chain.truncate(room);
             let dt = ms(t);
             stats.draft_ms += dt;
             stats.lookup_ms += dt;
@@ -112,7 +113,8 @@ impl<B: Backend> Proposer<'_, B> {
         let mut prop = if self.method == Method::Lookup {
             // No drafter: the chain is what followed the most recent earlier occurrence of the
             // context's last tokens (prompt and committed tokens, the anchor last).
-            let drafts = lookup::propose(&context(prompt, out), self.lookup_len.min(room), base, lookup::MAX_NGRAM);
+            let mut drafts = lookup::propose(&context(prompt, out), self.lookup_len, base, lookup::MAX_NGRAM);
+            drafts.truncate(room);
             let dt = ms(t);
             stats.draft_ms += dt;
             stats.lookup_ms += dt;
