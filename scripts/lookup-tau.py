@@ -40,8 +40,9 @@ import struct
 import sys
 
 
-def propose(ctx, k, nmax):
-    """The k tokens after the most recent earlier match of ctx's last n tokens, n = nmax..1."""
+def find_match(ctx, nmax):
+    """(start s, matched suffix n) of the most recent earlier occurrence of ctx's last n tokens,
+    n = nmax..1 (the longest with a match), or None."""
     size = len(ctx)
     for n in range(nmax, 0, -1):
         if size < n + 1:
@@ -49,39 +50,41 @@ def propose(ctx, k, nmax):
         suffix = ctx[size - n:]
         for s in range(size - n - 1, -1, -1):
             if ctx[s:s + n] == suffix:
-                # As the engine (src/decode/lookup.rs): past the context's end the copy reads
-                # the tokens it has proposed.
-                cont = []
-                for i in range(s + n, s + n + k):
-                    cont.append(ctx[i] if i < size else cont[i - size])
-                return cont
-    return []
+                return s, n
+    return None
+
+
+def copy_after(ctx, start, k):
+    """The k tokens from ctx[start]; as the engine (src/decode/lookup.rs), past the context's
+    end the copy reads the tokens it has proposed."""
+    cont = []
+    for i in range(start, start + k):
+        cont.append(ctx[i] if i < len(ctx) else cont[i - len(ctx)])
+    return cont
+
+
+def propose(ctx, k, nmax):
+    """The first rule: the k tokens after the match, whatever its length."""
+    found = find_match(ctx, nmax)
+    return copy_after(ctx, found[0] + found[1], k) if found and k > 0 else []
 
 
 def propose_engine(ctx, max_len, base, nmax):
     """src/decode/lookup.rs `propose`: the chain's length follows the match's."""
-    size = len(ctx)
     k = min(max_len, base)
-    if k == 0:
+    found = find_match(ctx, nmax)
+    if k == 0 or not found:
         return []
-    for n in range(nmax, 0, -1):
-        if size < n + 1:
-            continue
-        suffix = ctx[size - n:]
-        for s in range(size - n - 1, -1, -1):
-            if ctx[s:s + n] == suffix:
-                if n < nmax:
-                    want = -(-k * n // nmax)
-                else:
-                    m = n
-                    while m < max_len and m - n < s and ctx[s - (m - n) - 1] == ctx[size - m - 1]:
-                        m += 1
-                    want = min(max(k, m), max_len)
-                cont = []
-                for i in range(s + n, s + n + want):
-                    cont.append(ctx[i] if i < size else cont[i - size])
-                return cont
-    return []
+    s, n = found
+    if n < nmax:
+        want = -(-k * n // nmax)
+    else:
+        # The match's whole length m: the tokens before both copies that agree.
+        m, size = n, len(ctx)
+        while m < max_len and m - n < s and ctx[s - (m - n) - 1] == ctx[size - m - 1]:
+            m += 1
+        want = min(max(k, m), max_len)
+    return copy_after(ctx, s + n, want)
 
 
 def cost_curve(path):
