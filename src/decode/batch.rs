@@ -513,11 +513,7 @@ impl<'a, B: Backend> Batch<'a, B> {
                     Method::Lookup => lookup::chain_len(&s.params, b.host_memory()),
                     _ => s.params.lookup.len,
                 };
-                // As `Engine::generate` proposes it: cut to the tokens still to generate, less
-                // the bonus.
-                let base = lookup::base_chain(s.params.sampling.temperature);
-                let mut chain = if len > 0 { lookup::propose(&[&s.prompt[..], &s.out[..]].concat(), len, base, lookup::MAX_NGRAM) } else { Vec::new() };
-                chain.truncate(s.params.max_new_tokens.saturating_sub(s.out.len() + 1));
+                let chain = lookup::round_chain(&s.prompt, &s.out, len, &s.params);
                 lookup_seqs.extend((!chain.is_empty()).then_some(i));
                 if s.spec.is_some() && (chain.is_empty() || !s.params.lookup.skip_drafter) {
                     want.push((i, ids[0], root));

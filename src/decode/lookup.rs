@@ -86,6 +86,21 @@ pub fn base_chain(temperature: f32) -> usize {
     }
 }
 
+/// A round's lookup chain for a generation under `p` that has committed `out` after `prompt`
+/// (the round's anchor last): [`propose`] with the base chain of `p`'s temperature
+/// ([`base_chain`]), cut to the tokens still to generate less the bonus (a longer chain would
+/// be verified for nothing: the commit is cut at `max_new_tokens`). `max_len`: `lookup`'s
+/// chain length or the `--lookup` graft's. `Engine::generate` and `Batch` both propose
+/// through it, so a sequence proposes the same chains batched as alone.
+pub fn round_chain(prompt: &[u32], out: &[u32], max_len: usize, p: &GenParams) -> Vec<u32> {
+    let mut context = Vec::with_capacity(prompt.len() + out.len());
+    context.extend_from_slice(prompt);
+    context.extend_from_slice(out);
+    let mut chain = propose(&context, max_len, base_chain(p.sampling.temperature), MAX_NGRAM);
+    chain.truncate(p.max_new_tokens.saturating_sub(out.len() + 1));
+    chain
+}
+
 /// Up to `max_len` draft tokens for the position after `context` (prompt and committed tokens,
 /// oldest first, the round's anchor last): for `n` = `max_ngram` down to 1, the most recent
 /// earlier occurrence of the last `n` tokens (its end before the context's end) gives the

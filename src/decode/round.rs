@@ -77,15 +77,10 @@ impl<B: Backend> Proposer<'_, B> {
         let b = self.b;
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        // A chain longer than the tokens still to generate, less the bonus, is verified for
-        // nothing (the commit is cut at `max_new_tokens`).
-        let room = p.max_new_tokens.saturating_sub(out.len() + 1);
-        let base = lookup::base_chain(p.sampling.temperature);
         // Prompt lookup beside the drafter (`--lookup`): the chain grafted onto the tree
         // below, or verified alone when it matched and the drafter is skipped on a match.
         let graft = if p.lookup.len > 0 && self.drafter.is_some() {
-            let mut chain = lookup::propose(&context(prompt, out), p.lookup.len, base, lookup::MAX_NGRAM);
-            chain.truncate(room);
+            let chain = lookup::round_chain(prompt, out, p.lookup.len, p);
             let dt = ms(t);
             stats.draft_ms += dt;
             stats.lookup_ms += dt;
@@ -113,8 +108,7 @@ impl<B: Backend> Proposer<'_, B> {
         let mut prop = if self.method == Method::Lookup {
             // No drafter: the chain is what followed the most recent earlier occurrence of the
             // context's last tokens (prompt and committed tokens, the anchor last).
-            let mut drafts = lookup::propose(&context(prompt, out), self.lookup_len, base, lookup::MAX_NGRAM);
-            drafts.truncate(room);
+            let drafts = lookup::round_chain(prompt, out, self.lookup_len, p);
             let dt = ms(t);
             stats.draft_ms += dt;
             stats.lookup_ms += dt;
@@ -174,12 +168,4 @@ impl<B: Backend> Proposer<'_, B> {
         }
         Ok(Round { prop, decision, drafted, looked_up })
     }
-}
-
-/// The lookup context of a round: prompt and committed tokens, oldest first (the anchor last).
-fn context(prompt: &[u32], out: &[u32]) -> Vec<u32> {
-    let mut ctx = Vec::with_capacity(prompt.len() + out.len());
-    ctx.extend_from_slice(prompt);
-    ctx.extend_from_slice(out);
-    ctx
 }
