@@ -755,6 +755,16 @@ fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
         no_panic(&o);
         assert!(o.status.code() == Some(1) && stderr(&o).contains(want), "--lookup {list}: {}", stderr(&o));
     }
+    // … and where no run has a chain, `--lookup-drafter` has nothing to act on: refused, before loading.
+    for (methods, lookup) in [("ar,sparkling", "off"), ("ar,dspark", "auto")] {
+        let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", methods, "--lookup", lookup, "--lookup-drafter", "always"]);
+        no_panic(&o);
+        assert!(
+            o.status.code() == Some(1) && stderr(&o).contains("--lookup-drafter always is read by drafter runs with a lookup chain"),
+            "{methods}: {}",
+            stderr(&o)
+        );
+    }
     let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&prompts), "--methods", "ar", "--limit", "0"]);
     no_panic(&o);
     assert!(o.status.code() == Some(1) && stderr(&o).contains("--limit 0: expected at least 1 prompt"), "{}", stderr(&o));

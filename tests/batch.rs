@@ -568,15 +568,19 @@ fn bench_batch_reports_decode_only_steps() {
     let p = |x: &std::path::Path| x.to_str().unwrap().to_string();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_sparkling"))
         .env("SPARKLING_ASSETS", d.path())
-        .args(["bench", "--target", &p(&t), "--tokenizer", &p(&tok), "--prompts", &p(&prompts), "--methods", "ar"])
+        // The same prompt file twice runs its prompts once; method names ignore case.
+        .args(["bench", "--target", &p(&t), "--tokenizer", &p(&tok), "--prompts", &p(&prompts), "--prompts", &p(&prompts), "--methods", "AR"])
         .args(["--max-new-tokens", "6", "--batch", "1,2", "--json", &p(&j)])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--prompts file is listed more than once"), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    assert_eq!(v["prompts"], 4, "{v}");
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     for r in rows {
+        assert_eq!(r["budget"], 0, "ar's budget is the number 0, as in the one-sequence bench: {r}");
         let (n, seqs, new) = (r["batch"].as_u64().unwrap(), r["sequences"].as_u64().unwrap(), r["new_tokens"].as_u64().unwrap());
         let dec = &r["decode_only"];
         let (tokens, steps, occ) = (dec["tokens"].as_u64().unwrap(), dec["steps"].as_u64().unwrap(), dec["mean_sequences_per_step"].as_f64().unwrap());

@@ -251,6 +251,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.batch.len() < listed {
         eprintln!("note: a --batch size is listed more than once; each runs once");
     }
+    // The same prompt file twice (also through another path) would run its prompts twice.
+    let listed = a.prompts.len();
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for p in std::mem::take(&mut a.prompts) {
+        if !kept.iter().any(|k| k == &p || sparkling::fsio::same_file(k, &p)) {
+            kept.push(p);
+        }
+    }
+    a.prompts = kept;
+    if a.prompts.len() < listed {
+        eprintln!("note: a --prompts file is listed more than once; its prompts run once");
+    }
     let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
     let options = generate_args(&a).tree_options("--budgets", a.budgets.is_some());
     if a.no_confidence && !budget_choices(&a)?.contains(&BudgetChoice::Auto) {
@@ -279,6 +291,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if let Some(d) = &a.lookup_drafter {
         super::generate::lookup_graft(Method::Sparkling, Some("4"), Some(d), true)?;
+    }
+    if let Some(d) = &a.lookup_drafter {
+        // Whether a chain is grafted does not depend on the backend (only its length does).
+        let mut chained = false;
+        for meth in methods.iter().filter(|m| m.drafter_kind().is_some()) {
+            for l in lookup_choices(&a) {
+                chained |= super::generate::lookup_graft(*meth, l.as_deref(), None, true)?.len > 0;
+            }
+        }
+        if !chained {
+            return Err(Error::Input(format!(
+                "--lookup-drafter {d} is read by drafter runs with a lookup chain, and no run here has one (--lookup off, or no sparkling in --methods): add one, or leave --lookup-drafter out"
+            )));
+        }
     }
     if a.save_tokens.is_some() && !a.batch.is_empty() {
         return Err(Error::Input("--save-tokens writes the answers of the one-sequence bench: leave out --batch".into()));

@@ -19,7 +19,10 @@ use web_time::Instant;
 /// One method × budget × batch size's measurements.
 struct Row {
     method: Method,
+    /// The run's label: its budget, and its lookup chain when it grafts one (`8, lookup 16`).
     budget: String,
+    /// The tree budget (nodes below the root; 0 for `ar`).
+    tree_budget: usize,
     batch: usize,
     wall_s: f64,
     new_tokens: usize,
@@ -68,6 +71,7 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], budget: &str, params
     let mut row = Row {
         method: params.method,
         budget: budget.to_string(),
+        tree_budget: if params.method == Method::Ar { 0 } else { params.tree.budget },
         batch: n,
         wall_s: 0.0,
         new_tokens: 0,
@@ -187,7 +191,7 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
             r.mismatches
         );
         json_rows.push(serde_json::json!({
-            "method": r.method.name(), "budget": budget, "batch": r.batch, "aggregate_tokens_per_s": agg,
+            "method": r.method.name(), "budget": r.tree_budget, "label": budget, "batch": r.batch, "aggregate_tokens_per_s": agg,
             "speedup_vs_ar_batch_1": speed,
             "decode_only": {"tokens_per_s": dec, "speedup_vs_ar_batch_1": dec_speed, "steps": r.decode_steps, "seconds": r.decode_s, "tokens": r.decode_tokens, "mean_sequences_per_step": occupancy},
             "tau": per_step, "draft_s": r.draft_s,

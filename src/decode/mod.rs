@@ -52,9 +52,9 @@ impl Method {
     /// All methods, in the order tables list them.
     pub const ALL: [Method; 6] = [Method::Ar, Method::DFlash, Method::DDTree, Method::DSpark, Method::Sparkling, Method::TreeSpark];
 
-    /// Parse a CLI name.
+    /// Parse a CLI name, ignoring ASCII case (`AR`, `Sparkling`).
     pub fn parse(s: &str) -> Result<Method> {
-        Ok(match s {
+        Ok(match s.to_ascii_lowercase().as_str() {
             "ar" => Method::Ar,
             "dflash" => Method::DFlash,
             "ddtree" => Method::DDTree,
