@@ -555,13 +555,7 @@ fn bench_batch_reports_decode_only_steps() {
     let t = d.path().join("tiny");
     write_random_target(&t, &cfg, 3, StoreDtype::F32).unwrap();
     let tok = d.path().join("tokenizer.json");
-    let vocab: serde_json::Map<String, serde_json::Value> = (0..cfg.vocab as u32).map(|i| (format!("w{i}"), serde_json::json!(i))).collect();
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
-        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
-    });
-    std::fs::write(&tok, json.to_string()).unwrap();
+    common::cli::word_tokenizer(&tok, cfg.vocab);
     let prompts = d.path().join("p.txt");
     std::fs::write(&prompts, "w1 w2 w3\nw4 w5\nw6 w7 w8 w9 w10\nw11\n").unwrap();
     let j = d.path().join("b.json");

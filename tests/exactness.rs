@@ -159,6 +159,11 @@ fn round_observer_sees_the_verified_tree_and_the_committed_path() {
                 if method == Method::Ar {
                     assert_eq!(t.len(), 1);
                 }
+                // No node deeper than the tokens still to generate less the bonus: the commit
+                // is cut at max-new-tokens (30), so deeper nodes would be verified for nothing.
+                let generated = 1 + rebuilt.len();
+                let deepest = t.depths.iter().copied().max().unwrap_or(0) as usize;
+                assert!(deepest <= 30usize.saturating_sub(generated + 1), "{}: a depth-{deepest} tree with {generated} of 30 generated", method.name());
                 multi += usize::from(r.accepted.len() > 1);
                 rebuilt.extend(r.accepted[1..].iter().map(|&i| t.tokens[i]));
                 rebuilt.push(r.bonus);

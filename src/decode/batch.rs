@@ -302,7 +302,7 @@ fn draft_trees<B: Backend>(
     let mut trees: Vec<Option<DraftTree>> = (0..want.len()).map(|_| None).collect();
     for &d in drafters {
         // This drafter's sequences: (index in `want`, its params, its speculative state).
-        let mut members: Vec<(usize, &GenParams, &mut Spec<'_, B>)> = Vec::new();
+        let mut members: Vec<(usize, &GenParams, &mut Spec<'_, B>, usize)> = Vec::new();
         let mut next = want.iter().enumerate().peekable();
         for (i, s) in seqs.iter_mut().enumerate() {
             let Some(&(k, &(wi, _, _))) = next.peek() else { break };
@@ -310,23 +310,24 @@ fn draft_trees<B: Backend>(
                 continue;
             }
             next.next();
-            let Seq { params, spec, .. } = s;
+            let Seq { params, spec, out, .. } = s;
             if let Some(spec) = spec.as_mut().filter(|sp| std::ptr::eq(sp.drafter, d)) {
-                members.push((k, params, spec));
+                members.push((k, params, spec, out.len()));
             }
         }
         if members.is_empty() {
             continue;
         }
-        let depths: Vec<usize> = members.iter().map(|(_, _, sp)| d.cfg.draft_depth().min(sp.tree.budget.max(1))).collect();
+        let depths: Vec<usize> =
+            members.iter().map(|(_, p, sp, done)| d.cfg.draft_depth().min(sp.tree.budget.max(1)).min(super::round::useful_depth(p, *done))).collect();
         let mut jobs: Vec<DraftJob<'_, B>> = members
             .iter_mut()
             .zip(&depths)
-            .map(|((k, _, sp), &depth)| DraftJob { cache: &mut sp.dcache, taps: &ctx[*k], anchor: want[*k].1, root_pos: want[*k].2, depth })
+            .map(|((k, _, sp, _), &depth)| DraftJob { cache: &mut sp.dcache, taps: &ctx[*k], anchor: want[*k].1, root_pos: want[*k].2, depth })
             .collect();
         let logits = d.draft_batch(b, target, &mut jobs)?;
         drop(jobs);
-        for ((k, p, sp), (l, &depth)) in members.iter().zip(logits.iter().zip(&depths)) {
+        for ((k, p, sp, _), (l, &depth)) in members.iter().zip(logits.iter().zip(&depths)) {
             let markov_dev = if p.method == Method::Sparkling && sp.tree.prep == TreePrep::Device { d.markov_device(b)? } else { None };
             let draft = DraftLogits::of(d, l, depth, markov_dev);
             trees[*k] = Some(pollster::block_on(propose_scored(b, p.method, &draft, want[*k].1, &sp.tree, false))?.tree);
@@ -515,7 +516,8 @@ impl<'a, B: Backend> Batch<'a, B> {
                 };
                 let chain = lookup::round_chain(&s.prompt, &s.out, len, &s.params);
                 lookup_seqs.extend((!chain.is_empty()).then_some(i));
-                if s.spec.is_some() && (chain.is_empty() || !s.params.lookup.skip_drafter) {
+                let drafts = super::round::useful_depth(&s.params, s.out.len()) > 0;
+                if s.spec.is_some() && drafts && (chain.is_empty() || !s.params.lookup.skip_drafter) {
                     want.push((i, ids[0], root));
                     want_feed.push(feeding.len());
                     grafts.push(chain);

@@ -89,7 +89,10 @@ impl<B: Backend> Proposer<'_, B> {
             Vec::new()
         };
         let t = Instant::now();
-        let run_drafter = if !graft.is_empty() && p.lookup.skip_drafter {
+        // Nodes a drafted tree could still commit: none in the round that commits the last
+        // token (its bonus), so the drafter does not run there.
+        let depth_left = useful_depth(p, out.len());
+        let run_drafter = if (!graft.is_empty() && p.lookup.skip_drafter) || depth_left == 0 {
             false
         } else {
             match auto.as_mut() {
@@ -121,7 +124,7 @@ impl<B: Backend> Proposer<'_, B> {
                     let ctx = take_context(b, &mut self.pending)?;
                     // A tree of `budget` nodes is at most `budget` deep; under `--budget auto`,
                     // as deep as the recent kept trees allow (a smaller drafter block).
-                    let full = d.cfg.draft_depth().min(self.tree_params.budget.max(1));
+                    let full = d.cfg.draft_depth().min(self.tree_params.budget.max(1)).min(depth_left);
                     let depth = auto.as_ref().map_or(full, |a| a.draft_depth(full));
                     let (logits, hidden) = d.draft_rows(b, self.target, dc, &ctx, anchor, root_pos, depth)?;
                     let forward_ms = ms(t);
@@ -152,7 +155,7 @@ impl<B: Backend> Proposer<'_, B> {
                     }
                     prop
                 }
-                (Some(_), Some(_)) if graft.is_empty() || !p.lookup.skip_drafter => {
+                (Some(_), Some(_)) if depth_left > 0 && (graft.is_empty() || !p.lookup.skip_drafter) => {
                     stats.drafts_skipped += 1;
                     Proposal::root(anchor)
                 }
@@ -168,4 +171,14 @@ impl<B: Backend> Proposer<'_, B> {
         }
         Ok(Round { prop, decision, drafted, looked_up })
     }
+}
+
+/// How deep a drafted tree can still be useful after `committed` of `p.max_new_tokens` tokens:
+/// a round commits its accepted path and the bonus token, and the commit is cut at
+/// `max_new_tokens`, so nodes deeper than the tokens left less the bonus are verified for
+/// nothing (0 in the round that commits the last token). `Engine::generate` and `Batch` both
+/// cap the drafter's depth with it (as [`lookup::round_chain`] cuts the lookup chain), so a
+/// sequence drafts the same trees batched as alone.
+pub(super) fn useful_depth(p: &GenParams, committed: usize) -> usize {
+    p.max_new_tokens.saturating_sub(committed + 1)
 }

@@ -2,6 +2,7 @@
 //! and loaded back through the real loaders.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod conformance;
 
 use sparkling::core::SampleParams;
