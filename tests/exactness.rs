@@ -137,6 +137,7 @@ fn round_observer_sees_the_verified_tree_and_the_committed_path() {
     let dflash = random_drafter(d2.path(), &target.cfg, DrafterKind::DFlash, 7, 0, 3);
     let prompt = [4u32, 9, 1, 7];
     let mut multi_total = 0usize;
+    let mut last_total = 0usize;
     for method in [Method::Ar, Method::DDTree, Method::Sparkling, Method::DSpark] {
         let drafter = match method.drafter_kind() {
             Some(DrafterKind::DFlash) => Some(&dflash),
@@ -147,6 +148,7 @@ fn round_observer_sees_the_verified_tree_and_the_committed_path() {
         let mut rebuilt: Vec<u32> = Vec::new();
         let mut rounds = 0usize;
         let mut multi = 0usize;
+        let mut last_rounds = 0usize;
         let g = e
             .generate_observed(&prompt, &params(method, 64, 0.0, 0, 30, vec![]), &mut |_| {}, &mut |r| {
                 assert_eq!(r.round, rounds, "{}", method.name());
@@ -164,6 +166,11 @@ fn round_observer_sees_the_verified_tree_and_the_committed_path() {
                 let generated = 1 + rebuilt.len();
                 let deepest = t.depths.iter().copied().max().unwrap_or(0) as usize;
                 assert!(deepest <= 30usize.saturating_sub(generated + 1), "{}: a depth-{deepest} tree with {generated} of 30 generated", method.name());
+                // Only the round that writes the 30th token (its bonus) is marked as such, and
+                // it drafts nothing.
+                assert_eq!(r.last_token, method != Method::Ar && generated + 1 == 30, "{}: round {} of {generated}", method.name(), r.round);
+                assert!(!r.last_token || (t.len() == 1 && !r.drafted), "{}", method.name());
+                last_rounds += usize::from(r.last_token);
                 multi += usize::from(r.accepted.len() > 1);
                 rebuilt.extend(r.accepted[1..].iter().map(|&i| t.tokens[i]));
                 rebuilt.push(r.bonus);
@@ -171,6 +178,8 @@ fn round_observer_sees_the_verified_tree_and_the_committed_path() {
             })
             .unwrap();
         assert_eq!(rounds, g.stats.rounds, "{}", method.name());
+        assert_eq!(g.stats.final_rounds, last_rounds, "{}", method.name());
+        last_total += last_rounds;
         assert_eq!(&rebuilt[..g.tokens.len() - 1], &g.tokens[1..], "{}", method.name());
         if method == Method::Ar {
             assert_eq!(rounds, 29);
@@ -178,6 +187,7 @@ fn round_observer_sees_the_verified_tree_and_the_committed_path() {
         multi_total += multi;
     }
     assert!(multi_total > 0, "some round should accept a drafted node (vocabulary 24, 64 nodes)");
+    assert!(last_total > 0, "some drafter method should reach a round with only its bonus left");
 }
 
 /// Issue 16: the prefill runs in chunks on host backends in the browser (the page gets a turn

@@ -83,7 +83,7 @@ pub struct BenchArgs {
     pub save_tokens: Option<PathBuf>,
     /// Batch decoding: decode the prompt set N sequences at a time (continuous batching: one
     /// target forward per step over every sequence in flight, tree methods verifying one tree
-    /// block per sequence), one row per method × budget × N (`ar`: per N; comma-separated,
+    /// block per sequence), one row per method × budget × `--lookup` value × N (`ar`: per N; comma-separated,
     /// e.g. 1,2,4,8,16): aggregate tokens/s, τ, per-sequence latency. Tree methods need fixed
     /// `--budgets` (auto is not batched).
     #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]

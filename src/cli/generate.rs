@@ -38,8 +38,9 @@ pub struct GenerateArgs {
     /// under `$SPARKLING_ASSETS/costs/`, printed by `sparkling profile`), building trees of up
     /// to 16 nodes on the cpu backend, 64 (treespark 32) elsewhere; each round's choice also
     /// reads the drafting time it just measured, so the tree sizes (never the tokens) can differ
-    /// between identical runs. Or a number: non-root nodes verified every round (chains: max
-    /// chain length). `lookup` has no cost model: `auto` gives it chains of up to 16 tokens
+    /// between identical runs. Or a number: non-root nodes verified each round (chains: max
+    /// chain length; fewer near the end, where no node deeper than the tokens left before the
+    /// round's bonus could be kept, and none in the round that writes the last token). `lookup` has no cost model: `auto` gives it chains of up to 16 tokens
     /// (2 / 4 / 6 after a 1 / 2 / 3-token match, up to 16 after a longer match: as many as
     /// matched; half as many after a short match when sampling, T > 0).
     #[arg(long, allow_negative_numbers = true)]
@@ -274,11 +275,12 @@ pub fn print_stats(method: Method, s: &Stats) {
     }
     if let Some((pred, obs)) = s.predicted_vs_observed_tau() {
         eprintln!(
-            "  budget auto: drafter ran in {} of {} rounds (skipped by the policy in {}{}); drafted rounds τ predicted {pred:.2} vs observed {obs:.2} (per-round error {:.2} tokens rms); policy {:.1} µs/round",
+            "  budget auto: drafter ran in {} of {} rounds (skipped by the policy in {}{}{}); drafted rounds τ predicted {pred:.2} vs observed {obs:.2} (per-round error {:.2} tokens rms); policy {:.1} µs/round",
             s.predicted_rounds,
             s.rounds,
             s.drafts_skipped,
-            if s.predicted_rounds + s.drafts_skipped < s.rounds { ", the rest lookup rounds" } else { "" },
+            if s.final_rounds > 0 { ", not needed in the last round, where only its bonus token was left".to_string() } else { String::new() },
+            if s.predicted_rounds + s.drafts_skipped + s.final_rounds < s.rounds { ", the rest lookup rounds" } else { "" },
             s.prediction_rmse().unwrap_or(0.0),
             s.policy_us_per_round()
         );

@@ -261,6 +261,10 @@ pub struct RoundView<'t> {
     /// (counted in `Stats::drafts_skipped`); a drafted round may still verify the root alone
     /// when no guess was worth its cost.
     pub drafted: bool,
+    /// Whether this round drafted nothing because only its bonus token was left to generate
+    /// (`max_new_tokens`): no drafted node could have been committed. Counted in
+    /// `Stats::final_rounds`, not as a skipped drafter.
+    pub last_token: bool,
 }
 
 /// Target + optional drafter on one backend.
@@ -460,7 +464,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         while !stopped && out.len() < p.max_new_tokens {
             // 1. Propose: the lookup chain, the drafter's tree (under `--budget auto`, unless the
             // policy skips the drafter, truncated to the prefix worth its cost), or both.
-            let Round { prop, decision, drafted, looked_up } = proposer.propose(p, auto.as_mut(), prompt, &out, anchor, root_pos, &mut stats).await?;
+            let Round { prop, decision, drafted, looked_up, last_token } =
+                proposer.propose(p, auto.as_mut(), prompt, &out, anchor, root_pos, &mut stats).await?;
             let tree = &prop.tree;
 
             // 2. Verify the whole tree in one target forward with tree attention.
@@ -500,7 +505,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             if drafter.is_some() || p.method == Method::Lookup {
                 stats.record_size(tree.len() - 1);
             }
-            on_round(&RoundView { round: stats.rounds - 1, root_pos, tree, accepted: &accepted, bonus, drafted });
+            on_round(&RoundView { round: stats.rounds - 1, root_pos, tree, accepted: &accepted, bonus, drafted, last_token });
 
             // 4. Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
             let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();

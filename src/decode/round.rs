@@ -26,6 +26,8 @@ pub(super) struct Round {
     pub drafted: bool,
     /// Whether it holds a prompt-lookup chain (`lookup`'s own, or a `--lookup` graft).
     pub looked_up: bool,
+    /// Whether the round drafted nothing because only its bonus token was left to generate.
+    pub last_token: bool,
 }
 
 /// The proposing state of one generation: the drafter with its draft KV cache and the target
@@ -169,7 +171,12 @@ impl<B: Backend> Proposer<'_, B> {
         if looked_up {
             stats.lookup_rounds += 1;
         }
-        Ok(Round { prop, decision, drafted, looked_up })
+        // A drafter method's last round, where nothing drafted could be committed.
+        let last_token = depth_left == 0 && self.drafter.is_some() && self.method != Method::Lookup;
+        if last_token {
+            stats.final_rounds += 1;
+        }
+        Ok(Round { prop, decision, drafted, looked_up, last_token })
     }
 }
 

@@ -49,6 +49,9 @@ pub struct Stats {
     /// Rounds in which `--budget auto` skipped the drafter (plain AR steps; their taps are fed
     /// to the drafter when it next runs).
     pub drafts_skipped: usize,
+    /// Rounds that drafted nothing because only the last token (the round's bonus) was left
+    /// to generate: no drafted node could have been committed (`decode::round::useful_depth`).
+    pub final_rounds: usize,
     /// `--budget auto`: rounds with a prediction (the drafter ran), the tokens the policy
     /// predicted for them (calibrated, bonus included) and the tokens they committed.
     pub predicted_rounds: usize,

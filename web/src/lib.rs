@@ -222,12 +222,14 @@ impl Session {
     /// `on_round(round)`, optional, is called once per verified round, just before `on_tokens`
     /// receives that round's tokens, with the draft tree the target checked (issue 16: the live
     /// tree view), a plain object: `{ round, root_pos, tokens, parents, depths, accepted, bonus,
-    /// drafted, committed, texts, bonus_text }` — `round` counts from 0 (the prefill, which commits the
+    /// drafted, last_token, committed, texts, bonus_text }` — `round` counts from 0 (the prefill, which commits the
     /// first token, is not a round); node 0 is the anchor (the last committed token) at sequence
     /// position `root_pos`, node `i` has token `tokens[i]`, parent `parents[i]` (`-1` for node 0)
     /// and depth `depths[i]`; `accepted` lists the accepted nodes from the root (`accepted[0] ==
     /// 0`, each the child of the one before); `bonus` is the target's own next token; `drafted`
-    /// says whether the drafter ran (`false`: `ar`, or a step `auto` skipped). The round
+    /// says whether the drafter ran (`false`: `ar`, a step `auto` skipped, or the last step);
+    /// `last_token` marks the step where only its bonus token was left to generate, so nothing
+    /// was drafted (no drafted node could have been kept; not a skip). The round
     /// commits the accepted nodes' tokens after the root, then `bonus`; `committed` says how many
     /// of them were kept (fewer in the last round when a stop token or `max_new_tokens` cuts it).
     /// `texts` (each node's token as text) and `bonus_text` are `null` without a tokenizer. It
@@ -608,6 +610,7 @@ fn round_object(r: &RoundView<'_>, tok: Option<&TextTokenizer>) -> js_sys::Objec
         "accepted": r.accepted,
         "bonus": r.bonus,
         "drafted": r.drafted,
+        "last_token": r.last_token,
         "texts": tok.map(|_| t.tokens.iter().map(|&id| text(id).unwrap_or_default()).collect::<Vec<String>>()),
         "bonus_text": text(r.bonus),
     });

@@ -428,6 +428,14 @@ def main():
 
         print("page test: a 64-node tree (CPU backend, tree size 64)")
         r, st = generate(d, "sparkling", 12, budget=64)
+        # The latest step wrote only the model's own last token: nothing was guessed there.
+        d.js("demo.showTree(demo.trees.length - 1)")
+        last = d.js("return demo.trees[demo.trees.length - 1]")
+        check(last is not None and last.get("last_token") is True and len(last["tokens"]) == 1
+              and "left to write" in d.js("return document.getElementById('treesum').textContent"),
+              "the last step drafts nothing (only its bonus token was left) and says so")
+        k = d.js("return demo.trees.map(t => t.tokens.length > 1).lastIndexOf(true)")
+        d.js("demo.showTree(arguments[0])", k)
         t = d.js(READ_TREE)
         check(r is not None and r["tokens"] == sparkling_cpu[:12] and t is not None and 8 < len(t["nodes"]) <= 65,
               f"a tree of up to 64 guesses is drawn ({t and len(t['nodes'])} nodes) and the tokens are unchanged")

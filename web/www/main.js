@@ -375,8 +375,10 @@ function liveStats(t0, first) {
 // the drafted rounds whose best tree was the root alone (no guess worth its cost).
 function acceptance(trees) {
   const checked = trees.filter((t) => t.tokens.length > 1);
-  const skipped = trees.filter((t) => t.drafted === false).length;
-  return { acc: checked.map((t) => t.accepted.length - 1), skipped, empty: trees.length - checked.length - skipped };
+  // The last step, where only the model's own token was left, is neither checked nor skipped.
+  const skipped = trees.filter((t) => t.drafted === false && !t.last_token).length;
+  const last = trees.filter((t) => t.last_token).length;
+  return { acc: checked.map((t) => t.accepted.length - 1), skipped, empty: trees.length - checked.length - skipped - last };
 }
 state.acceptance = acceptance;  // for the browser tests
 const skippedText = (n, empty = 0) => `${n} step${n === 1 ? "" : "s"} skipped the drafter (a plain step was cheaper there)` +
@@ -461,7 +463,8 @@ function summary(r, k, total) {
   const drafted = r.tokens.length - 1;
   const kept = path.length + 1;
   let s = `Step ${r.round + 1}${k === total - 1 ? " (latest)" : ""}: `;
-  s += drafted === 0 ? (r.drafted === false ? "drafter skipped: a plain step was cheaper here (tree size auto), no guesses checked; "
+  s += drafted === 0 ? (r.last_token ? "only the model's own next token was left to write (length limit), so nothing was guessed; "
+    : r.drafted === false ? "drafter skipped: a plain step was cheaper here (tree size auto), no guesses checked; "
     : "no guess was worth checking (tree size auto): the root alone was verified; ") :
     `${drafted} guessed token${drafted > 1 ? "s" : ""} checked, ${path.length} accepted${words.length ? ` (${words.join(" ")})` : ""}, `;
   s += `then the model's own ${quoted(r.bonus_text ?? null, r.bonus)}: ${kept} token${kept > 1 ? "s" : ""} kept`;
