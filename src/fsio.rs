@@ -270,11 +270,22 @@ fn is_model_file(path: &Path) -> bool {
     std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"GGUF"
 }
 
-/// Whether `a` and `b` name the same existing file (after following links). Used to refuse an
-/// output path that is one of the run's inputs.
+/// Whether `a` and `b` name the same existing file (after following symbolic links; on Unix
+/// also two hard links of one file: the same device and inode). Used to refuse an output path
+/// that is one of the run's inputs, and to run a prompt file listed twice once.
 pub fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
+        (Ok(x), Ok(y)) if x == y => true,
+        #[cfg(unix)]
+        (Ok(x), Ok(y)) => {
+            use std::os::unix::fs::MetadataExt;
+            match (std::fs::metadata(x), std::fs::metadata(y)) {
+                // Regular files only: two names of one pipe or device are not "the same file"
+                // for this purpose (each read consumes it).
+                (Ok(m), Ok(n)) => m.is_file() && n.is_file() && m.dev() == n.dev() && m.ino() == n.ino(),
+                _ => false,
+            }
+        }
         _ => false,
     }
 }

@@ -568,13 +568,19 @@ fn bench_batch_reports_decode_only_steps() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--prompts file is listed more than once"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is the file"), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
     assert_eq!(v["prompts"], 4, "{v}");
+    // `plot` reads the one-sequence bench's JSON and says what this file is.
+    let o =
+        std::process::Command::new(env!("CARGO_BIN_EXE_sparkling")).args(["plot", "--input", &p(&j), "--out", &p(&d.path().join("plots"))]).output().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(1) && e.contains("a `sparkling bench --batch` file"), "{e}");
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     for r in rows {
         assert_eq!(r["budget"], 0, "ar's budget is the number 0, as in the one-sequence bench: {r}");
+        assert_eq!(r["lookup"], "-", "{r}");
         let (n, seqs, new) = (r["batch"].as_u64().unwrap(), r["sequences"].as_u64().unwrap(), r["new_tokens"].as_u64().unwrap());
         let dec = &r["decode_only"];
         let (tokens, steps, occ) = (dec["tokens"].as_u64().unwrap(), dec["steps"].as_u64().unwrap(), dec["mean_sequences_per_step"].as_f64().unwrap());

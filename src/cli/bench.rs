@@ -224,7 +224,7 @@ fn lookup_choices(a: &BenchArgs) -> Vec<Option<String>> {
 
 /// A run's lookup column: `-` without a drafter, `off`, or the chain length and the drafter
 /// policy (`4 fallback`, `8 always`).
-fn lookup_label(meth: Method, p: &GenParams) -> String {
+pub(super) fn lookup_label(meth: Method, p: &GenParams) -> String {
     match (meth.drafter_kind(), p.lookup.len) {
         (None, _) => "-".into(),
         (Some(_), 0) => "off".into(),
@@ -252,18 +252,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
         eprintln!("note: a --batch size is listed more than once; each runs once");
     }
     // The same prompt file twice (also through another path) would run its prompts twice.
-    let listed = a.prompts.len();
     let mut kept: Vec<PathBuf> = Vec::new();
     for p in std::mem::take(&mut a.prompts) {
-        if !kept.iter().any(|k| k == &p || sparkling::fsio::same_file(k, &p)) {
-            kept.push(p);
+        match kept.iter().find(|k| *k == &p || sparkling::fsio::same_file(k, &p)) {
+            Some(k) => eprintln!("note: --prompts {} is the file {} listed before; its prompts run once", p.display(), k.display()),
+            None => kept.push(p),
         }
     }
     a.prompts = kept;
-    if a.prompts.len() < listed {
-        eprintln!("note: a --prompts file is listed more than once; its prompts run once");
-    }
-    let methods = a.methods.iter().map(|m| Method::parse(m)).collect::<Result<Vec<_>>>()?;
+    let methods = a.methods.iter().map(|m| Method::parse(m.trim())).collect::<Result<Vec<_>>>()?;
     let options = generate_args(&a).tree_options("--budgets", a.budgets.is_some());
     if a.no_confidence && !budget_choices(&a)?.contains(&BudgetChoice::Auto) {
         return Err(Error::Input("--no-confidence is read by `--budgets auto` only: add auto to --budgets, or leave --no-confidence out".into()));

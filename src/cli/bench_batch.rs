@@ -23,6 +23,9 @@ struct Row {
     budget: String,
     /// The tree budget (nodes below the root; 0 for `ar`).
     tree_budget: usize,
+    /// The lookup graft, as the one-sequence bench's `lookup` column writes it (`-`, `off`,
+    /// `16 fallback`).
+    lookup: String,
     batch: usize,
     wall_s: f64,
     new_tokens: usize,
@@ -72,6 +75,7 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], budget: &str, params
         method: params.method,
         budget: budget.to_string(),
         tree_budget: if params.method == Method::Ar { 0 } else { params.tree.budget },
+        lookup: super::bench::lookup_label(params.method, params),
         batch: n,
         wall_s: 0.0,
         new_tokens: 0,
@@ -191,7 +195,7 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
             r.mismatches
         );
         json_rows.push(serde_json::json!({
-            "method": r.method.name(), "budget": r.tree_budget, "label": budget, "batch": r.batch, "aggregate_tokens_per_s": agg,
+            "method": r.method.name(), "budget": r.tree_budget, "lookup": r.lookup, "label": budget, "batch": r.batch, "aggregate_tokens_per_s": agg,
             "speedup_vs_ar_batch_1": speed,
             "decode_only": {"tokens_per_s": dec, "speedup_vs_ar_batch_1": dec_speed, "steps": r.decode_steps, "seconds": r.decode_s, "tokens": r.decode_tokens, "mean_sequences_per_step": occupancy},
             "tau": per_step, "draft_s": r.draft_s,

@@ -68,6 +68,12 @@ fn read_bench(path: &Path) -> Result<BenchFile> {
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(path, format!("not JSON: {e}")))?;
     let bad = |what: &str| Error::file(path, format!("not a `sparkling bench --json` file: {what}"));
     let rows = v["rows"].as_array().ok_or_else(|| bad("no `rows` array"))?;
+    if rows.iter().any(|r| r.get("aggregate_tokens_per_s").is_some()) {
+        return Err(Error::file(
+            path,
+            "a `sparkling bench --batch` file (aggregate tokens/s per batch size): `plot` draws the one-sequence bench's JSON (`bench --json` without `--batch`)",
+        ));
+    }
     let mut out = Vec::new();
     let mut calib = Vec::new();
     for (i, r) in rows.iter().enumerate() {

@@ -55,6 +55,14 @@ fn devices_links_and_models_are_never_replaced() {
     write_bytes(&lone.join("config.json"), b"{}").unwrap();
     write_bytes(&lone.join("config.json"), b"{1}").unwrap();
     assert!(same_file(&lone.join("config.json"), &lone.join(".").join("config.json")) && !same_file(&lone.join("config.json"), &cfg));
+    // A hard link of a file is the same file; a copy is not.
+    #[cfg(unix)]
+    {
+        std::fs::hard_link(lone.join("config.json"), lone.join("linked.json")).unwrap();
+        std::fs::copy(lone.join("config.json"), lone.join("copied.json")).unwrap();
+        assert!(same_file(&lone.join("config.json"), &lone.join("linked.json")));
+        assert!(!same_file(&lone.join("config.json"), &lone.join("copied.json")));
+    }
     let _ = std::fs::remove_dir_all(&lone);
     let _ = std::fs::remove_dir_all(&d);
 }
