@@ -83,9 +83,9 @@ pub struct BenchArgs {
     pub save_tokens: Option<PathBuf>,
     /// Batch decoding: decode the prompt set N sequences at a time (continuous batching: one
     /// target forward per step over every sequence in flight, tree methods verifying one tree
-    /// block per sequence), one row per method × budget × `--lookup` value × N (`ar`: per N; comma-separated,
-    /// e.g. 1,2,4,8,16): aggregate tokens/s, τ, per-sequence latency. Tree methods need fixed
-    /// `--budgets` (auto is not batched).
+    /// block per sequence), one row per method × budget × `--lookup` value × N (`ar`: per N;
+    /// comma-separated, e.g. 1,2,4,8,16): aggregate tokens/s, τ, per-sequence latency. Tree
+    /// methods need fixed `--budgets` (auto is not batched).
     #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     pub batch: Vec<usize>,
 }
@@ -288,9 +288,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     if let Some(d) = &a.lookup_drafter {
         super::generate::lookup_graft(Method::Sparkling, Some("4"), Some(d), true)?;
-    }
-    if let Some(d) = &a.lookup_drafter {
-        // Whether a chain is grafted does not depend on the backend (only its length does).
+        // Some run must graft a chain for it to act on (whether one is grafted does not depend
+        // on the backend, only its length does).
         let mut chained = false;
         for meth in methods.iter().filter(|m| m.drafter_kind().is_some()) {
             for l in lookup_choices(&a) {

@@ -40,9 +40,10 @@ pub struct GenerateArgs {
     /// reads the drafting time it just measured, so the tree sizes (never the tokens) can differ
     /// between identical runs. Or a number: non-root nodes verified each round (chains: max
     /// chain length; fewer near the end, where no node deeper than the tokens left before the
-    /// round's bonus could be kept, and none in the round that writes the last token). `lookup` has no cost model: `auto` gives it chains of up to 16 tokens
-    /// (2 / 4 / 6 after a 1 / 2 / 3-token match, up to 16 after a longer match: as many as
-    /// matched; half as many after a short match when sampling, T > 0).
+    /// round's bonus could be kept, and none in the round that writes the last token).
+    /// `lookup` has no cost model: `auto` gives it chains of up to 16 tokens (2 / 4 / 6 after
+    /// a 1 / 2 / 3-token match, up to 16 after a longer match: as many as matched; half as many
+    /// after a short match when sampling, T > 0).
     #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<String>,
     /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
@@ -279,7 +280,7 @@ pub fn print_stats(method: Method, s: &Stats) {
             s.predicted_rounds,
             s.rounds,
             s.drafts_skipped,
-            if s.final_rounds > 0 { ", not needed in the last round, where only its bonus token was left".to_string() } else { String::new() },
+            if s.final_rounds > 0 { ", not needed in the last round, where only its bonus token was left" } else { "" },
             if s.predicted_rounds + s.drafts_skipped + s.final_rounds < s.rounds { ", the rest lookup rounds" } else { "" },
             s.prediction_rmse().unwrap_or(0.0),
             s.policy_us_per_round()

@@ -172,7 +172,7 @@ impl<B: Backend> Proposer<'_, B> {
             stats.lookup_rounds += 1;
         }
         // A drafter method's last round, where nothing drafted could be committed.
-        let last_token = depth_left == 0 && self.drafter.is_some() && self.method != Method::Lookup;
+        let last_token = depth_left == 0 && self.drafter.is_some();
         if last_token {
             stats.final_rounds += 1;
         }

@@ -222,8 +222,8 @@ impl Session {
     /// `on_round(round)`, optional, is called once per verified round, just before `on_tokens`
     /// receives that round's tokens, with the draft tree the target checked (issue 16: the live
     /// tree view), a plain object: `{ round, root_pos, tokens, parents, depths, accepted, bonus,
-    /// drafted, last_token, committed, texts, bonus_text }` — `round` counts from 0 (the prefill, which commits the
-    /// first token, is not a round); node 0 is the anchor (the last committed token) at sequence
+    /// drafted, last_token, committed, texts, bonus_text }` — `round` counts from 0 (the
+    /// prefill, which commits the first token, is not a round); node 0 is the anchor (the last committed token) at sequence
     /// position `root_pos`, node `i` has token `tokens[i]`, parent `parents[i]` (`-1` for node 0)
     /// and depth `depths[i]`; `accepted` lists the accepted nodes from the root (`accepted[0] ==
     /// 0`, each the child of the one before); `bonus` is the target's own next token; `drafted`
