@@ -286,7 +286,7 @@ impl<B: Backend> Drafter<B> {
 
     /// A draft KV cache of `capacity` rows.
     pub fn new_cache(&self, b: &B, capacity: usize) -> Result<KvCache<B>> {
-        KvCache::new(b, self.cfg.layers, capacity, self.cfg.n_kv_heads * self.cfg.head_dim)
+        KvCache::new(b, self.cfg.layers, capacity, self.cfg.n_kv_heads, self.cfg.head_dim)
     }
 
     /// Block rows a forward for `depth` depths runs: the rows whose outputs the tree can use

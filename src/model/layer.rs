@@ -209,7 +209,8 @@ impl<B: Backend> DecoderLayer<B> {
 }
 
 /// Per-layer K/V cache: `[capacity, nkv*hd]` tensors ([`Backend::kv_zeros`]: on the CPU
-/// backend f16 by default, or q8_0 / f32 with `--kv-cache`); rows `0..len` are valid.
+/// backend f16 by default, or q8_0 / f32 with `--kv-cache`, each KV head's rows contiguous);
+/// rows `0..len` are valid.
 pub struct KvCache<B: Backend> {
     /// Keys per layer.
     pub k: Vec<B::Tensor>,
@@ -222,13 +223,13 @@ pub struct KvCache<B: Backend> {
 }
 
 impl<B: Backend> KvCache<B> {
-    /// Allocate `layers` K/V pairs of `[capacity, width]`.
-    pub fn new(b: &B, layers: usize, capacity: usize, width: usize) -> Result<Self> {
+    /// Allocate `layers` K/V pairs of `[capacity, heads·head_dim]` (`heads` KV heads).
+    pub fn new(b: &B, layers: usize, capacity: usize, heads: usize, head_dim: usize) -> Result<Self> {
         let mut k = Vec::with_capacity(layers);
         let mut v = Vec::with_capacity(layers);
         for _ in 0..layers {
-            k.push(b.kv_zeros(capacity, width)?);
-            v.push(b.kv_zeros(capacity, width)?);
+            k.push(b.kv_zeros(capacity, heads, head_dim)?);
+            v.push(b.kv_zeros(capacity, heads, head_dim)?);
         }
         Ok(KvCache { k, v, len: 0, capacity })
     }

@@ -124,7 +124,7 @@ impl<B: Backend> Target<B> {
 
     /// A KV cache of `capacity` rows for this model.
     pub fn new_cache(&self, b: &B, capacity: usize) -> Result<KvCache<B>> {
-        KvCache::new(b, self.cfg.layers, capacity, self.cfg.n_kv_heads * self.cfg.head_dim)
+        KvCache::new(b, self.cfg.layers, capacity, self.cfg.n_kv_heads, self.cfg.head_dim)
     }
 
     /// The matmul kernel paths this target's weights run on ([`Backend::weight_kernel`]), each

@@ -196,14 +196,16 @@ pub trait Backend: Send + Sync {
     fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<Self::Tensor>;
     /// A zero-filled `[rows, cols]` tensor.
     fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor>;
-    /// A zeroed K or V cache `[capacity, width]` (one per layer, `model::layer::KvCache`): it
-    /// is only written by [`Backend::write_rows`], reordered by [`Backend::compact_rows`], read
-    /// by [`Backend::attention`] / [`Backend::attention_ragged`] and downloaded. A backend may
-    /// store it in a lower precision (the CPU backend's f16 cache, `--kv-cache f16`); `ar` and
-    /// every speculative method read the same cache, so every method still equals `ar`.
-    /// Default: [`Backend::zeros`] (f32).
-    fn kv_zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor> {
-        self.zeros(rows, cols)
+    /// A zeroed K or V cache of `rows` rows and `heads` KV heads of `head_dim` values each,
+    /// shaped `[rows, heads·head_dim]` (one per layer, `model::layer::KvCache`): it is only
+    /// written by [`Backend::write_rows`], reordered by [`Backend::compact_rows`], read by
+    /// [`Backend::attention`] / [`Backend::attention_ragged`] (with `heads` KV heads) and
+    /// downloaded. A backend may store it in a lower precision (the CPU backend's f16 cache,
+    /// `--kv-cache f16`) and in its own layout (the CPU backend keeps each KV head's rows
+    /// contiguous); `ar` and every speculative method read the same cache, so every method
+    /// still equals `ar`. Default: [`Backend::zeros`] (f32, row-major).
+    fn kv_zeros(&self, rows: usize, heads: usize, head_dim: usize) -> Result<Self::Tensor> {
+        self.zeros(rows, heads * head_dim)
     }
     /// Copy a tensor back to the host (a sync point). Returns `rows*cols` values.
     fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;

@@ -40,12 +40,23 @@ pub struct CpuTensor {
     pub half: Vec<half::f16>,
     /// A KV cache stored as q8_0 blocks ([`KvDtype::Q8_0`], [`kv::q8`]); empty otherwise.
     pub q8: Q8Rows,
+    /// Column panels ([`kv`]): a KV cache from [`Backend::kv_zeros`] stores its `cols` as one
+    /// panel per KV head, each `[rows, cols / panels]` row-major and contiguous (panel `j`'s
+    /// value `(r, c)` at `j·rows·w + r·w + c`, `w = cols / panels`), so the attention streams a
+    /// head's keys and values from consecutive memory. 1 (plain row-major) for every other
+    /// tensor.
+    pub panels: usize,
 }
 
 impl CpuTensor {
     /// An f32 tensor of `rows × cols` values (`data`, row-major).
     pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Self {
-        CpuTensor { rows, cols, data, half: Vec::new(), q8: Q8Rows::default() }
+        CpuTensor { rows, cols, data, half: Vec::new(), q8: Q8Rows::default(), panels: 1 }
+    }
+
+    /// Columns per panel (`cols / panels`; all of them for a row-major tensor).
+    pub fn panel_width(&self) -> usize {
+        self.cols / self.panels.max(1)
     }
 
     /// Whether the values are stored in f16 (`half`) rather than f32 (`data`).
@@ -287,8 +298,11 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::from_f32(rows, cols, vec![0.0; rows * cols]))
     }
 
-    fn kv_zeros(&self, rows: usize, cols: usize) -> Result<CpuTensor> {
-        Ok(kv::zeros(self.kv_dtype, rows, cols))
+    fn kv_zeros(&self, rows: usize, heads: usize, head_dim: usize) -> Result<CpuTensor> {
+        if heads == 0 || head_dim == 0 {
+            return Err(shape_err("kv_zeros", format!("a cache of {heads} KV heads of {head_dim} values")));
+        }
+        Ok(kv::zeros(self.kv_dtype, rows, heads, head_dim))
     }
 
     fn download(&self, t: &CpuTensor) -> Result<Vec<f32>> {

@@ -22,8 +22,8 @@ fn a_decode_rows_attention_equals_its_row_in_a_long_causal_call_on_any_thread_co
         for (len, rows) in [(300usize, 40usize), (1100, 40)] {
             for kv in [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0] {
                 let b = CpuBackend::new().with_kv_dtype(kv);
-                let mut k = b.kv_zeros(len, kw).unwrap();
-                let mut v = b.kv_zeros(len, kw).unwrap();
+                let mut k = b.kv_zeros(len, n_kv_heads, head_dim).unwrap();
+                let mut v = b.kv_zeros(len, n_kv_heads, head_dim).unwrap();
                 b.write_rows(&mut k, 0, &b.upload(&pseudo(len * kw, 3), len, kw).unwrap()).unwrap();
                 b.write_rows(&mut v, 0, &b.upload(&pseudo(len * kw, 4), len, kw).unwrap()).unwrap();
                 let q = b.upload(&pseudo(rows * qw, 5), rows, qw).unwrap();
@@ -179,9 +179,9 @@ fn f16_kv_cache_rounds_on_write_and_attends_like_f32_over_the_rounded_values() {
     let b = CpuBackend::new().with_kv_dtype(KvDtype::F16);
     let f = CpuBackend::new();
     let (rows, width) = (6, 16);
-    let mut k = b.kv_zeros(rows, width).unwrap();
-    let mut v = b.kv_zeros(rows, width).unwrap();
-    assert!(k.is_f16() && !f.kv_zeros(rows, width).unwrap().is_f16());
+    let mut k = b.kv_zeros(rows, 2, 8).unwrap();
+    let mut v = b.kv_zeros(rows, 2, 8).unwrap();
+    assert!(k.is_f16() && !f.kv_zeros(rows, 2, 8).unwrap().is_f16());
     assert_eq!(b.download(&k).unwrap(), vec![0.0; rows * width]);
     let (kx, vx) = (pseudo(rows * width, 3), pseudo(rows * width, 4));
     b.write_rows(&mut k, 0, &b.upload(&kx, rows, width).unwrap()).unwrap();
@@ -204,7 +204,7 @@ fn f16_kv_cache_rounds_on_write_and_attends_like_f32_over_the_rounded_values() {
     want.copy_within(4 * width..6 * width, 3 * width);
     assert_eq!(b.download_rows(&k, 0, 5).unwrap(), want[..5 * width].to_vec());
     let e = b.attention(&q, &k, &v32, rows, shape, AttnMask::Causal).unwrap_err().to_string();
-    assert!(e.contains("different precisions"), "{e}");
+    assert!(e.contains("stored differently"), "{e}");
 }
 
 /// The q8_0 cache: written rows read back as their dequantized blocks (rows of very
@@ -218,20 +218,21 @@ fn q8_0_kv_cache_attends_like_f32_over_the_dequantized_values() {
     let f = CpuBackend::new();
     for hd in [32usize, 24, 8] {
         let (rows, width) = (6, 2 * hd);
-        let mut k = b.kv_zeros(rows, width).unwrap();
-        let mut v = b.kv_zeros(rows, width).unwrap();
+        let mut k = b.kv_zeros(rows, 2, hd).unwrap();
+        let mut v = b.kv_zeros(rows, 2, hd).unwrap();
         assert!(k.is_q8() && k.storage() == "q8_0");
         assert_eq!(b.download(&k).unwrap(), vec![0.0; rows * width]);
         let scaled = |x: Vec<f32>| -> Vec<f32> { x.iter().enumerate().map(|(i, &y)| y * [0.01f32, 3.0, 250.0][(i / width) % 3]).collect() };
         let (kx, vx) = (scaled(pseudo(rows * width, 3)), scaled(pseudo(rows * width, 4)));
         b.write_rows(&mut k, 0, &b.upload(&kx, rows, width).unwrap()).unwrap();
         b.write_rows(&mut v, 0, &b.upload(&vx, rows, width).unwrap()).unwrap();
+        // Blocks of 32 within each head (the cache's panels): at hd 24 a block ends with its head.
         let deq = |x: &[f32]| -> Vec<f32> {
-            let nb = crate::kv::q8::blocks(width);
-            let (mut c, mut d, mut out, mut row) = (vec![0i8; width], vec![0.0f32; nb], Vec::new(), Vec::new());
-            for r in x.chunks(width) {
+            let nb = crate::kv::q8::blocks(hd);
+            let (mut c, mut d, mut out, mut row) = (vec![0i8; hd], vec![0.0f32; nb], Vec::new(), Vec::new());
+            for r in x.chunks(hd) {
                 crate::kv::q8::quantize_row(r, &mut c, &mut d);
-                crate::kv::q8::dequantize(&c, &d, 0, width, &mut row);
+                crate::kv::q8::dequantize(&c, &d, 0, hd, &mut row);
                 out.extend_from_slice(&row);
             }
             out
@@ -241,7 +242,7 @@ fn q8_0_kv_cache_attends_like_f32_over_the_dequantized_values() {
         assert_eq!(b.download_rows(&v, 2, 3).unwrap(), vd[2 * width..5 * width].to_vec());
         assert_ne!(kd, kx, "the test data must not be q8_0-exact");
         // Each value within half a step (amax/127 of its block; f16 rounding of the scale aside).
-        for (row, (dr, xr)) in kd.chunks(width).zip(kx.chunks(width)).enumerate() {
+        for (row, (dr, xr)) in kd.chunks(hd).zip(kx.chunks(hd)).enumerate() {
             for (blk, (db, xb)) in dr.chunks(32).zip(xr.chunks(32)).enumerate() {
                 let step = xb.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
                 for (a, x) in db.iter().zip(xb) {
@@ -263,7 +264,7 @@ fn q8_0_kv_cache_attends_like_f32_over_the_dequantized_values() {
         want.copy_within(5 * width..6 * width, 4 * width);
         assert_eq!(b.download_rows(&k, 0, 5).unwrap(), want[..5 * width].to_vec());
         let e = b.attention(&q, &k, &v32, rows, shape, AttnMask::Causal).unwrap_err().to_string();
-        assert!(e.contains("different precisions") && e.contains("q8_0"), "{e}");
+        assert!(e.contains("stored differently") && e.contains("q8_0"), "{e}");
         let e = b.write_rows(&mut k32.clone(), 0, &k).unwrap_err().to_string();
         assert!(e.contains("stored in q8_0"), "{e}");
         // A cache whose scales do not cover its rows is refused, not read out of bounds.
@@ -272,6 +273,44 @@ fn q8_0_kv_cache_attends_like_f32_over_the_dequantized_values() {
         let e = b.attention(&q, &k, &bad, rows, shape, AttnMask::Causal).unwrap_err().to_string();
         assert!(e.contains("holds") && e.contains("scales"), "{e}");
     }
+}
+
+/// A cache from `kv_zeros` keeps each KV head's rows contiguous (`CpuTensor::panels`):
+/// written rows land in their heads' panels, download and compaction give the row-major
+/// values back, and the attention over it equals the attention over a plain row-major tensor
+/// of the same values bit for bit; a cache whose panels are not the call's KV heads is an
+/// error.
+#[test]
+fn kv_cache_panels_hold_one_head_each_and_read_like_row_major() {
+    let b = CpuBackend::new();
+    let (rows, heads, hd) = (7, 3, 8);
+    let width = heads * hd;
+    let mut k = b.kv_zeros(rows, heads, hd).unwrap();
+    let mut v = b.kv_zeros(rows, heads, hd).unwrap();
+    assert_eq!((k.panels, k.panel_width()), (heads, hd));
+    let (kx, vx) = (pseudo(rows * width, 3), pseudo(rows * width, 4));
+    b.write_rows(&mut k, 0, &b.upload(&kx, rows, width).unwrap()).unwrap();
+    b.write_rows(&mut v, 0, &b.upload(&vx, rows, width).unwrap()).unwrap();
+    // Row 2's values of head 1 sit at panel 1, row 2.
+    assert_eq!(&k.data[(rows + 2) * hd..(rows + 3) * hd], &kx[2 * width + hd..2 * width + 2 * hd]);
+    assert_eq!(b.download(&k).unwrap(), kx);
+    assert_eq!(b.download_rows(&v, 3, 2).unwrap(), vx[3 * width..5 * width].to_vec());
+    let (kr, vr) = (b.upload(&kx, rows, width).unwrap(), b.upload(&vx, rows, width).unwrap());
+    let shape = AttnShape { n_heads: 6, n_kv_heads: heads, head_dim: hd };
+    let q = b.upload(&pseudo(3 * 6 * hd, 5), 3, 6 * hd).unwrap();
+    for mask in [AttnMask::Causal, AttnMask::Tree { parents: &[NO_PARENT, 0, 1] }, AttnMask::Full] {
+        let want = b.attention(&q, &kr, &vr, rows, shape, mask).unwrap();
+        let got = b.attention(&q, &k, &v, rows, shape, mask).unwrap();
+        assert!(got.data.iter().zip(&want.data).all(|(a, c)| a.to_bits() == c.to_bits()), "{mask:?}");
+    }
+    b.compact_rows(&mut k, 3, &[0, 2, 3]).unwrap();
+    let mut want = kx.clone();
+    want.copy_within(5 * width..7 * width, 4 * width);
+    assert_eq!(b.download_rows(&k, 0, 6).unwrap(), want[..6 * width].to_vec());
+    let two = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 12 };
+    let e = b.attention(&q, &k, &v, rows, two, AttnMask::Causal).unwrap_err().to_string();
+    assert!(e.contains("3 panels") && e.contains("2 KV heads"), "{e}");
+    assert!(b.kv_zeros(rows, 0, hd).is_err() && b.kv_zeros(rows, heads, 0).is_err());
 }
 
 #[test]

@@ -146,6 +146,106 @@ unsafe fn values16_multi<E: KvElem, const C: usize, const Q: usize>(
     }
 }
 
+/// Converts the keys `t0..t1` (whole 8-key tiles, prefix rows: cache row = `t`) to f32 once
+/// for every query set of a chunk, laid out as [`scores16_multi`] loads them: for each tile,
+/// for each 8-value step `d` of the head, the 4 key pairs `(2i, 2i + 1)` as 16 lanes (lanes 0–7
+/// key `2i`'s values `d..d + 8`, lanes 8–15 key `2i + 1`'s), `(t1 − t0)·hd` values at `dst`.
+/// The values are the ones [`KvElem::load8x2`] gives (exact conversions), so a pass over the
+/// packed tiles ([`scores16_packed`]) gives the same bits.
+#[inline(always)]
+unsafe fn pack_keys<E: KvElem>(kv: &KvHead<'_, E>, t0: usize, t1: usize, dst: *mut f32) {
+    let hd = kv.hd;
+    let kp = kv.k.as_ptr().add(kv.off);
+    let mut o = dst;
+    let mut t = t0;
+    while t < t1 {
+        let base = kp.add(t * kv.stride);
+        // On into the next chunk: its keys are packed only once every set has scored this one.
+        for j in 0..8 {
+            prefetch_row(base, PREFETCH_KEYS + j, kv.stride, hd);
+        }
+        let mut d = 0;
+        while d < hd {
+            for i in 0..4 {
+                let (r0, r1) = (t + 2 * i, t + 2 * i + 1);
+                let v = E::load8x2(base.add(2 * i * kv.stride + d), kv.ks(r0, d), base.add((2 * i + 1) * kv.stride + d), kv.ks(r1, d));
+                _mm512_storeu_ps(o, v);
+                o = o.add(16);
+            }
+            d += 8;
+        }
+        t += 8;
+    }
+}
+
+/// [`scores16_multi`] over keys `t0..t1` packed by [`pack_keys`] (`tiles`: key `t0`'s tile):
+/// each key pair is one load from L1 instead of two loads, an insert and a conversion per
+/// query set. The same chains in the same order: the same bits (BENCHMARKS.md §37: 3–14 %
+/// faster attention for a verify's or a prefill's rows).
+#[inline(always)]
+unsafe fn scores16_packed<const Q: usize>(hd: usize, tiles: *const f32, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
+    let mut kt_ptr = tiles;
+    let mut t = t0;
+    while t < t1 {
+        let mut acc = [[_mm512_setzero_ps(); 4]; Q];
+        let mut d = 0;
+        while d < hd {
+            let mut kt = [_mm512_setzero_ps(); 4];
+            for (i, k) in kt.iter_mut().enumerate() {
+                *k = _mm512_loadu_ps(kt_ptr.add(16 * i));
+            }
+            kt_ptr = kt_ptr.add(64);
+            for (h, a) in acc.iter_mut().enumerate() {
+                let qv = _mm512_loadu_ps(qd[h].add(2 * d));
+                for (i, ai) in a.iter_mut().enumerate() {
+                    *ai = _mm512_fmadd_ps(qv, kt[i], *ai);
+                }
+            }
+            d += 8;
+        }
+        for (h, a) in acc.iter().enumerate() {
+            let mut halves = [_mm256_setzero_ps(); 8];
+            for (i, ai) in a.iter().enumerate() {
+                halves[2 * i] = _mm512_castps512_ps256(*ai);
+                halves[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*ai)));
+            }
+            _mm256_storeu_ps(sp[h].add(t), _mm256_mul_ps(reduce8x8(&halves), scale));
+        }
+        t += 8;
+    }
+}
+
+/// [`scores16_packed`] for the `q` (1 to [`MULTI`]) heads of a query set, in passes of at
+/// most [`SCORE_MULTI`] heads (the packed keys stay in L1 between passes).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn scores16_packed_set(q: usize, hd: usize, tiles: *const f32, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
+    if q <= SCORE_MULTI {
+        return scores16_packed_pass(q, hd, tiles, qd, t0, t1, scale, sp);
+    }
+    let a = q.div_ceil(2);
+    let (mut qd2, mut sp2) = ([std::ptr::null(); MULTI], [std::ptr::null_mut(); MULTI]);
+    qd2[..q - a].copy_from_slice(&qd[a..q]);
+    sp2[..q - a].copy_from_slice(&sp[a..q]);
+    scores16_packed_pass(a, hd, tiles, qd, t0, t1, scale, sp);
+    scores16_packed_pass(q - a, hd, tiles, &qd2, t0, t1, scale, &sp2);
+}
+
+/// One [`scores16_packed`] pass over `q` (1 to [`SCORE_MULTI`]) heads. (A `match` in a
+/// function, not a closure: a closure would not inherit the caller's target features, and
+/// the intrinsics would become calls.)
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn scores16_packed_pass(q: usize, hd: usize, tiles: *const f32, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
+    match q {
+        1 => scores16_packed::<1>(hd, tiles, qd, t0, t1, scale, sp),
+        2 => scores16_packed::<2>(hd, tiles, qd, t0, t1, scale, sp),
+        3 => scores16_packed::<3>(hd, tiles, qd, t0, t1, scale, sp),
+        4 => scores16_packed::<4>(hd, tiles, qd, t0, t1, scale, sp),
+        _ => unreachable!("a score pass holds 1..={SCORE_MULTI} heads"),
+    }
+}
+
 /// `r8` of one vector.
 #[inline(always)]
 unsafe fn reduce8(v: __m256) -> f32 {
@@ -377,11 +477,18 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
     let stride = nmax.div_ceil(8) * 8;
     let heads = rows.len() * group;
     let dup = if WIDE { heads * 2 * hd } else { 0 };
+    // Several query sets per chunk (a tree verify's or a prefill's rows, a drafter's block):
+    // each chunk's shared prefix keys are converted once into packed f32 tiles (`pack_keys`)
+    // that every set's score pass then reads from L1.
+    let pack = WIDE && heads > MULTI;
+    let pmax = rows.iter().map(|r| r.vis.prefix).max().unwrap_or(0);
+    let packed_len = if pack { super::CHUNK * hd } else { 0 };
     scratch.clear();
-    scratch.resize(heads * stride + heads + dup, 0.0);
+    scratch.resize(heads * stride + heads + dup + packed_len, 0.0);
     let sp = scratch.as_mut_ptr();
     let inv = sp.add(heads * stride);
     let qdp = inv.add(heads);
+    let kbuf = qdp.add(dup);
     let qp = |h: usize| rows[h / group].q.as_ptr().add((h % group) * hd);
     if WIDE {
         for h in 0..heads {
@@ -412,6 +519,11 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
     while c0 < nmax {
         let c1 = (c0 + chunk).min(nmax);
         if WIDE {
+            // The chunk's keys that some set scores in its shared pass, packed once.
+            let pk1 = if pack && pmax > c0 { c0 + (c1.min(pmax) - c0) / 8 * 8 } else { c0 };
+            if pk1 > c0 {
+                pack_keys(&kv, c0, pk1, kbuf);
+            }
             let mut s0 = 0;
             while s0 < heads {
                 let (s1, common) = set(s0);
@@ -423,7 +535,12 @@ unsafe fn body<E: KvElem, const WIDE: bool>(rows: &[QueryRow<'_>], group: usize,
                         qd[h - s0] = qdp.add(h * 2 * hd) as *const f32;
                         so[h - s0] = sp.add(h * stride);
                     }
-                    scores16_set(s1 - s0, &kv, &qd, c0, m1, scale_v, &so);
+                    if pk1 > c0 {
+                        // m1 ≤ pk1: a set's common prefix is at most the largest.
+                        scores16_packed_set(s1 - s0, hd, kbuf, &qd, c0, m1, scale_v, &so);
+                    } else {
+                        scores16_set(s1 - s0, &kv, &qd, c0, m1, scale_v, &so);
+                    }
                 }
                 for h in s0..s1 {
                     let vis = &rows[h / group].vis;

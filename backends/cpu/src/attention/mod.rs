@@ -24,8 +24,16 @@
 //! up to six query heads of a call (a GQA group's heads, and the rows of a tree verify or a
 //! prefill) run together over the keys that all their rows see as prefix rows, so each key and
 //! value row is loaded and converted once for the six instead of once per head; each head's
-//! chains are unchanged (the same bits). The max of step 2 is one vector pass (exact in any
+//! chains are unchanged (the same bits). Where several such sets read one chunk of keys (a
+//! verify's, a prefill's or a drafter block's rows), the chunk's keys are converted to f32
+//! once, into tiles laid out as the score pass loads them, which every set then reads from L1
+//! (the same values: the same bits). The max of step 2 is one vector pass (exact in any
 //! order).
+//!
+//! A KV cache from `kv_zeros` keeps each KV head's rows contiguous (one panel per head,
+//! `CpuTensor::panels`): a head's keys and values are read as one stream (`stride` = head
+//! dim), which a decode row at a long context waits on; a plain row-major tensor (`stride` =
+//! all heads) is read the same way, with the same bits.
 //!
 //! # The portable path
 //! `s_t = dot(q, k_t)·scale` ([`crate::kernels::dot`]'s blocked order), `m = max s_t`, then for
@@ -381,18 +389,28 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
             return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
         }
         for c in [k_cache, v_cache] {
+            // A cache in panels (`CpuTensor::panels`) holds one KV head per panel.
+            if c.panels != 1 && (c.panels != n_kv_heads || c.panel_width() * c.panels != c.cols) {
+                return Err(shape_err("attention", format!("a cache of {} panels of [{}, {}] for {n_kv_heads} KV heads", c.panels, c.rows, c.panel_width())));
+            }
             // The attention reads a q8_0 cache's scales unchecked: both arrays must be whole.
-            if c.is_q8() && (c.q8.codes.len() != c.rows * c.cols || c.q8.d.len() != c.rows * crate::kv::q8::blocks(c.cols)) {
+            if c.is_q8() && (c.q8.codes.len() != c.rows * c.cols || c.q8.d.len() != c.rows * c.panels * crate::kv::q8::blocks(c.panel_width())) {
                 return Err(shape_err(
                     "attention",
                     format!("a q8_0 cache of [{}, {}] holds {} codes and {} scales", c.rows, c.cols, c.q8.codes.len(), c.q8.d.len()),
                 ));
             }
         }
-        if k_cache.storage() != v_cache.storage() {
+        if k_cache.storage() != v_cache.storage() || k_cache.panels != v_cache.panels {
             return Err(shape_err(
                 "attention",
-                format!("the K and V caches are stored in different precisions ({} vs {})", k_cache.storage(), v_cache.storage()),
+                format!(
+                    "the K and V caches are stored differently ({} in {} panels vs {} in {})",
+                    k_cache.storage(),
+                    k_cache.panels,
+                    v_cache.storage(),
+                    v_cache.panels
+                ),
             ));
         }
         let prefix = kv_len - t;
@@ -452,16 +470,20 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
             .map(|i| QueryRow { q: &q.data[i * q.cols + h0..i * q.cols + h1], vis: Visible { prefix: visible[i].0, extra: &visible[i].1 } })
             .collect();
         let mut o = vec![0.0f32; len * (h1 - h0)];
-        let (stride, off) = (s.k_cache.cols, kh * head_dim);
-        if s.k_cache.is_f16() {
-            let kv = KvHead::new(&s.k_cache.half[..], &s.v_cache.half[..], stride, off, head_dim);
+        // This KV head's values: its own panel (rows `hd` apart), or a slice of each row.
+        let (c, paneled) = (s.k_cache, s.k_cache.panels > 1);
+        let (stride, off) = if paneled { (head_dim, 0) } else { (c.cols, kh * head_dim) };
+        let span = |n: usize, per_row: usize| if paneled { kh * n * per_row..(kh + 1) * n * per_row } else { 0..n * per_row };
+        let (vals, scales) = (span(c.rows, stride), span(c.rows, crate::kv::q8::blocks(stride)));
+        if c.is_f16() {
+            let kv = KvHead::new(&c.half[vals.clone()], &s.v_cache.half[vals], stride, off, head_dim);
             attend_rows(&rows, g1 - g0, kv, scale, &mut o, scratch);
-        } else if s.k_cache.is_q8() {
-            let (k, v) = (&s.k_cache.q8, &s.v_cache.q8);
-            let kv = KvHead { k: &k.codes[..], v: &v.codes[..], kd: &k.d[..], vd: &v.d[..], stride, off, hd: head_dim };
+        } else if c.is_q8() {
+            let (k, v) = (&c.q8, &s.v_cache.q8);
+            let kv = KvHead { k: &k.codes[vals.clone()], v: &v.codes[vals], kd: &k.d[scales.clone()], vd: &v.d[scales], stride, off, hd: head_dim };
             attend_rows(&rows, g1 - g0, kv, scale, &mut o, scratch);
         } else {
-            let kv = KvHead::new(&s.k_cache.data[..], &s.v_cache.data[..], stride, off, head_dim);
+            let kv = KvHead::new(&c.data[vals.clone()], &s.v_cache.data[vals], stride, off, head_dim);
             attend_rows(&rows, g1 - g0, kv, scale, &mut o, scratch);
         }
         o
