@@ -324,29 +324,32 @@ pub fn run(a: BenchArgs) -> Result<()> {
             return Err(Error::Input(format!("--json and --save-tokens are both {}: give them different files", j.display())));
         }
     }
+    // The prompt files are read before the models load: a missing or empty file fails at once.
+    let mut texts: Vec<(String, String)> = Vec::new();
+    for f in &a.prompts {
+        texts.extend(read_prompts(f, a.limit)?.into_iter().map(|p| (f.display().to_string(), p)));
+    }
     let mut kinds: Vec<_> = methods.iter().filter_map(|m| m.drafter_kind()).collect();
     kinds.sort_by_key(|k| format!("{k:?}"));
     kinds.dedup();
     let s = select(&a.model)?;
     match s.backend {
-        AnyBackend::Cpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a),
+        AnyBackend::Cpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a, &texts),
         #[cfg(feature = "wgpu")]
-        AnyBackend::Wgpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a),
+        AnyBackend::Wgpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a, &texts),
         #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a),
+        AnyBackend::Cuda(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a, &texts),
     }
 }
 
-/// `bench` on a loaded model, any backend.
-fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<()> {
+/// `bench` on a loaded model, any backend; `texts`: (prompt file, prompt) in run order.
+fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(String, String)]) -> Result<()> {
     let tok = m.tokenizer.as_ref().ok_or_else(|| Error::Input("bench needs a tokenizer (pass --tokenizer)".into()))?;
     let mut prompts = Vec::new();
     let mut prompt_files = Vec::new();
-    for f in &a.prompts {
-        for p in read_prompts(f, a.limit)? {
-            prompts.push(tok.encode_chat(&p, None)?);
-            prompt_files.push(f.display().to_string());
-        }
+    for (f, p) in texts {
+        prompts.push(tok.encode_chat(p, None)?);
+        prompt_files.push(f.clone());
     }
     let stop = sparkling::decode::stop_tokens(&m.models.target.cfg.eos, &tok.stop);
     let budgets = budget_choices(a)?;
@@ -486,10 +489,11 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs) -> Result<
         let speed = ar_tps.map(|x| s.tokens_per_s() / x).filter(|x| x.is_finite());
         let _ = writeln!(
             table,
-            "| {} | {} | {lookup} | {:.2} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} | {} | {} |",
+            "| {} | {} | {lookup} | {} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} | {} | {} |",
             meth.name(),
             if *meth == Method::Ar { "-".to_string() } else { budget.name() },
-            s.tau(),
+            // No round ran (every answer was the prefill's one token): no τ to show.
+            if s.rounds == 0 { "–".to_string() } else { format!("{:.2}", s.tau()) },
             s.tokens_per_s(),
             speed.map_or_else(|| "–".to_string(), |x| format!("{x:.2}×")),
             super::generate::size_histogram(s).unwrap_or_else(|| "-".into()),

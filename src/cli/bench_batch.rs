@@ -3,7 +3,8 @@
 //! one row per method × budget × N (`ar`: per N): aggregate tokens/s over the whole set
 //! (prefills and the draining tail included), decode-only tokens/s (the steps that fed no
 //! prompt row, the draining tail's among them: read it with its mean occupancy), τ (tokens committed per
-//! sequence and decode step after the first token) and per-sequence latency.
+//! sequence and decode step after the first token) and per-sequence latency. An untimed
+//! 4-token decode of the first prompt runs before the first row.
 
 use super::bench::BenchArgs;
 use super::load::Loaded;
@@ -137,6 +138,12 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     pb.set_style(ProgressStyle::with_template("{msg:20} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     let mut rows = Vec::new();
     let mut reference: Option<Vec<Vec<u32>>> = None;
+    // One short untimed decode first, so that the first timed row does not also pay for the
+    // process's first forwards (cold caches, the allocator's first requests).
+    if let (Some((budget, params)), Some(first)) = (runs.first(), prompts.first()) {
+        let warm = GenParams { max_new_tokens: params.max_new_tokens.min(4), ..params.clone() };
+        run_one(m, std::slice::from_ref(first), budget, &warm, 1, &ProgressBar::hidden())?;
+    }
     for (budget, params) in runs {
         for &n in &a.batch {
             let what = if params.method == Method::Ar { "ar".to_string() } else { format!("{} b{budget}", params.method.name()) };

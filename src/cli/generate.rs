@@ -247,17 +247,22 @@ pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, ho
 /// Print a human-readable stats summary to stderr.
 pub fn print_stats(method: Method, s: &Stats) {
     let [d, p, h, v, a, c] = s.per_round_ms();
-    eprintln!(
-        "\n[{}] {} new tokens in {} rounds: τ = {:.2} tokens/round (bonus included), {:.1} tokens/s decode, prefill {} tokens in {:.0} ms",
-        method.name(),
-        s.new_tokens,
-        s.rounds,
-        s.tau(),
-        s.tokens_per_s(),
-        s.prompt_tokens,
-        s.prefill_ms
-    );
-    eprintln!("  per round (ms): draft {d:.2} | prep {p:.2} | heap {h:.3} | verify {v:.2} | accept {a:.3} | compact {c:.3}");
+    let plural = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
+    let prefill = format!("prefill {} in {:.0} ms", plural(s.prompt_tokens, "token"), s.prefill_ms);
+    if s.rounds == 0 {
+        // Only the prefill's own next token (or none): no round to report on.
+        eprintln!("\n[{}] {} from the prefill, no decode round: {prefill}", method.name(), plural(s.new_tokens, "new token"));
+    } else {
+        eprintln!(
+            "\n[{}] {} in {}: τ = {:.2} tokens/round (bonus included), {:.1} tokens/s decode, {prefill}",
+            method.name(),
+            plural(s.new_tokens, "new token"),
+            plural(s.rounds, "round"),
+            s.tau(),
+            s.tokens_per_s(),
+        );
+        eprintln!("  per round (ms): draft {d:.2} | prep {p:.2} | heap {h:.3} | verify {v:.2} | accept {a:.3} | compact {c:.3}");
+    }
     if !s.accepted_at_depth.is_empty() {
         let acc: Vec<String> = s.conditional_acceptance().iter().take(16).map(|x| format!("{x:.2}")).collect();
         eprintln!("  conditional acceptance by depth: {}", acc.join(" "));
