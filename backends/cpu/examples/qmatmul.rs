@@ -1,6 +1,7 @@
 //! Quick timing of the CPU matmul paths on SmolLM2-135M shapes (median of repeated calls):
 //! `cargo run --release -p sparkling-cpu --example qmatmul [f16|q8_0|q4_1 ...]`.
 //! `SPARKLING_CPU_ISA=scalar` times the scalar reference; `RAYON_NUM_THREADS` the threads;
+//! `QMATMUL_ROWS=1,13,33` the row counts (default 1, 9, 17, 65);
 //! `QMATMUL_REPS=N` multiplies the repetitions (the line gives the median and, after `/`, the
 //! fastest call: on a shared machine the fastest is the steadier figure).
 
@@ -15,6 +16,10 @@ fn pseudo(n: usize, seed: u32) -> Vec<f32> {
 fn main() {
     let formats: Vec<String> = std::env::args().skip(1).collect();
     let formats = if formats.is_empty() { vec!["f16".into(), "q8_0".into(), "q4_1".into()] } else { formats };
+    let rows: Vec<usize> = match std::env::var("QMATMUL_ROWS") {
+        Ok(v) => v.split(',').map(|x| x.trim().parse().expect("QMATMUL_ROWS: comma-separated row counts")).collect(),
+        Err(_) => vec![1, 9, 17, 65],
+    };
     for f in &formats {
         for (n, k) in [(1536usize, 576usize), (576, 1536), (49152, 576)] {
             let (b, w) = match f.as_str() {
@@ -42,7 +47,7 @@ fn main() {
                 }
             };
             let mut line = format!("{f:5} {} n{n:<6} k{k:<5}", b.weight_kernel(&w));
-            for m in [1usize, 9, 17, 65] {
+            for &m in &rows {
                 let x = b.upload(&pseudo(m * k, 2), m, k).unwrap();
                 let scale: usize = std::env::var("QMATMUL_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
                 let reps = scale * if n > 10000 { 10 } else { 60 };
