@@ -648,6 +648,27 @@ fn bench_names_a_missing_prompts_file_before_loading_anything() {
     no_panic(&o);
     let e = stderr(&o);
     assert!(o.status.code() == Some(1) && e.contains("no-such-prompts.jsonl") && !e.contains("no-such-model"), "{e}");
+    // Bad prompt files, each named with the file's own line number (blank lines counted).
+    let gz = d.path().join("gzipped-without-suffix.jsonl");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, b"{\"question\": \"a\"}\n").unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    for (name, text, want) in [
+        ("blank-lines.jsonl", "{\"question\": \"a\"}\n\n\n{\"question\": \"b\"\n", "line 4, column 16: invalid JSON: EOF while parsing an object"),
+        ("not-json.jsonl", "{\"question\": \"a\"}\nnot json\n", "line 2: expected a JSON object"),
+        ("no-field.jsonl", "\n{\"answer\": \"a\"}\n", "line 2: expected a `turns`"),
+    ] {
+        let f = d.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        let o = run(d.path(), &["bench", "--target", s(&d.path().join("no-such-model.gguf")), "--prompts", s(&f)]);
+        no_panic(&o);
+        let e = stderr(&o);
+        assert!(o.status.code() == Some(1) && e.contains(name) && e.contains(want), "{name}: {e}");
+    }
+    // gzip is known by its bytes: this file is read (the error is then the missing model's).
+    let o = run(d.path(), &["bench", "--target", s(&d.path().join("no-such-model.gguf")), "--prompts", s(&gz)]);
+    let e = stderr(&o);
+    assert!(!o.status.success() && e.contains("no-such-model") && !e.contains("UTF-8"), "{e}");
 }
 
 #[test]
@@ -666,16 +687,28 @@ fn a_one_token_answer_reports_no_tau() {
     let (prompts, tok) = (d.path().join("p.txt"), d.path().join("tok.json"));
     std::fs::write(&prompts, "w1 w2 w3\n").unwrap();
     word_tokenizer(&tok, 64);
-    let o = run(
-        d.path(),
-        &["bench", "--target", s(&t), "--tokenizer", s(&tok), "--prompts", s(&prompts), "--methods", "ar,sparkling", "--budgets", "2", "--max-new-tokens", "1"],
-    );
+    let json = d.path().join("one.json");
+    let bench =
+        ["bench", "--target", s(&t), "--tokenizer", s(&tok), "--prompts", s(&prompts), "--methods", "ar,sparkling", "--budgets", "2", "--max-new-tokens", "1"];
+    let o = run(d.path(), &[&bench[..], &["--json", s(&json)]].concat());
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.starts_with("1 prompt, 1 new token max,"), "{out}");
     for m in ["| ar | - | - | – |", "| sparkling | 2 | "] {
         let row = out.lines().find(|l| l.starts_with(m)).unwrap_or_else(|| panic!("no row {m} in {out}"));
         assert_eq!(row.split('|').nth(4).map(str::trim), Some("–"), "{row}");
     }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tau"].is_null()), "{v}");
+    // The batched bench: the same "–" and null (its τ column is the 8th).
+    let o = run(d.path(), &[&bench[..], &["--batch", "1,2", "--json", s(&json)]].concat());
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| ar |") || l.starts_with("| sparkling |")).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    assert!(rows.iter().all(|r| r.split('|').nth(8).map(str::trim) == Some("–")), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tau"].is_null()), "{v}");
 }
 
 #[test]

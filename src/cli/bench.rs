@@ -7,6 +7,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
 use sparkling::decode::budget::BudgetChoice;
+use sparkling::decode::stats::count;
 use sparkling::decode::{GenParams, Method, Stats};
 use sparkling::{Error, Result};
 use std::fmt::Write as _;
@@ -104,15 +105,20 @@ const MAX_PROMPT_BYTES: usize = 8 << 20;
 pub fn read_prompts_with(path: &Path, limit: usize, fallback: impl Fn(&serde_json::Value) -> Option<String>) -> Result<Vec<String>> {
     let mut raw = Vec::new();
     std::fs::File::open(path).and_then(|mut f| f.read_to_end(&mut raw)).map_err(|e| Error::file(path, e.to_string()))?;
-    let text = if path.extension().is_some_and(|e| e == "gz") {
+    // gzip by its magic bytes, whatever the file is called.
+    let text = if path.extension().is_some_and(|e| e == "gz") || raw.starts_with(&[0x1f, 0x8b]) {
         let mut s = String::new();
         flate2::read::GzDecoder::new(&raw[..]).read_to_string(&mut s).map_err(|e| Error::file(path, format!("bad gzip: {e}")))?;
         s
     } else {
         String::from_utf8(raw).map_err(|_| Error::file(path, "not UTF-8 text"))?
     };
+    // A JSON-lines file holds one JSON object per line: any other line is an error, not a prompt.
+    let stem = path.file_name().map(|n| n.to_string_lossy().trim_end_matches(".gz").to_ascii_lowercase()).unwrap_or_default();
+    let json_lines = stem.ends_with(".jsonl") || stem.ends_with(".json");
     let mut out = Vec::new();
-    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+    // Line numbers count every line of the file, blank ones included (as an editor shows them).
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         if out.len() >= limit {
             break;
         }
@@ -125,10 +131,18 @@ pub fn read_prompts_with(path: &Path, limit: usize, fallback: impl Fn(&serde_jso
             ));
         }
         if !line.trim_start().starts_with('{') {
+            if json_lines {
+                return Err(Error::file(path, format!("line {}: expected a JSON object (one per line of a JSON-lines file)", i + 1)));
+            }
             out.push(line.to_string());
             continue;
         }
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| Error::file(path, format!("line {}: invalid JSON: {e}", i + 1)))?;
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+            // serde counts within the line: give the file's line and the column.
+            let msg = e.to_string();
+            let msg = msg.rsplit_once(" at line ").map_or(msg.as_str(), |(m, _)| m).to_string();
+            Error::file(path, format!("line {}, column {}: invalid JSON: {msg}", i + 1, e.column()))
+        })?;
         match bench_prompt(&v) {
             Some(Some(p)) => out.push(p),
             Some(None) => continue,
@@ -479,7 +493,8 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
     pb.finish_and_clear();
     let ar_tps = results.iter().find(|r| r.0 == Method::Ar).map(|r| r.3.tokens_per_s());
     let mut table = String::new();
-    let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
+    let _ =
+        writeln!(table, "{}, {} max, T={}, backend {}", count(prompts.len(), "prompt"), count(a.max_new_tokens, "new token"), a.temperature, m.backend.name());
     let _ = writeln!(table, "| method | budget | lookup | τ | tok/s | vs ar | draft ms | prep ms | heap ms | verify ms | accept ms | compact ms | ≠ first run | tree sizes (nodes: rounds) | lookup rounds (τ there) | drafter ran (ms each) |");
     let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut json_rows = Vec::new();
@@ -508,7 +523,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
             serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "prediction_rmse": s.prediction_rmse(), "drafts_skipped": s.drafts_skipped, "policy_us_per_round": s.policy_us_per_round()})
         });
         json_rows.push(serde_json::json!({
-            "method": meth.name(), "budget": budget_json, "lookup": lookup, "auto": auto_json, "tau": s.tau(), "tokens_per_s": s.tokens_per_s(),
+            "method": meth.name(), "budget": budget_json, "lookup": lookup, "auto": auto_json, "tau": (s.rounds > 0).then(|| s.tau()), "tokens_per_s": s.tokens_per_s(),
             "speedup_vs_ar": speed, "per_round_ms": {"draft": d, "prep": p, "heap": h, "verify": v, "accept": ac, "compact": c},
             "drafter_ms_per_run": s.drafter_ms_per_run(),
             "conditional_acceptance": s.conditional_acceptance(), "outputs_differing_from_first_run": mism, "stats": s,

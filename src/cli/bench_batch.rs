@@ -4,13 +4,14 @@
 //! (prefills and the draining tail included), decode-only tokens/s (the steps that fed no
 //! prompt row, the draining tail's among them: read it with its mean occupancy), τ (tokens committed per
 //! sequence and decode step after the first token) and per-sequence latency. An untimed
-//! 4-token decode of the first prompt runs before the first row.
+//! 2–4-token decode of the first prompt runs before the first row.
 
 use super::bench::BenchArgs;
 use super::load::Loaded;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
 use sparkling::decode::batch::{Batch, BatchOptions, SeqId};
+use sparkling::decode::stats::count;
 use sparkling::decode::{GenParams, Method};
 use sparkling::Result;
 use std::collections::HashMap;
@@ -141,8 +142,10 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     // One short untimed decode first, so that the first timed row does not also pay for the
     // process's first forwards (cold caches, the allocator's first requests).
     if let (Some((budget, params)), Some(first)) = (runs.first(), prompts.first()) {
-        let warm = GenParams { max_new_tokens: params.max_new_tokens.min(4), ..params.clone() };
-        run_one(m, std::slice::from_ref(first), budget, &warm, 1, &ProgressBar::hidden())?;
+        // At least one decode step after the prefill's token. Its result is not used: where it
+        // fails (a prompt that leaves no room for its 2–4 tokens), the timed runs report why.
+        let warm = GenParams { max_new_tokens: params.max_new_tokens.clamp(2, 4), ..params.clone() };
+        let _ = run_one(m, std::slice::from_ref(first), budget, &warm, 1, &ProgressBar::hidden());
     }
     for (budget, params) in runs {
         for &n in &a.batch {
@@ -163,7 +166,8 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
     let decode_rate = |r: &Row| (r.decode_steps > 0).then(|| r.decode_tokens as f64 / r.decode_s.max(1e-9));
     let decode_base = ar1.and_then(decode_rate);
     let mut table = String::new();
-    let _ = writeln!(table, "{} prompts, {} new tokens max, T={}, backend {}", prompts.len(), a.max_new_tokens, a.temperature, m.backend.name());
+    let _ =
+        writeln!(table, "{}, {} max, T={}, backend {}", count(prompts.len(), "prompt"), count(a.max_new_tokens, "new token"), a.temperature, m.backend.name());
     let _ = writeln!(
         table,
         "| method | budget | batch | aggregate tok/s | vs ar batch 1 | decode-only tok/s (seqs/step) | decode vs ar batch 1 | τ | draft s | new tokens | wall s | rows/step | latency ms mean / p90 | first token ms mean | lookup steps (of sequence steps) | ≠ first row |"
@@ -181,16 +185,18 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
         let ftl = summary(&r.first_token_ms);
         let rps = r.rows as f64 / r.steps.max(1) as f64;
         // τ: tokens after each sequence's first, per decode step.
-        let per_step = r.new_tokens.saturating_sub(r.latency_ms.len()) as f64 / r.seq_steps.max(1) as f64;
+        // (None when no sequence took a decode step: every answer was the prefill's one token.)
+        let per_step = (r.seq_steps > 0).then(|| r.new_tokens.saturating_sub(r.latency_ms.len()) as f64 / r.seq_steps as f64);
         let budget = if r.method == Method::Ar { "-" } else { r.budget.as_str() };
         let _ = writeln!(
             table,
-            "| {} | {budget} | {} | {agg:.1} | {} | {} | {} | {per_step:.2} | {:.2} | {} | {:.1} | {rps:.1} | {:.0} / {:.0} | {:.0} | {} | {} |",
+            "| {} | {budget} | {} | {agg:.1} | {} | {} | {} | {} | {:.2} | {} | {:.1} | {rps:.1} | {:.0} / {:.0} | {:.0} | {} | {} |",
             r.method.name(),
             r.batch,
             speed.map_or("–".to_string(), |x| format!("{x:.2}×")),
             dec.zip(occupancy).map_or("–".to_string(), |(d, o)| format!("{d:.1} ({o:.1})")),
             dec_speed.map_or("–".to_string(), |x| format!("{x:.2}×")),
+            per_step.map_or("–".to_string(), |t| format!("{t:.2}")),
             r.draft_s,
             r.new_tokens,
             r.wall_s,

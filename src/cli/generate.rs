@@ -247,10 +247,12 @@ pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, ho
 /// Print a human-readable stats summary to stderr.
 pub fn print_stats(method: Method, s: &Stats) {
     let [d, p, h, v, a, c] = s.per_round_ms();
-    let plural = |n: usize, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
+    let plural = sparkling::decode::stats::count;
     let prefill = format!("prefill {} in {:.0} ms", plural(s.prompt_tokens, "token"), s.prefill_ms);
-    if s.rounds == 0 {
-        // Only the prefill's own next token (or none): no round to report on.
+    if s.new_tokens == 0 {
+        eprintln!("\n[{}] no new token (--max-new-tokens 0 or a stop at once): {prefill}", method.name());
+    } else if s.rounds == 0 {
+        // Only the prefill's own next token: no round to report on.
         eprintln!("\n[{}] {} from the prefill, no decode round: {prefill}", method.name(), plural(s.new_tokens, "new token"));
     } else {
         eprintln!(
@@ -275,8 +277,9 @@ pub fn print_stats(method: Method, s: &Stats) {
     }
     if let Some(dm) = s.drafter_ms_per_run() {
         eprintln!(
-            "  drafter: {dm:.2} ms in each of the {} rounds it ran (of {}; the draft figure above averages over every round)",
-            s.drafter_rounds, s.rounds
+            "  drafter: {dm:.2} ms in each of the {} it ran (of {}; the draft figure above averages over every round)",
+            plural(s.drafter_rounds, "round"),
+            s.rounds
         );
     }
     if let Some((pred, obs)) = s.predicted_vs_observed_tau() {
@@ -411,7 +414,9 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
         &mut show,
     )?;
     let saved = a.stats_json.as_ref().map(|p| {
-        let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": g.stats.tau(), "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
+        // τ is null when no round ran (the one token came from the prefill).
+        let tau = (g.stats.rounds > 0).then(|| g.stats.tau());
+        let v = serde_json::json!({"method": method.name(), "tokens": g.tokens, "stopped": g.stopped, "tau": tau, "tokens_per_s": g.stats.tokens_per_s(), "stats": g.stats});
         sparkling::fsio::write_bytes(p, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())
     });
     if let Some(e) = out_err {

@@ -71,7 +71,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         return Err(Error::Input(format!("--reps {} / --warmup {}: at most 100000 each (a part is timed reps + warmup times)", a.reps, a.warmup)));
     }
     if a.ctx_rows > a.prefill {
-        return Err(Error::Input(format!("--ctx-rows {} cannot exceed --prefill {}", a.ctx_rows, a.prefill)));
+        return Err(Error::Input(format!(
+            "--ctx-rows {} (the drafter's context rows per round; default 4) cannot exceed --prefill {}: raise --prefill or lower --ctx-rows",
+            a.ctx_rows, a.prefill
+        )));
     }
     if let Some(path) = &a.json {
         // Fail before minutes of timing, not after: the JSON file must be creatable (checked

@@ -587,11 +587,13 @@ impl<'a, B: Backend> Engine<'a, B> {
         // not wrap around it.
         let capacity = prompt.len().saturating_add(p.max_new_tokens).saturating_add(max_tree).saturating_add(1);
         if capacity > tcfg.max_positions {
+            // The rows one round writes past the answer (a tree, or one decode row) and the
+            // bonus row: reserved in the cache, so they count against the context too.
             return Err(Error::Input(format!(
-                "prompt of {} tokens + {} new tokens (+{} tree rows) exceeds the target context of {} positions",
-                prompt.len(),
-                p.max_new_tokens,
-                max_tree,
+                "a prompt of {} + {} + {} a round writes at once exceeds the target context of {} positions: shorten the prompt or lower --max-new-tokens",
+                stats::count(prompt.len(), "token"),
+                stats::count(p.max_new_tokens, "new token"),
+                stats::count(max_tree + 1, "row"),
                 tcfg.max_positions
             )));
         }

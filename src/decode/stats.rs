@@ -4,6 +4,13 @@
 use super::propose::Proposal;
 use serde::Serialize;
 
+/// `n` and `noun`, the noun in the plural unless `n` is 1 (`1 token`, `3 tokens`, `0 rounds`):
+/// the counts the stats lines and errors print. `noun` is a singular English noun that takes
+/// an `s`.
+pub fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// Accumulated timings (milliseconds, summed over rounds) and acceptance counts.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Stats {
