@@ -1,0 +1,49 @@
+//! What the stats lines, tables and JSON of `generate` and `bench` say in the cases a reader
+//! could misread: a run in which no decode round ran (the prefill's one token) has no τ — "–"
+//! in the tables, null in the JSON — and counts are singular where they are 1. Drives the
+//! `sparkling` binary on a tiny random target (`tests/common/cli.rs`).
+
+mod common;
+
+use common::cli::{run, s, stderr, tiny_target, word_tokenizer};
+use common::tmpdir;
+
+#[test]
+fn a_one_token_answer_reports_no_tau() {
+    let d = tmpdir("cli-one-token");
+    let t = tiny_target(d.path(), "tiny", 4);
+    // The prefill gives the only new token: no round ran, so there is no τ to report.
+    let o = run(d.path(), &["generate", "--target", s(&t), "--prompt-ids", "1,2,3", "--max-new-tokens", "1", "--method", "sparkling"]);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("1 new token from the prefill, no decode round: prefill 3 tokens in"), "{e}");
+    assert!(!e.contains("τ = 0.00") && !e.contains("per round (ms)"), "{e}");
+    let o = run(d.path(), &["generate", "--target", s(&t), "--prompt-ids", "1", "--max-new-tokens", "3", "--method", "ar"]);
+    let e = stderr(&o);
+    assert!(o.status.success() && e.contains("3 new tokens in 2 rounds: τ = 1.00") && e.contains("prefill 1 token in"), "{e}");
+    let (prompts, tok) = (d.path().join("p.txt"), d.path().join("tok.json"));
+    std::fs::write(&prompts, "w1 w2 w3\n").unwrap();
+    word_tokenizer(&tok, 64);
+    let json = d.path().join("one.json");
+    let bench =
+        ["bench", "--target", s(&t), "--tokenizer", s(&tok), "--prompts", s(&prompts), "--methods", "ar,sparkling", "--budgets", "2", "--max-new-tokens", "1"];
+    let o = run(d.path(), &[&bench[..], &["--json", s(&json)]].concat());
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.starts_with("1 prompt, 1 new token max,"), "{out}");
+    for m in ["| ar | - | - | – |", "| sparkling | 2 | "] {
+        let row = out.lines().find(|l| l.starts_with(m)).unwrap_or_else(|| panic!("no row {m} in {out}"));
+        assert_eq!(row.split('|').nth(4).map(str::trim), Some("–"), "{row}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tau"].is_null()), "{v}");
+    // The batched bench: the same "–" and null (its τ column is the 8th).
+    let o = run(d.path(), &[&bench[..], &["--batch", "1,2", "--json", s(&json)]].concat());
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| ar |") || l.starts_with("| sparkling |")).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    assert!(rows.iter().all(|r| r.split('|').nth(8).map(str::trim) == Some("–")), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tau"].is_null()), "{v}");
+}
