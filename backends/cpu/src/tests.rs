@@ -6,8 +6,9 @@ use sparkling_core::NO_PARENT;
 
 #[test]
 fn a_decode_rows_attention_equals_its_row_in_a_long_causal_call_on_any_thread_count() {
-    // 9 query heads on 3 KV heads (SmolLM2's shape): one row has fewer (KV head, block)
-    // tasks than threads, so its KV heads' query heads are split across tasks; a 40-row call
+    // 9 query heads on 3 KV heads (SmolLM2's shape): at 4 and 7 threads one row has fewer
+    // (KV head, block) tasks than threads, so its KV heads' query heads are split across
+    // tasks (at 1 and 2 they are not); a 40-row call
     // is split by blocks of rows. Both must give the row the same bits, for every cache type,
     // at 300 keys and at ≈ 1 100 (1 061 is not a multiple of 8). The other shapes: a query
     // group of 5 (a decode row's set scores in two passes of 3 + 2 heads, chunk by chunk), one

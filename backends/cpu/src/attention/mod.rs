@@ -453,11 +453,15 @@ pub(crate) fn attend(q: &CpuTensor, seqs: &[RaggedSeq<'_, CpuTensor>], shape: At
         }
         r0 += s.q_rows;
     }
-    // Too few (KV head, block) tasks for the threads — a decode step has one per KV head —
-    // split each KV head's query heads into parts too: every head's result is computed the
-    // same way whichever heads share its call, so the split changes no bit.
+    // Fewer (KV head, block) tasks than threads — a decode step of a model with fewer KV
+    // heads than threads — split each KV head's query heads into parts too, so that every
+    // thread has work: every head's result is computed the same way whichever heads share its
+    // call, so the split changes no bit. Only then: parts of one KV head each read all of its
+    // keys and values, and a decode row waits on those reads (splitting SmolLM2's 3 KV heads
+    // for 2 threads made its decode attention 10–25 % slower; BENCHMARKS.md §37).
     let threads = crate::team::threads();
-    let per_head_parts = if n_kv_heads * blocks.len() < 2 * threads { (2 * threads).div_ceil(n_kv_heads * blocks.len()).min(group) } else { 1 };
+    let tasks0 = n_kv_heads * blocks.len();
+    let per_head_parts = if tasks0 < threads { threads.div_ceil(tasks0).min(group) } else { 1 };
     let head_parts: Vec<(usize, usize)> =
         (0..per_head_parts).map(|p| (p * group / per_head_parts, (p + 1) * group / per_head_parts)).filter(|(a, b)| a < b).collect();
     let tasks: Vec<AttnTask> =
