@@ -504,13 +504,14 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
         let speed = ar_tps.map(|x| s.tokens_per_s() / x).filter(|x| x.is_finite());
         let _ = writeln!(
             table,
-            "| {} | {} | {lookup} | {} | {:.1} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} | {} | {} |",
+            "| {} | {} | {lookup} | {} | {} | {} | {d:.2} | {p:.2} | {h:.3} | {v:.2} | {ac:.3} | {c:.3} | {mism} | {} | {} | {} |",
             meth.name(),
             if *meth == Method::Ar { "-".to_string() } else { budget.name() },
-            // No round ran (every answer was the prefill's one token): no τ to show.
+            // No round ran (every answer was the prefill's one token): no τ and no decode rate
+            // to show.
             if s.rounds == 0 { "–".to_string() } else { format!("{:.2}", s.tau()) },
-            s.tokens_per_s(),
-            speed.map_or_else(|| "–".to_string(), |x| format!("{x:.2}×")),
+            if s.rounds == 0 { "–".to_string() } else { format!("{:.1}", s.tokens_per_s()) },
+            speed.filter(|_| s.rounds > 0).map_or_else(|| "–".to_string(), |x| format!("{x:.2}×")),
             super::generate::size_histogram(s).unwrap_or_else(|| "-".into()),
             s.lookup_tau().map_or_else(|| "-".to_string(), |t| format!("{} of {} ({t:.2})", s.lookup_rounds, s.rounds)),
             s.drafter_ms_per_run().map_or_else(|| "-".to_string(), |d| format!("{} of {} ({d:.2})", s.drafter_rounds, s.rounds)),
