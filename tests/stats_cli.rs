@@ -1,8 +1,7 @@
 //! What the stats lines, tables and JSON of `generate` and `bench` say in the cases a reader
 //! could misread: a run in which no decode round ran (the prefill's one token) has no τ — "–"
 //! in the tables (and no tok/s or × ar), null in the JSON — and counts are singular where they
-//! are 1. Drives the
-//! `sparkling` binary on a tiny random target (`tests/common/cli.rs`).
+//! are 1. Drives the `sparkling` binary on a tiny random target (`tests/common/cli.rs`).
 
 mod common;
 
