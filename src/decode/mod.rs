@@ -590,7 +590,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             // The rows one round writes past the answer (a tree, or one decode row) and the
             // bonus row: reserved in the cache, so they count against the context too.
             return Err(Error::Input(format!(
-                "a prompt of {} + {} + {} a round writes at once exceeds the target context of {} positions: shorten the prompt or lower --max-new-tokens",
+                "a prompt of {} + {} + {} a round writes at once exceeds the target context of {} positions: shorten the prompt or ask for fewer new tokens",
                 stats::count(prompt.len(), "token"),
                 stats::count(p.max_new_tokens, "new token"),
                 stats::count(max_tree + 1, "row"),
