@@ -17,6 +17,19 @@ unsafe fn reduce8x8(a: &[__m256; 8]) -> __m256 {
     _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31))
 }
 
+/// The 8 scores of one 8-key tile from its 512-bit accumulators (key pair `(2i, 2i + 1)` in
+/// `acc[i]`'s lanes 0–7 and 8–15): each key's lanes reduced by [`reduce8x8`], times `scale`,
+/// stored at `dst[0..8]`. Caller runs with avx512f.
+#[inline(always)]
+unsafe fn store_tile(acc: &[__m512; 4], scale: __m256, dst: *mut f32) {
+    let mut halves = [_mm256_setzero_ps(); 8];
+    for (i, a) in acc.iter().enumerate() {
+        halves[2 * i] = _mm512_castps512_ps256(*a);
+        halves[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+    }
+    _mm256_storeu_ps(dst, _mm256_mul_ps(reduce8x8(&halves), scale));
+}
+
 /// How far ahead (in keys) the multi-query passes prefetch key and value rows, within the
 /// pass's own keys (one [`super::CHUNK`], or all the call's keys when its heads form one query
 /// set): prefetching on into the next chunk while the chunk's other query sets still use this
@@ -91,12 +104,7 @@ unsafe fn scores16_multi<E: KvElem, const Q: usize>(kv: &KvHead<'_, E>, qd: &[*c
             }
         }
         for (h, a) in acc.iter().enumerate() {
-            let mut halves = [_mm256_setzero_ps(); 8];
-            for (i, ai) in a.iter().enumerate() {
-                halves[2 * i] = _mm512_castps512_ps256(*ai);
-                halves[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*ai)));
-            }
-            _mm256_storeu_ps(sp[h].add(t), _mm256_mul_ps(reduce8x8(&halves), scale));
+            store_tile(a, scale, sp[h].add(t));
         }
         t += 8;
     }
@@ -204,12 +212,7 @@ unsafe fn scores16_packed<const Q: usize>(hd: usize, tiles: *const f32, qd: &[*c
             d += 8;
         }
         for (h, a) in acc.iter().enumerate() {
-            let mut halves = [_mm256_setzero_ps(); 8];
-            for (i, ai) in a.iter().enumerate() {
-                halves[2 * i] = _mm512_castps512_ps256(*ai);
-                halves[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*ai)));
-            }
-            _mm256_storeu_ps(sp[h].add(t), _mm256_mul_ps(reduce8x8(&halves), scale));
+            store_tile(a, scale, sp[h].add(t));
         }
         t += 8;
     }
@@ -325,12 +328,7 @@ unsafe fn scores16<E: KvElem>(kv: &KvHead<'_, E>, vis: &Visible<'_>, qp: *const 
             }
             d += 8;
         }
-        let mut halves = [_mm256_setzero_ps(); 8];
-        for (i, a) in acc.iter().enumerate() {
-            halves[2 * i] = _mm512_castps512_ps256(*a);
-            halves[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
-        }
-        _mm256_storeu_ps(sp.add(t), _mm256_mul_ps(reduce8x8(&halves), scale));
+        store_tile(&acc, scale, sp.add(t));
         t += 8;
     }
 }
