@@ -168,3 +168,45 @@ fn a_lookup_chain_grafted_onto_drafted_trees_emits_exactly_the_ar_tokens() {
     assert!(lookup_rounds > 0 && skipped_drafter > 0);
     assert!(tau_with > tau_without + 0.2, "τ with the lookup graft {tau_with:.2} vs without {tau_without:.2}");
 }
+
+/// `--budget auto` verifies a matched lookup chain only where its expected tokens pay for its
+/// rows (`AutoState::chain_len`): on a cost curve where each verify row costs a whole AR step
+/// no chain pays (every match is left unverified and scored against what the round committed),
+/// on a flat one every chain is verified — and the tokens are `ar`'s either way.
+#[test]
+fn auto_verifies_a_lookup_chain_only_where_it_pays_for_its_rows() {
+    use sparkling::decode::budget::CostModel;
+    let b = CpuBackend::new();
+    let (td, sd) = (tmpdir("target"), tmpdir("dspark"));
+    let target = random_target(td.path(), ARCHS[0], 48, 31);
+    let dspark = random_drafter(sd.path(), &target.cfg, DrafterKind::DSpark, 8, 4, 3);
+    let ar = Engine { backend: &b, target: &target, drafter: None };
+    let e = Engine { backend: &b, target: &target, drafter: Some(&dspark) };
+    let rows: Vec<usize> = (1..=17).collect();
+    let curve = |per_row: f64| CostModel::from_points(rows.clone(), rows.iter().map(|&r| 10.0 + per_row * (r - 1) as f64).collect(), 5.0);
+    let (mut steep_skipped, mut flat_verified) = (0usize, 0usize);
+    for prompt in PROMPTS {
+        let max_new = 50;
+        let want = ar.generate(prompt, &params(Method::Ar, 1, 0.0, 0, max_new, vec![]), &mut |_| {}).unwrap();
+        for (per_row, steep) in [(10.0, true), (0.001, false)] {
+            let p = GenParams {
+                auto_budget: Some(AutoBudget { cost: Some(curve(per_row)), ..AutoBudget::default() }),
+                lookup: LookupGraft { len: 8, skip_drafter: true },
+                ..params(Method::Sparkling, 8, 0.0, 0, max_new, vec![])
+            };
+            let got = e.generate(prompt, &p, &mut |_| {}).unwrap();
+            let what = format!("prompt {prompt:?} per-row cost {per_row} ms");
+            assert_eq!(got.tokens, want.tokens, "{what}");
+            let s = &got.stats;
+            if steep {
+                assert_eq!(s.lookup_rounds, 0, "{what}: a chain was verified although no row pays");
+                steep_skipped += s.chains_skipped;
+            } else {
+                assert_eq!(s.chains_skipped, 0, "{what}: a chain was left unverified although rows are free");
+                flat_verified += s.lookup_rounds;
+            }
+        }
+    }
+    // The random target's greedy texts repeat, so its rounds find matches.
+    assert!(steep_skipped > 10 && flat_verified > 10, "skipped {steep_skipped}, verified {flat_verified}");
+}

@@ -521,7 +521,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
             BudgetChoice::Fixed(n) => serde_json::json!(n),
         };
         let auto_json = s.predicted_vs_observed_tau().map(|(pred, obs)| {
-            serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "prediction_rmse": s.prediction_rmse(), "drafts_skipped": s.drafts_skipped, "policy_us_per_round": s.policy_us_per_round()})
+            serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "prediction_rmse": s.prediction_rmse(), "drafts_skipped": s.drafts_skipped, "chains_skipped": s.chains_skipped, "policy_us_per_round": s.policy_us_per_round()})
         });
         json_rows.push(serde_json::json!({
             "method": meth.name(), "budget": budget_json, "lookup": lookup, "auto": auto_json, "tau": (s.rounds > 0).then(|| s.tau()), "tokens_per_s": s.tokens_per_s(),

@@ -272,8 +272,16 @@ pub fn print_stats(method: Method, s: &Stats) {
     if let Some(h) = size_histogram(s) {
         eprintln!("  tree sizes (nodes: rounds): {h}");
     }
-    if let Some(lt) = s.lookup_tau() {
-        eprintln!("  lookup chain verified in {} of {} rounds (τ {lt:.2} there)", s.lookup_rounds, s.rounds);
+    let unverified = if s.chains_skipped > 0 {
+        let n = s.chains_skipped;
+        format!("; {n} more {} left unverified by `--budget auto` (not worth their rows)", if n == 1 { "match" } else { "matches" })
+    } else {
+        String::new()
+    };
+    match s.lookup_tau() {
+        Some(lt) => eprintln!("  lookup chain verified in {} of {} rounds (τ {lt:.2} there){unverified}", s.lookup_rounds, s.rounds),
+        None if s.chains_skipped > 0 => eprintln!("  lookup chain verified in no round{unverified}"),
+        None => {}
     }
     if let Some(dm) = s.drafter_ms_per_run() {
         eprintln!(

@@ -1,6 +1,6 @@
 //! `--budget auto` (issue 13): every round verifies only the draft nodes worth their cost.
 //!
-//! Three parts, each usable alone:
+//! Four parts, each usable alone:
 //!
 //! 1. **The cost model** ([`CostModel`]), measured, not assumed: the target forward (+ the
 //!    argmax read-back) of `r` verify rows for a handful of `r` in `1 ..= 1 + N_max`, on top of a
@@ -28,6 +28,12 @@
 //!    skipped rounds' taps and feeds them to the drafter when it next runs, so its context is
 //!    exactly the one it would have had (its context rows are per-row K/V, independent of
 //!    when they are written).
+//!
+//! 4. **The lookup chain** (`chain`, [`AutoState::chain_len`]): where a round with a
+//!    prompt-lookup match verifies the chain alone (`sparkling` on the CPU), the chain is
+//!    verified only when its expected tokens per ms, `E / (c(1+L) + t_round)`, beat a plain AR
+//!    step's, with each kind of match's acceptance per chain position learnt online from the
+//!    text every chain was followed by; otherwise the round goes on as one without a match.
 //!
 //! Tokens never depend on any of this: the verify walks whatever tree it is given, so every
 //! method stays equal to `ar` (T = 0) and to `ar` with the same seed (T > 0).
@@ -468,6 +474,8 @@ pub struct AutoState {
     conf_level: Vec<Ema>,
     /// Drafted rounds left in the current probe ([`PROBE_BURST`]).
     burst: usize,
+    /// Acceptance of prompt-lookup chains per kind of match ([`AutoState::chain_len`]).
+    chains: ChainCalibration,
 }
 
 /// The most the confidence head may scale a node's predicted acceptance up or down (its path
@@ -505,6 +513,7 @@ impl AutoState {
             kept_depths: std::collections::VecDeque::new(),
             conf_level: Vec::new(),
             burst: 0,
+            chains: ChainCalibration::default(),
         }
     }
 
@@ -663,6 +672,9 @@ impl AutoState {
         }
     }
 }
+
+mod chain;
+pub use chain::{chain_class, chain_slot, chain_worth, ChainCalibration, CHAIN_CLASSES, CHAIN_DECAY, CHAIN_SLOTS, PRIOR_RATE, PRIOR_WEIGHT};
 
 #[cfg(test)]
 mod tests;

@@ -93,12 +93,29 @@ pub fn base_chain(temperature: f32) -> usize {
 /// chain length or the `--lookup` graft's. `Engine::generate` and `Batch` both propose
 /// through it, so a sequence proposes the same chains batched as alone.
 pub fn round_chain(prompt: &[u32], out: &[u32], max_len: usize, p: &GenParams) -> Vec<u32> {
+    round_match(prompt, out, max_len, p).tokens
+}
+
+/// [`round_chain`] with the match it came from ([`propose_match`]).
+pub fn round_match(prompt: &[u32], out: &[u32], max_len: usize, p: &GenParams) -> Match {
     let mut context = Vec::with_capacity(prompt.len() + out.len());
     context.extend_from_slice(prompt);
     context.extend_from_slice(out);
-    let mut chain = propose(&context, max_len, base_chain(p.sampling.temperature), MAX_NGRAM);
-    chain.truncate(p.max_new_tokens.saturating_sub(out.len() + 1));
-    chain
+    let mut m = propose_match(&context, max_len, base_chain(p.sampling.temperature), MAX_NGRAM);
+    m.tokens.truncate(p.max_new_tokens.saturating_sub(out.len() + 1));
+    m
+}
+
+/// A lookup chain and the match it copies ([`propose_match`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Match {
+    /// The proposed tokens (empty: no match).
+    pub tokens: Vec<u32>,
+    /// Tokens of the matched suffix (1 ..= `max_ngram`; 0 without a match).
+    pub ngram: usize,
+    /// The match's whole length: how far back the context agrees with the earlier copy
+    /// (`ngram` for a shorter-than-`max_ngram` match; see [`propose`]).
+    pub matched: usize,
 }
 
 /// Up to `max_len` draft tokens for the position after `context` (prompt and committed tokens,
@@ -124,10 +141,15 @@ pub fn round_chain(prompt: &[u32], out: &[u32], max_len: usize, p: &GenParams) -
 /// shorter than 2 tokens. A scan from the end: O(len · n) per call, microseconds at the
 /// context lengths served here (an n-gram index would make it O(1) at long contexts).
 pub fn propose(context: &[u32], max_len: usize, base: usize, max_ngram: usize) -> Vec<u32> {
+    propose_match(context, max_len, base, max_ngram).tokens
+}
+
+/// [`propose`], with the suffix length and the whole match length it used ([`Match`]).
+pub fn propose_match(context: &[u32], max_len: usize, base: usize, max_ngram: usize) -> Match {
     let len = context.len();
     let k = max_len.min(base);
     if k == 0 {
-        return Vec::new();
+        return Match::default();
     }
     for n in (1..=max_ngram).rev() {
         if len < n + 1 {
@@ -138,11 +160,11 @@ pub fn propose(context: &[u32], max_len: usize, base: usize, max_ngram: usize) -
         // ending before the context's last token (so at least one token follows it).
         for s in (0..len - n).rev() {
             if &context[s..s + n] == suffix {
+                let mut m = n;
                 let want = if n < max_ngram {
                     (k * n).div_ceil(max_ngram)
                 } else {
                     // The match's whole length m: the tokens before both copies that agree.
-                    let mut m = n;
                     while m < max_len && m - n < s && context[s - (m - n) - 1] == context[len - m - 1] {
                         m += 1;
                     }
@@ -152,11 +174,11 @@ pub fn propose(context: &[u32], max_len: usize, base: usize, max_ngram: usize) -
                 for i in s + n..s + n + want {
                     follow.push(if i < len { context[i] } else { follow[i - len] });
                 }
-                return follow;
+                return Match { tokens: follow, ngram: n, matched: m };
             }
         }
     }
-    Vec::new()
+    Match::default()
 }
 
 #[cfg(test)]

@@ -464,7 +464,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         while !stopped && out.len() < p.max_new_tokens {
             // 1. Propose: the lookup chain, the drafter's tree (under `--budget auto`, unless the
             // policy skips the drafter, truncated to the prefix worth its cost), or both.
-            let Round { prop, decision, drafted, looked_up, last_token } =
+            let Round { prop, decision, drafted, looked_up, last_token, chain } =
                 proposer.propose(p, auto.as_mut(), prompt, &out, anchor, root_pos, &mut stats).await?;
             let tree = &prop.tree;
 
@@ -535,6 +535,9 @@ impl<'a, B: Backend> Engine<'a, B> {
                     stats.record_prediction(d.choice.expected, accepted.len(), &d.raw_mass, reached);
                 }
                 a.observe(tree.len(), verify_ms + accept_ms, compact_ms + ms(tp), drafted);
+                if let Some(m) = &chain {
+                    a.observe_chain(m, before, &out);
+                }
                 stats.policy_us += ms(tp) * 1e3;
             }
             root_pos += accepted.len();

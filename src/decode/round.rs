@@ -28,6 +28,9 @@ pub(super) struct Round {
     pub looked_up: bool,
     /// Whether the round drafted nothing because only its bonus token was left to generate.
     pub last_token: bool,
+    /// The round's lookup match under `--budget auto` (verified or not), for
+    /// [`AutoState::observe_chain`] once the round has committed; `None` otherwise.
+    pub chain: Option<lookup::Match>,
 }
 
 /// The proposing state of one generation: the drafter with its draft KV cache and the target
@@ -56,7 +59,8 @@ impl<B: Backend> Proposer<'_, B> {
     /// Propose the tree of the round rooted at `anchor` (absolute position `root_pos`), the
     /// lookup context being `prompt` then the committed tokens `out`:
     /// 1. with a `--lookup` graft, the lookup chain first; on a match with `skip_drafter`, the
-    ///    chain alone (the policy is not consulted);
+    ///    chain alone — under `auto`, only where it is worth its rows ([`AutoState::chain_len`];
+    ///    else the round goes on as one without a match);
     /// 2. `lookup`: its chain alone (a plain AR step without a match);
     /// 3. else the drafter's tree, unless `auto` skips the drafter; under `auto`, truncated to
     ///    the prefix worth its cost (DSpark confidence head included where it reads one);
@@ -81,12 +85,26 @@ impl<B: Backend> Proposer<'_, B> {
         let t = Instant::now();
         // Prompt lookup beside the drafter (`--lookup`): the chain grafted onto the tree
         // below, or verified alone when it matched and the drafter is skipped on a match.
+        // Under `--budget auto` a chain verified alone is verified only where it is worth its
+        // rows (else the round goes on as one without a match).
+        let mut chain = None;
         let graft = if p.lookup.len > 0 && self.drafter.is_some() {
-            let chain = lookup::round_chain(prompt, out, p.lookup.len, p);
+            let m = lookup::round_match(prompt, out, p.lookup.len, p);
+            let mut graft = m.tokens.clone();
+            if let Some(a) = auto.as_ref().filter(|_| p.lookup.skip_drafter && !m.tokens.is_empty()) {
+                let n = a.chain_len(&m);
+                if n == 0 {
+                    stats.chains_skipped += 1;
+                }
+                graft.truncate(n);
+            }
+            if auto.is_some() {
+                chain = Some(m);
+            }
             let dt = ms(t);
             stats.draft_ms += dt;
             stats.lookup_ms += dt;
-            chain
+            graft
         } else {
             Vec::new()
         };
@@ -176,7 +194,7 @@ impl<B: Backend> Proposer<'_, B> {
         if last_token {
             stats.final_rounds += 1;
         }
-        Ok(Round { prop, decision, drafted, looked_up, last_token })
+        Ok(Round { prop, decision, drafted, looked_up, last_token, chain })
     }
 }
 

@@ -83,6 +83,10 @@ pub struct Stats {
     /// Tokens those rounds committed (accepted path + bonus): τ of the lookup rounds =
     /// `lookup_committed / lookup_rounds` ([`Stats::lookup_tau`]).
     pub lookup_committed: usize,
+    /// Rounds whose lookup match `--budget auto` left unverified: its chain was not expected
+    /// to pay for its verify rows (`super::budget::AutoState::chain_len`); the round went on
+    /// as one without a match.
+    pub chains_skipped: usize,
     /// Time spent in the `--budget auto` policy (choice, truncation, bookkeeping), µs.
     pub policy_us: f64,
     /// Time spent measuring the cost model (first use only), ms.
@@ -223,6 +227,7 @@ impl Stats {
         }
         self.drafts_skipped += o.drafts_skipped;
         self.lookup_rounds += o.lookup_rounds;
+        self.chains_skipped += o.chains_skipped;
         self.lookup_committed += o.lookup_committed;
         self.predicted_rounds += o.predicted_rounds;
         self.predicted_tokens += o.predicted_tokens;
