@@ -49,3 +49,25 @@ fn a_one_token_answer_reports_no_tau() {
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tau"].is_null()), "{v}");
 }
+
+/// `profile --check-tokens` generates after the same `--prefill`-token prompt it timed (it used
+/// the first 64 tokens, so a check at a long context tested a short one), says so, and refuses
+/// a check that would not fit the context before any timing.
+#[test]
+fn profile_checks_the_tokens_after_the_whole_prefill() {
+    let d = tmpdir("cli-profile-check");
+    let t = tiny_target(d.path(), "tiny", 4);
+    let j = d.path().join("p.json");
+    let base = ["profile", "--target", s(&t), "--budget", "4", "--candidates", "4", "--ctx-rows", "2", "--reps", "1", "--warmup", "0"];
+    let o = run(d.path(), &[&base[..], &["--prefill", "100", "--check-tokens", "6", "--json", s(&j)]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(out.contains("check: 6 greedy tokens after the 100-token prompt, sparkling EQUAL to ar"), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    assert_eq!((v["check"]["prompt_tokens"].as_u64(), v["check"]["equal"].as_bool()), (Some(100), Some(true)), "{v}");
+    // 100 + 100 000 tokens exceed the tiny target's context: refused before any timing.
+    let o = run(d.path(), &[&base[..], &["--prefill", "100", "--check-tokens", "100000"]].concat());
+    let e = stderr(&o);
+    assert!(!o.status.success() && e.contains("--check-tokens 100000: after the 100-token prompt (--prefill)"), "{e}");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("verify"), "timed before refusing");
+}

@@ -46,8 +46,9 @@ pub struct ProfileArgs {
     #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
     pub warmup: usize,
     /// After timing, generate this many greedy tokens with `ar` and with `sparkling` (budget B,
-    /// candidates C) from the first 64 prompt tokens and report whether they are equal (the
-    /// engine invariant on the real shapes), τ and tokens/s. 0 = skip.
+    /// candidates C) after the same P-token prompt the timing ran on, and report whether they
+    /// are equal (the engine invariant on the real shapes, at this context), τ and tokens/s.
+    /// 0 = skip.
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub check_tokens: usize,
     /// Write the results as JSON here.
@@ -127,12 +128,11 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         return Err(Error::Input(format!("--prefill {p} + --budget {} exceeds the target context of {}", a.budget, tc.max_positions)));
     }
     // The exactness check runs after the timing: refuse a length it cannot run before timing.
-    let check_len = p.min(64) + a.check_tokens + a.budget.max(bk) + 2;
+    let check_len = p.saturating_add(a.check_tokens).saturating_add(a.budget.max(bk)).saturating_add(2);
     if a.check_tokens > 0 && check_len > tc.max_positions {
         return Err(Error::Input(format!(
-            "--check-tokens {}: with its {}-token prompt and --budget {} it exceeds the target context of {}",
+            "--check-tokens {}: after the {p}-token prompt (--prefill) and with --budget {} it exceeds the target context of {}: ask for fewer tokens or a shorter --prefill",
             a.check_tokens,
-            p.min(64),
             a.budget,
             tc.max_positions
         )));
@@ -341,7 +341,6 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let mut report = String::new();
     let check = if a.check_tokens > 0 {
         use sparkling::decode::{Engine, GenParams, Method};
-        let short = &prompt[..prompt.len().min(64)];
         let gp = |method: Method| GenParams {
             method,
             tree: sparkling::decode::propose::TreeParams {
@@ -360,12 +359,12 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             // As `generate`: sparkling with its default lookup graft.
             lookup: sparkling::decode::LookupGraft::default_for(method, b.host_memory()),
         };
-        let ar = Engine { backend: b, target: t, drafter: None }.generate(short, &gp(Method::Ar), &mut |_| {})?;
-        let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(short, &gp(Method::Sparkling), &mut |_| {})?;
+        let ar = Engine { backend: b, target: t, drafter: None }.generate(&prompt, &gp(Method::Ar), &mut |_| {})?;
+        let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(&prompt, &gp(Method::Sparkling), &mut |_| {})?;
         let equal = ar.tokens == sp.tokens;
         let _ = writeln!(
             report,
-            "check: {} greedy tokens, sparkling {} ar (τ = {:.2}; ar {:.1} tok/s, sparkling {:.1} tok/s)",
+            "check: {} greedy tokens after the {p}-token prompt, sparkling {} ar (τ = {:.2}; ar {:.1} tok/s, sparkling {:.1} tok/s)",
             a.check_tokens,
             if equal { "EQUAL to" } else { "DIFFER from" },
             sp.stats.tau(),
@@ -373,7 +372,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             sp.stats.tokens_per_s()
         );
         Some(
-            serde_json::json!({"tokens": a.check_tokens, "equal": equal, "tau": sp.stats.tau(), "ar_tokens_per_s": ar.stats.tokens_per_s(), "sparkling_tokens_per_s": sp.stats.tokens_per_s()}),
+            serde_json::json!({"tokens": a.check_tokens, "prompt_tokens": p, "equal": equal, "tau": sp.stats.tau(), "ar_tokens_per_s": ar.stats.tokens_per_s(), "sparkling_tokens_per_s": sp.stats.tokens_per_s()}),
         )
     } else {
         None
