@@ -513,8 +513,17 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
             if s.rounds == 0 { "–".to_string() } else { format!("{:.1}", s.tokens_per_s()) },
             speed.filter(|_| s.rounds > 0).map_or_else(|| "–".to_string(), |x| format!("{x:.2}×")),
             super::generate::size_histogram(s).unwrap_or_else(|| "-".into()),
-            s.lookup_tau().map_or_else(|| "-".to_string(), |t| format!("{} of {} ({t:.2})", s.lookup_rounds, s.rounds)),
-            s.drafter_ms_per_run().map_or_else(|| "-".to_string(), |d| format!("{} of {} ({d:.2})", s.drafter_rounds, s.rounds)),
+            // "-" where the method has no lookup chain or no drafter; a count (0 included) else.
+            match s.lookup_tau() {
+                _ if *meth != Method::Lookup && (lookup == "-" || lookup == "off") => "-".to_string(),
+                Some(t) => format!("{} of {} ({t:.2})", s.lookup_rounds, s.rounds),
+                None => format!("0 of {}", s.rounds),
+            },
+            match s.drafter_ms_per_run() {
+                _ if meth.drafter_kind().is_none() => "-".to_string(),
+                Some(d) => format!("{} of {} ({d:.2})", s.drafter_rounds, s.rounds),
+                None => format!("0 of {}", s.rounds),
+            },
         );
         let budget_json = match budget {
             BudgetChoice::Auto => serde_json::json!("auto"),
@@ -530,6 +539,24 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
             "conditional_acceptance": s.conditional_acceptance(), "outputs_differing_from_first_run": mism, "stats": s,
         }));
     }
+    dash_legend(&mut table);
     let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "confidence_head": !a.no_confidence, "rows": json_rows});
     super::save_json_then_print(a.json.as_deref(), &v, &table)
+}
+
+/// Append the key to a bench table's two dashes when it shows either: "-" where a column does
+/// not apply to the row's method (`ar`'s budget, a method without lookup), "–" where it has
+/// no value in this run (no decode round ran, no `ar` row to compare with).
+pub(super) fn dash_legend(table: &mut String) {
+    let (na, none) = (table.contains("| - |"), table.contains("| – |"));
+    if na || none {
+        let mut key = Vec::new();
+        if na {
+            key.push("- = does not apply to the method");
+        }
+        if none {
+            key.push("– = no value in this run (no decode round, or no ar row to compare with)");
+        }
+        table.push_str(&format!("{}\n", key.join("; ")));
+    }
 }

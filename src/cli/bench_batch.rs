@@ -204,7 +204,8 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
             lat["p90"].as_f64().unwrap_or(0.0),
             ftl["mean"].as_f64().unwrap_or(0.0),
             // Per-sequence decode steps that verified a lookup chain (alone or grafted).
-            if r.lookup_steps > 0 { format!("{} of {}", r.lookup_steps, r.seq_steps) } else { "-".into() },
+            // "-": the run proposes no lookup chain (`ar`, lookup off); else a count, 0 included.
+            if r.method != Method::Lookup && (r.lookup == "-" || r.lookup == "off") { "-".into() } else { format!("{} of {}", r.lookup_steps, r.seq_steps) },
             r.mismatches
         );
         json_rows.push(serde_json::json!({
@@ -217,6 +218,7 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
             "per_sequence_latency_ms": r.latency_ms, "outputs_differing_from_first_row": r.mismatches,
         }));
     }
+    super::bench::dash_legend(&mut table);
     if let Some(j) = &a.json {
         let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "backend": m.backend.name(), "rows": json_rows});
         sparkling::fsio::write_bytes(j, serde_json::to_string_pretty(&v).unwrap_or_default().as_bytes())?;
