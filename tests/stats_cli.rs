@@ -37,6 +37,8 @@ fn a_one_token_answer_reports_no_tau() {
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
         assert_eq!(cells[4..7], ["–", "–", "–"], "{row}");
     }
+    // The key to both dashes sits under the table.
+    assert!(out.contains("- = does not apply to the method; – = no value in this run"), "{out}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tau"].is_null()), "{v}");
     // The batched bench: the same "–" and null (its τ column is the 8th).
