@@ -420,7 +420,7 @@ impl<'a, B: Backend> Engine<'a, B> {
         let mut cost_model = None;
         let use_confidence = p.auto_budget.as_ref().is_some_and(|a| a.confidence);
         let mut auto: Option<AutoState> = match (&p.auto_budget, drafter) {
-            (Some(AutoBudget { resume: Some(s), .. }), Some(_)) if s.n_max == tree_params.budget && s.cost.is_valid() => Some(s.clone()),
+            (Some(AutoBudget { resume: Some(s), .. }), Some(_)) if s.n_max == tree_params.budget && s.cost.is_valid() => Some(s.resumed()),
             // A generation of one token has no round: nothing to measure a cost model for.
             (Some(a), Some(d)) if p.max_new_tokens > 1 => {
                 let cost = match &a.cost {

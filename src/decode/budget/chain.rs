@@ -28,8 +28,7 @@ use crate::decode::lookup::{Match, MAX_NGRAM};
 /// `2 · MAX_NGRAM` tokens: a repeated run).
 pub const CHAIN_CLASSES: usize = MAX_NGRAM + 1;
 
-/// Acceptance assumed before any observation, per class: the first token, and each later one
-/// given its predecessors were kept. Optimistic enough that a generation starts by verifying
+/// Acceptance assumed before any observation, per class and chain slot ([`chain_slot`]). Optimistic enough that a generation starts by verifying
 /// chains as the fixed rule did (the rule's lengths were tuned on the six evaluation sets,
 /// BENCHMARKS.md §34–35), and soon corrected by [`PRIOR_WEIGHT`].
 pub const PRIOR_RATE: [[f64; CHAIN_SLOTS]; CHAIN_CLASSES] =
@@ -38,8 +37,7 @@ pub const PRIOR_RATE: [[f64; CHAIN_SLOTS]; CHAIN_CLASSES] =
 /// Chain positions learnt apart ([`chain_slot`]): the first token, the second, the 3rd–4th,
 /// the 5th–8th and the rest, each given its predecessors were kept. A copy that has gone on
 /// for a while tends to go on (the conditional acceptance rises along a chain), so one rate
-/// for every later token undervalued long chains: with two slots, a summary that copies its
-/// prompt ran 6–7 % slower than the fixed rule (τ 3.6 against 4.3 on the lookup rounds).
+/// for every later token undervalued long copies (BENCHMARKS.md §38).
 pub const CHAIN_SLOTS: usize = 5;
 
 /// The slot of chain position `i` (0-based): 0, 1, 2 for 2–3, 3 for 4–7, 4 beyond.
@@ -67,7 +65,7 @@ pub struct ChainCalibration {
     /// Chains proposed and not yet scored: class, tokens, and the index in the generated text
     /// of the token their first one predicts.
     pending: std::collections::VecDeque<(usize, Vec<u32>, usize)>,
-    /// Decayed tries per class and position (0: first token, 1: later).
+    /// Decayed tries per class and chain slot.
     tries: [[f64; CHAIN_SLOTS]; CHAIN_CLASSES],
     /// Decayed kept tokens.
     kept: [[f64; CHAIN_SLOTS]; CHAIN_CLASSES],
@@ -89,6 +87,11 @@ impl ChainCalibration {
     pub fn rate(&self, class: usize, position: usize) -> f64 {
         let p = chain_slot(position);
         (self.kept[class][p] + PRIOR_WEIGHT * PRIOR_RATE[class][p]) / (self.tries[class][p] + PRIOR_WEIGHT)
+    }
+
+    /// Drop the chains still waiting to be scored (their positions index one generation's text).
+    pub fn clear_pending(&mut self) {
+        self.pending.clear();
     }
 
     /// Queue a chain of class `class` whose first token predicts the generated text's token
@@ -155,8 +158,16 @@ pub fn chain_worth(q: &[f64], len: usize, verify_ms: &dyn Fn(usize) -> f64, roun
 }
 
 impl AutoState {
-    /// How many tokens of the lookup chain `m` this round verifies: all or none ([`chain_worth`] with the
-    /// class's learnt rates and the cost model); 0 without a match.
+    /// This state for the next generation ([`crate::decode::budget::AutoBudget::resume`]): all
+    /// it learnt, without the previous generation's chains still waiting to be scored.
+    pub fn resumed(&self) -> AutoState {
+        let mut s = self.clone();
+        s.chains.clear_pending();
+        s
+    }
+
+    /// How many tokens of the lookup chain `m` this round verifies: all or none
+    /// ([`chain_worth`] with the class's learnt rates and the cost model); 0 without a match.
     pub fn chain_len(&self, m: &Match) -> usize {
         match chain_class(m) {
             None => 0,
@@ -169,9 +180,8 @@ impl AutoState {
     }
 
     /// Queue the round's lookup chain `m` (whether or not it was verified), whose first token
-    /// predicts token `start` of the generated
-    /// text, and score every queued chain that `text` (all tokens committed so far) decides
-    /// ([`ChainCalibration::resolve`]).
+    /// predicts token `start` of the generated text, and score every queued chain that `text`
+    /// (all tokens committed so far) decides ([`ChainCalibration::resolve`]).
     pub fn observe_chain(&mut self, m: &Match, start: usize, text: &[u32]) {
         if let Some(c) = chain_class(m) {
             self.chains.push(c, m.tokens.clone(), start);
@@ -253,6 +263,21 @@ mod tests {
         assert!(c.pending.is_empty());
         let two = 1.0 + CHAIN_DECAY;
         assert_eq!((c.tries[3], c.kept[3]), ([1.0, 1.0, two, 0.0, 0.0], [1.0, 1.0, two, 0.0, 0.0]), "all 4 kept, slot 2 twice");
+    }
+
+    #[test]
+    fn a_resumed_state_keeps_the_rates_and_drops_the_waiting_chains() {
+        let cost = crate::decode::budget::CostModel::from_points(vec![1, 2], vec![4.0, 4.2], 1.0);
+        let mut a = AutoState::new(cost, 8);
+        // A 1-token match whose chain [4, 5] missed at once (the text went on with 9), and a
+        // long one still agreeing with the text so far.
+        a.observe_chain(&m(&[4, 5], 1, 1), 3, &[1, 2, 3, 9]);
+        a.observe_chain(&m(&[7; 8], 3, 8), 4, &[1, 2, 3, 9, 7]);
+        assert_eq!(a.chains.pending.len(), 1);
+        let r = a.resumed();
+        assert!(r.chains.pending.is_empty(), "a new generation's text would score it at the wrong positions");
+        assert_eq!((r.chains.tries, r.chains.kept), (a.chains.tries, a.chains.kept));
+        assert!(r.chains.rate(0, 0) < PRIOR_RATE[0][0]);
     }
 
     #[test]
