@@ -184,7 +184,7 @@ fn auto_verifies_a_lookup_chain_only_where_it_pays_for_its_rows() {
     let e = Engine { backend: &b, target: &target, drafter: Some(&dspark) };
     let rows: Vec<usize> = (1..=17).collect();
     let curve = |per_row: f64| CostModel::from_points(rows.clone(), rows.iter().map(|&r| 10.0 + per_row * (r - 1) as f64).collect(), 5.0);
-    let (mut steep_skipped, mut flat_verified) = (0usize, 0usize);
+    let (mut steep_skipped, mut flat_verified, mut finals) = (0usize, 0usize, 0usize);
     for prompt in PROMPTS {
         let max_new = 50;
         let want = ar.generate(prompt, &params(Method::Ar, 1, 0.0, 0, max_new, vec![]), &mut |_| {}).unwrap();
@@ -198,6 +198,12 @@ fn auto_verifies_a_lookup_chain_only_where_it_pays_for_its_rows() {
             let what = format!("prompt {prompt:?} per-row cost {per_row} ms");
             assert_eq!(got.tokens, want.tokens, "{what}");
             let s = &got.stats;
+            // `Stats::merge` (bench's totals) carries every counter: merged into nothing, the
+            // stats come back whole (`final_rounds` was once dropped).
+            let mut merged = sparkling::decode::stats::Stats::default();
+            merged.merge(s);
+            assert_eq!(serde_json::to_value(&merged).unwrap(), serde_json::to_value(s).unwrap(), "{what}");
+            finals += s.final_rounds;
             if steep {
                 assert_eq!(s.lookup_rounds, 0, "{what}: a chain was verified although no row pays");
                 steep_skipped += s.chains_skipped;
@@ -209,4 +215,5 @@ fn auto_verifies_a_lookup_chain_only_where_it_pays_for_its_rows() {
     }
     // The random target's greedy texts repeat, so its rounds find matches.
     assert!(steep_skipped > 10 && flat_verified > 10, "skipped {steep_skipped}, verified {flat_verified}");
+    assert!(finals > 0, "no run ended on a last-token round: the merge check did not see final_rounds");
 }

@@ -38,7 +38,7 @@ fn a_one_token_answer_reports_no_tau() {
         assert_eq!(cells[4..7], ["–", "–", "–"], "{row}");
     }
     // The key to both dashes sits under the table.
-    assert!(out.contains("- = does not apply to the method; – = no value in this run"), "{out}");
+    assert!(out.contains("- = does not apply to the method or its settings; – = no value in this run"), "{out}");
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tau"].is_null()), "{v}");
     // The batched bench: the same "–" and null (its τ column is the 8th).
@@ -54,7 +54,7 @@ fn a_one_token_answer_reports_no_tau() {
 
 /// `profile --check-tokens` generates after the same `--prefill`-token prompt it timed (it used
 /// the first 64 tokens, so a check at a long context tested a short one), says so, and refuses
-/// a check that would not fit the context before any timing.
+/// a check that would not fit the context before any timing (by the engine's own check).
 #[test]
 fn profile_checks_the_tokens_after_the_whole_prefill() {
     let d = tmpdir("cli-profile-check");
@@ -70,6 +70,8 @@ fn profile_checks_the_tokens_after_the_whole_prefill() {
     // 100 + 100 000 tokens exceed the tiny target's context: refused before any timing.
     let o = run(d.path(), &[&base[..], &["--prefill", "100", "--check-tokens", "100000"]].concat());
     let e = stderr(&o);
-    assert!(!o.status.success() && e.contains("--check-tokens 100000: after the 100-token prompt (--prefill)"), "{e}");
+    // The engine's own check of the generations the check runs (so a lookup chain's rows count).
+    assert!(!o.status.success() && e.contains("--check-tokens 100000 after the 100-token prompt (--prefill) cannot run, so nothing was timed"), "{e}");
+    assert!(e.contains("rows a round writes at once exceeds the target context"), "{e}");
     assert!(!String::from_utf8_lossy(&o.stdout).contains("verify"), "timed before refusing");
 }

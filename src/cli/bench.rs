@@ -512,12 +512,13 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
             if s.rounds == 0 { "–".to_string() } else { format!("{:.2}", s.tau()) },
             if s.rounds == 0 { "–".to_string() } else { format!("{:.1}", s.tokens_per_s()) },
             speed.filter(|_| s.rounds > 0).map_or_else(|| "–".to_string(), |x| format!("{x:.2}×")),
-            super::generate::size_histogram(s).unwrap_or_else(|| "-".into()),
+            // Tree sizes: "-" for `ar` (no tree), "–" where no round ran.
+            super::generate::size_histogram(s).unwrap_or_else(|| if *meth == Method::Ar { "-" } else { "–" }.into()),
             // "-" where the method has no lookup chain or no drafter; a count (0 included) else.
             match s.lookup_tau() {
                 _ if *meth != Method::Lookup && (lookup == "-" || lookup == "off") => "-".to_string(),
-                Some(t) => format!("{} of {} ({t:.2})", s.lookup_rounds, s.rounds),
-                None => format!("0 of {}", s.rounds),
+                Some(t) => format!("{} of {} ({t:.2}){}", s.lookup_rounds, s.rounds, unverified(s.chains_skipped)),
+                None => format!("0 of {}{}", s.rounds, unverified(s.chains_skipped)),
             },
             match s.drafter_ms_per_run() {
                 _ if meth.drafter_kind().is_none() => "-".to_string(),
@@ -544,15 +545,26 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
     super::save_json_then_print(a.json.as_deref(), &v, &table)
 }
 
+/// `; N unverified` for the lookup-rounds cell when `--budget auto` left N matched chains
+/// unverified (`Stats::chains_skipped`), else nothing.
+fn unverified(n: usize) -> String {
+    if n > 0 {
+        format!("; {n} unverified")
+    } else {
+        String::new()
+    }
+}
+
 /// Append the key to a bench table's two dashes when it shows either: "-" where a column does
-/// not apply to the row's method (`ar`'s budget, a method without lookup), "–" where it has
-/// no value in this run (no decode round ran, no `ar` row to compare with).
+/// not apply to the row's method or its settings (`ar`'s budget, a method without a drafter,
+/// lookup off), "–" where it has no value in this run (no decode round ran, no `ar` row to
+/// compare with).
 pub(super) fn dash_legend(table: &mut String) {
     let (na, none) = (table.contains("| - |"), table.contains("| – |"));
     if na || none {
         let mut key = Vec::new();
         if na {
-            key.push("- = does not apply to the method");
+            key.push("- = does not apply to the method or its settings");
         }
         if none {
             key.push("– = no value in this run (no decode round, or no ar row to compare with)");

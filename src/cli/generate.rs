@@ -43,7 +43,10 @@ pub struct GenerateArgs {
     /// round's bonus could be kept, and none in the round that writes the last token).
     /// `lookup` has no cost model: `auto` gives it chains of up to 16 tokens (2 / 4 / 6 after
     /// a 1 / 2 / 3-token match, up to 16 after a longer match: as many as matched; half as many
-    /// after a short match when sampling, T > 0).
+    /// after a short match when sampling, T > 0). With `--lookup-drafter fallback`, `auto`
+    /// also decides whether a round's matched lookup chain is verified: only when its expected
+    /// tokens per ms beat a plain AR step's, from acceptance rates it learns per kind of match
+    /// as the answer goes (else the round goes on as one without a match).
     #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<String>,
     /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
@@ -80,10 +83,11 @@ pub struct GenerateArgs {
     /// of up to N tokens (at most 64) for any method with a drafter.
     #[arg(long, allow_negative_numbers = true)]
     pub lookup: Option<String>,
-    /// With a lookup chain: `fallback` (the drafter runs only in rounds whose lookup finds no
-    /// match; the default on the cpu, where the drafter's forward and its extra verify rows
-    /// rarely pay beside a matched chain) or `always` (the default elsewhere: the drafter's tree
-    /// and the chain every round).
+    /// With a lookup chain: `fallback` (a round with a match verifies the chain alone and the
+    /// drafter runs only in the other rounds — under `--budget auto` also in rounds whose match
+    /// it left unverified; the default on the cpu, where the drafter's forward and its extra
+    /// verify rows rarely pay beside a matched chain) or `always` (the default elsewhere: the
+    /// drafter's tree and the chain every round).
     #[arg(long)]
     pub lookup_drafter: Option<String>,
     /// Sampling temperature (0 = greedy; every method then emits the target's greedy tokens).

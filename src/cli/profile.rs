@@ -11,6 +11,7 @@
 use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
 use clap::Args;
 use sparkling::core::{AttnMask, Backend};
+use sparkling::decode::{Engine, GenParams, Method};
 use sparkling::model::config::DrafterKind;
 use sparkling::model::target::LogitRows;
 use sparkling::tree::{build_sparkling_precompute, CandidateTable, DraftTree};
@@ -127,15 +128,37 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     if p.saturating_add(a.budget).saturating_add(bk + 4) > tc.max_positions {
         return Err(Error::Input(format!("--prefill {p} + --budget {} exceeds the target context of {}", a.budget, tc.max_positions)));
     }
-    // The exactness check runs after the timing: refuse a length it cannot run before timing.
-    let check_len = p.saturating_add(a.check_tokens).saturating_add(a.budget.max(bk)).saturating_add(2);
-    if a.check_tokens > 0 && check_len > tc.max_positions {
-        return Err(Error::Input(format!(
-            "--check-tokens {}: after the {p}-token prompt (--prefill) and with --budget {} it exceeds the target context of {}: ask for fewer tokens or a shorter --prefill",
-            a.check_tokens,
-            a.budget,
-            tc.max_positions
-        )));
+    // The exactness check runs after the timing: refuse what it cannot run before timing, with
+    // the engine's own check of the two generations it will run (prompt, new tokens, the rows
+    // a round writes: tree, drafter block, lookup chain).
+    let check_params = |method: Method| GenParams {
+        method,
+        tree: sparkling::decode::propose::TreeParams {
+            budget: a.budget,
+            candidates: a.candidates,
+            max_fanout: a.max_fanout,
+            treespark_k: 4,
+            // As `generate --tree-prep auto`: the engine picks host or device selection.
+            prep: sparkling::decode::propose::TreePrep::Auto,
+        },
+        sampling: sparkling::core::SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
+        seed: 0,
+        max_new_tokens: a.check_tokens,
+        stop: vec![],
+        auto_budget: None,
+        // As `generate`: sparkling with its default lookup graft.
+        lookup: sparkling::decode::LookupGraft::default_for(method, b.host_memory()),
+    };
+    if a.check_tokens > 0 {
+        let zeros = vec![0u32; p];
+        for (method, drafter) in [(Method::Ar, None), (Method::Sparkling, Some(d))] {
+            if let Err(e) = (Engine { backend: b, target: t, drafter }).check(&zeros, &check_params(method)) {
+                return Err(Error::Input(format!(
+                    "--check-tokens {} after the {p}-token prompt (--prefill) cannot run, so nothing was timed: {e}",
+                    a.check_tokens
+                )));
+            }
+        }
     }
     let taps = d.cfg.target_layer_ids.clone();
     let tiny = b.upload(&[0.0], 1, 1)?;
@@ -338,32 +361,14 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let cost_path = super::costs::cache_path(&a.model, &m.target_path, &b.name());
 
     // Greedy exactness on these shapes (optional).
-    let mut report = String::new();
+    // The check's line goes under the timing report (it runs last).
+    let mut check_line = String::new();
     let check = if a.check_tokens > 0 {
-        use sparkling::decode::{Engine, GenParams, Method};
-        let gp = |method: Method| GenParams {
-            method,
-            tree: sparkling::decode::propose::TreeParams {
-                budget: a.budget,
-                candidates: a.candidates,
-                max_fanout: a.max_fanout,
-                treespark_k: 4,
-                // As `generate --tree-prep auto`: the engine picks host or device selection.
-                prep: sparkling::decode::propose::TreePrep::Auto,
-            },
-            sampling: sparkling::core::SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
-            seed: 0,
-            max_new_tokens: a.check_tokens,
-            stop: vec![],
-            auto_budget: None,
-            // As `generate`: sparkling with its default lookup graft.
-            lookup: sparkling::decode::LookupGraft::default_for(method, b.host_memory()),
-        };
-        let ar = Engine { backend: b, target: t, drafter: None }.generate(&prompt, &gp(Method::Ar), &mut |_| {})?;
-        let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(&prompt, &gp(Method::Sparkling), &mut |_| {})?;
+        let ar = Engine { backend: b, target: t, drafter: None }.generate(&prompt, &check_params(Method::Ar), &mut |_| {})?;
+        let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(&prompt, &check_params(Method::Sparkling), &mut |_| {})?;
         let equal = ar.tokens == sp.tokens;
         let _ = writeln!(
-            report,
+            check_line,
             "check: {} greedy tokens after the {p}-token prompt, sparkling {} ar (τ = {:.2}; ar {:.1} tok/s, sparkling {:.1} tok/s)",
             a.check_tokens,
             if equal { "EQUAL to" } else { "DIFFER from" },
@@ -378,6 +383,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         None
     };
 
+    let mut report = String::new();
     // Report.
     let get = |name: &str| rows.iter().find(|r| r.0 == name).map(|r| r.2 .0).unwrap_or(f64::NAN);
     // Tree prep as decode runs it: the host lazy builder on the CPU, else the device-style path.
@@ -454,6 +460,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
             "check": check,
             "budget_auto_cost_curve": curve,
         });
+        report.push_str(&check_line);
         super::save_json_then_print(a.json.as_deref(), &v, &report)?;
     }
     if check.as_ref().is_some_and(|c| c["equal"] == false) {

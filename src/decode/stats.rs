@@ -226,6 +226,7 @@ impl Stats {
             *a += b;
         }
         self.drafts_skipped += o.drafts_skipped;
+        self.final_rounds += o.final_rounds;
         self.lookup_rounds += o.lookup_rounds;
         self.chains_skipped += o.chains_skipped;
         self.lookup_committed += o.lookup_committed;
