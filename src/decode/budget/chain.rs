@@ -28,9 +28,10 @@ use crate::decode::lookup::{Match, MAX_NGRAM};
 /// `2 · MAX_NGRAM` tokens: a repeated run).
 pub const CHAIN_CLASSES: usize = MAX_NGRAM + 1;
 
-/// Acceptance assumed before any observation, per class and chain slot ([`chain_slot`]). Optimistic enough that a generation starts by verifying
-/// chains as the fixed rule did (the rule's lengths were tuned on the six evaluation sets,
-/// BENCHMARKS.md §34–35), and soon corrected by [`PRIOR_WEIGHT`].
+/// Acceptance assumed before any observation, per class and chain slot ([`chain_slot`]):
+/// optimistic enough that a generation starts by verifying chains as the fixed rule did (the
+/// rule's lengths were tuned on the six evaluation sets, BENCHMARKS.md §34–35), and soon
+/// outweighed by observations ([`PRIOR_WEIGHT`]).
 pub const PRIOR_RATE: [[f64; CHAIN_SLOTS]; CHAIN_CLASSES] =
     [[0.35, 0.6, 0.6, 0.6, 0.6], [0.5, 0.7, 0.7, 0.7, 0.7], [0.6, 0.75, 0.8, 0.8, 0.8], [0.8, 0.9, 0.9, 0.9, 0.9]];
 
