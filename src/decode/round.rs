@@ -28,8 +28,8 @@ pub(super) struct Round {
     pub looked_up: bool,
     /// Whether the round drafted nothing because only its bonus token was left to generate.
     pub last_token: bool,
-    /// The round's lookup match under `--budget auto` (verified or not), for
-    /// [`AutoState::observe_chain`] once the round has committed; `None` otherwise.
+    /// The round's lookup match under `--budget auto` with `skip_drafter` (verified or not),
+    /// for [`AutoState::observe_chain`] once the round has committed; `None` otherwise.
     pub chain: Option<lookup::Match>,
 }
 
@@ -98,7 +98,8 @@ impl<B: Backend> Proposer<'_, B> {
                 }
                 graft.truncate(n);
             }
-            if auto.is_some() {
+            // Scored only where the policy reads the rates (a chain verified alone).
+            if auto.is_some() && p.lookup.skip_drafter {
                 chain = Some(m);
             }
             let dt = ms(t);
