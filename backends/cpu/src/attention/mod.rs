@@ -78,6 +78,8 @@ impl Visible<'_> {
 /// same (rounded) values.
 pub trait KvElem: Copy + Send + Sync + 'static {
     /// Whether values carry a block scale (`i8` codes); the loads ignore their scale otherwise.
+    // Read only by the x86-64 kernels (the wasm32 build has none of them).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const SCALED: bool;
 
     /// Values `c0..c0 + n` of row `r` (`cols` values per row; `d`: the cache's block scales,
