@@ -1,4 +1,4 @@
-//! Kernel bench (issue 4): matmul GFLOP/s, attention and selection-op times for SmolLM2-135M
+//! Kernel bench: matmul GFLOP/s, attention and selection-op times for SmolLM2-135M
 //! decode / verify / draft shapes, the wgpu backend (lavapipe here, any adapter elsewhere) vs
 //! the CPU backend.
 //!

@@ -15,7 +15,7 @@ With --native it runs on the quantized file itself instead (the file our CPU
 backend keeps native, `--weights native`) and writes
 tests/data/llamacpp_greedy_<model>_native.json: both engines then round
 activations to 8-bit blocks, so their greedy tokens agree except where the
-sums' order decides a near-tie (issue 10). `smollm2-q8_0` is the SmolLM2 file
+sums' order decides a near-tie. `smollm2-q8_0` is the SmolLM2 file
 requantized to Q8_0 by llama-quantize (made on first use).
 
 Prerequisites (none of them is needed by the normal test run):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch + transformers reference timing for `sparkling profile` (issue 5): the same random
+"""PyTorch + transformers reference timing for `sparkling profile`: the same random
 Qwen3 config (read from a `sparkling synth` target's config.json), bf16 weights on the GPU,
 eager attention-free-of-tricks defaults (sdpa), batch 1:
 

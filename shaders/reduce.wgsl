@@ -1,5 +1,5 @@
 // Workgroup-wide reductions and scans WITHOUT subgroup operations: the portable path, compiled
-// on every adapter and always tested (issue 4, platform.md §1/§4). reduce_subgroup.wgsl is its
+// on every adapter and always tested (platform.md §1/§4). reduce_subgroup.wgsl is its
 // twin built on subgroup operations, used only when the adapter reports
 // `wgpu::Features::SUBGROUP`; both define the same `Lane` struct and functions.
 //

@@ -1,4 +1,4 @@
-//! Safe file output (issue 15): no file the engine writes is ever half-written or silently
+//! Safe file output: no file the engine writes is ever half-written or silently
 //! replaced. Every file goes to a temporary sibling (same directory, so the final rename never
 //! crosses a file system) that is synced and renamed over the destination only when complete; a
 //! failure or a panic removes the temporary. Checkpoint directories are built the same way, and
@@ -156,7 +156,7 @@ impl Drop for Temp {
 
 /// On SIGINT, SIGTERM or SIGHUP, remove this process's half-written temporaries (files and
 /// directories being built, see [`write_with`] and [`publish_dir`]) and exit with status 130, so
-/// an interrupted run leaves no hidden multi-gigabyte leftovers (issue 15). A run killed with
+/// an interrupted run leaves no hidden multi-gigabyte leftovers. A run killed with
 /// SIGKILL cannot clean up: its temporaries are swept by the next run writing the same output.
 /// Call once at start-up; a second call (or a host that already handles these signals) is a
 /// no-op. Native only.

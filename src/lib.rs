@@ -6,7 +6,7 @@
 //! `backends/` behind the [`sparkling_core::Backend`] trait.
 #![warn(missing_docs)]
 
-/// `eprintln!` that never panics on a closed or full stderr (issue 15); see `src/main.rs`.
+/// `eprintln!` that never panics on a closed or full stderr; see `src/main.rs`.
 macro_rules! eprintln {
     ($($t:tt)*) => {{
         use std::io::Write as _;

@@ -2,7 +2,7 @@
 #![warn(missing_docs)]
 
 /// `eprintln!` that never panics: a closed or full stderr (`2>/dev/full`, `2>&1 | head`) must
-/// not abort a run or lose its results (issue 15); a message that cannot be written is dropped.
+/// not abort a run or lose its results; a message that cannot be written is dropped.
 /// Shadows the standard macro for this crate (textual scope: defined before the modules).
 macro_rules! eprintln {
     ($($t:tt)*) => {{

@@ -7,10 +7,9 @@
 /// freed, up to 32 MiB) with their own `mmap` and returns freed heap tops above another one. The
 /// decode loop allocates and frees megabyte-sized buffers every step (logits of a verify or a
 /// batch: rows × vocabulary × 4 bytes; activations, attention scratch), so each step paid fresh
-/// page faults and `munmap`s: 4 % of a batch-8 `ar` run's time in the kernel's page-fault and
-/// unmap paths. With both thresholds at 256 MiB the buffers are reused from the heap: batch 8
-/// 478–483 → 547–655 tokens/s, batch 1 +1–8 %, peak RSS unchanged (BENCHMARKS §25). Linux with
-/// glibc only (`mallopt`); elsewhere nothing. Call it once, first thing in `main`.
+/// page faults and `munmap`s in the kernel. With both thresholds at 256 MiB the buffers are
+/// reused from the heap, which matters most for batch decoding; peak RSS is unchanged
+/// (BENCHMARKS §25). Linux with glibc only (`mallopt`); elsewhere nothing. Call it once, first thing in `main`.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

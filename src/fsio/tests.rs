@@ -44,8 +44,8 @@ fn devices_links_and_models_are_never_replaced() {
     assert!(write_bytes(&st, b"{}").is_err());
     assert!(check_writable(&st, "--json").is_err());
     assert_eq!(std::fs::read(&st).unwrap(), b"x");
-    // The config.json of a directory with weights is part of the model (issue 15:
-    // `--stats-json DIR/config.json` broke a drafter); a lone config.json is not.
+    // The config.json of a directory with weights is part of the model (writing
+    // `--stats-json DIR/config.json` over it would break a drafter); a lone config.json is not.
     let cfg = d.join("config.json");
     std::fs::write(&cfg, "{\"model\": 1}").unwrap();
     assert!(check_writable(&cfg, "--stats-json").unwrap_err().to_string().contains("holds a model"));
@@ -118,7 +118,7 @@ fn out_dir_with_a_model_needs_force() {
 }
 
 /// Two writers of one new directory: the one that finishes second refuses to replace what
-/// the first published meanwhile (issue 15: concurrent `synth-target --out` runs replaced
+/// the first published meanwhile (concurrent `synth-target --out` runs must not replace
 /// each other's output).
 #[test]
 fn publish_dir_does_not_replace_a_checkpoint_written_meanwhile() {
@@ -159,8 +159,8 @@ fn publish_dir_is_all_or_nothing() {
     std::fs::write(out.join("README.md"), "keep").unwrap();
     std::fs::write(out.join("model-00002-of-00002.safetensors"), "stale").unwrap();
     std::fs::write(out.join("model.safetensors.index.json"), "stale").unwrap();
-    // Files that are not this checkpoint's stay (issue 15: `--force` had deleted every
-    // `*.safetensors` and `*.gguf`, training checkpoints included).
+    // Files that are not this checkpoint's stay: `--force` must not delete every
+    // `*.safetensors` and `*.gguf`, training checkpoints included.
     std::fs::write(out.join("ckpt-000004.safetensors"), "train").unwrap();
     std::fs::write(out.join("vocab.gguf"), "v").unwrap();
     std::fs::create_dir(out.join("notes")).unwrap();

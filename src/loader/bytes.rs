@@ -6,8 +6,8 @@ use crate::error::{Error, Result};
 use std::path::Path;
 
 /// Check that `path` is a regular file (after following links) before opening it: opening a
-/// named pipe blocks until a writer appears, and a device never ends (issue 15: a pipe named
-/// `model.safetensors` or `config.json` inside a model directory hung the loader). `what`
+/// named pipe blocks until a writer appears, and a device never ends (a pipe named
+/// `model.safetensors` or `config.json` inside a model directory would hang the loader). `what`
 /// names the expected file in the error.
 pub fn regular_file(path: &Path, what: &str) -> Result<()> {
     match std::fs::metadata(path) {
@@ -66,7 +66,7 @@ impl FileBytes {
     /// on a read-only file mapping: a later read faults them in again from the file, so every
     /// slice stays valid and equal). Owned bytes and other platforms: nothing. The loaders
     /// call it once a tensor is copied out, so a model's peak memory is about its uploaded
-    /// weights, not weights + file (issue 10: peak RSS ≤ 1.25 × (file + KV cache)). A range
+    /// weights, not weights + file. A range
     /// outside the bytes, or an OS that refuses the advice, changes nothing.
     pub fn release(&self, start: usize, len: usize) {
         #[cfg(all(unix, not(target_arch = "wasm32")))]

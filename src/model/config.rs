@@ -169,7 +169,7 @@ pub const MAX_DIM: usize = 1 << 24;
 /// Largest context (`max_position_embeddings`) accepted.
 pub const MAX_POSITIONS: usize = 1 << 26;
 
-/// Validation of the values a config gives, before they size anything (issue 15). `key` maps
+/// Validation of the values a config gives, before they size anything. `key` maps
 /// an HF `config.json` key to the key of the file at hand (GGUF metadata spells them
 /// differently), so every error names the file, the key, the value and what was expected.
 struct Check<'a> {
@@ -344,8 +344,8 @@ impl TargetConfig {
     /// Parse an HF `config.json` (`model_type` llama / qwen2 / qwen3).
     pub fn from_hf_json(path: &Path, v: &Value) -> Result<Self> {
         let k = Keys { path, v };
-        // A drafter checkpoint given as the target (issue 15/16 trials: the error spoke of a
-        // layer count) says what it is.
+        // A drafter checkpoint given as the target says what it is (a check on the values alone
+        // would speak of a layer count).
         let archs: Vec<&str> = v.get("architectures").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
         if v.get("dflash_config").is_some() || archs.iter().any(|a| a.contains("DSpark") || a.contains("DFlash")) {
             return Err(Error::config(
@@ -461,7 +461,7 @@ impl TargetConfig {
         Ok(cfg)
     }
 
-    /// Every value that sizes something: positive, in range, consistent (issue 15).
+    /// Every value that sizes something: positive, in range, consistent.
     fn validate(&self, c: &Check<'_>, derived_head_dim: bool) -> Result<()> {
         c.count("vocab_size", self.vocab, MAX_DIM)?;
         c.count("num_hidden_layers", self.layers, u32::MAX as usize)?;

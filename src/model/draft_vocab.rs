@@ -1,4 +1,4 @@
-//! The reduced draft vocabulary (the FR-Spec / EAGLE-3 idea, issue 12): a drafter whose output
+//! The reduced draft vocabulary (the FR-Spec / EAGLE-3 idea): a drafter whose output
 //! layer and Markov `W2` cover only the V_d most frequent target tokens. Its checkpoint
 //! carries `draft_vocab_size` in `config.json` and the map `draft_to_target` (`[V_d]`, integer,
 //! **absolute** target ids: draft id `i` is target id `draft_to_target[i]`; EAGLE-3's `d2t`

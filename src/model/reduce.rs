@@ -1,4 +1,4 @@
-//! Making a reduced-vocabulary drafter from a full one (issue 12, `sparkling reduce-vocab`):
+//! Making a reduced-vocabulary drafter from a full one (`sparkling reduce-vocab`):
 //! count target tokens, keep the V_d most frequent, slice the drafter's own output rows
 //! (`lm_head.weight`, when it has one) and the Markov head's `W2` to them, keep everything else
 //! (the input embedding and `W1` stay indexed by target id), and add the map

@@ -112,7 +112,7 @@ fn write_config(dir: &Path, v: &serde_json::Value) -> Result<()> {
 
 /// Refuse, before allocating, a checkpoint of `params` values that cannot be held: the f32
 /// values plus their encoded copy must fit in the address space and in one reservation the
-/// allocator grants (issue 15: an absurd size is an error naming `dir`, not an abort).
+/// allocator grants, so an absurd size is an error naming `dir`, not an abort.
 fn check_alloc(dir: &Path, params: f64, dtype: StoreDtype) -> Result<()> {
     let per = 4.0 + if dtype == StoreDtype::F32 { 4.0 } else { 2.0 };
     let bytes = params * per;
@@ -189,7 +189,7 @@ pub fn tiny_target_config(arch: Arch, vocab: usize) -> TargetConfig {
 }
 
 /// Real model geometries that `sparkling synth --preset` writes with random weights, so the
-/// paper's shapes can be timed where the real weights cannot be downloaded (issue 5).
+/// paper's shapes can be timed where the real weights cannot be downloaded.
 pub const PRESETS: [&str; 3] = ["qwen3-4b", "qwen3-8b", "smollm2-135m"];
 
 /// The target config of a preset in [`PRESETS`] (reference §1 tables: Qwen3-4B/8B config.json;
@@ -271,7 +271,7 @@ pub fn default_taps(target_layers: usize, preferred: usize) -> usize {
 }
 
 /// Check `init` against the target it is sized for, before anything is allocated: every size
-/// is bounded by what it can mean (issue 15). Errors name the `init-drafter` argument.
+/// is bounded by what it can mean. Errors name the `init-drafter` argument.
 pub fn check_drafter_init(target: &TargetConfig, init: &DrafterInit) -> Result<()> {
     let bad = |m: String| Err(Error::Input(m));
     if init.layers == 0 || init.layers > target.layers {

@@ -331,8 +331,8 @@ mod tests {
 
     #[test]
     fn chat_message_cannot_forge_control_tokens() {
-        // Issue 15: `<|im_end|>` typed in a chat message became the control token, ending the
-        // user's turn early; it is now text. Plain messages encode as the rendered template.
+        // `<|im_end|>` typed in a chat message is text, not the control token (which would end
+        // the user's turn early). Plain messages encode as the rendered template.
         let Some(p) = asset_file("smollm2-135m-instruct-q4_1.gguf", true) else { return };
         let g = GgufFile::open(&p).unwrap();
         let tok = crate::tokenizer::TextTokenizer::from_gguf(&g).unwrap();

@@ -194,8 +194,8 @@ impl TextStream {
 }
 
 /// A BPE model's merges must join tokens of its vocabulary into a token of its vocabulary: the
-/// `tokenizers` crate accepts other merges at load and then panics while encoding (issue 15
-/// trial). Checked on the JSON before loading; errors name the merge.
+/// `tokenizers` crate accepts other merges at load and then panics while encoding.
+/// Checked on the JSON before loading; errors name the merge.
 fn check_bpe_merges(tokenizer_json: &str) -> Result<()> {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(tokenizer_json) else { return Ok(()) }; // the loader reports bad JSON
     let model = &v["model"];

@@ -157,9 +157,9 @@ pub(crate) fn save_checkpoint(out: &Path, step: usize, p: &Params, opt: &AdamW, 
 /// process writing it, released when that process ends however it ends.
 pub const LOCK_FILE: &str = ".run.lock";
 
-/// Exclusive use of a run directory (`train`) or training cache (`gen-data`) by one process
-/// (issue 15: two runs into one `--out` mixed their checkpoints and logs, two gen-data runs
-/// replaced each other's answers). Dropping it releases the lock.
+/// Exclusive use of a run directory (`train`) or training cache (`gen-data`) by one process:
+/// two runs into one `--out` would mix their checkpoints and logs, two gen-data runs would
+/// replace each other's answers. Dropping it releases the lock.
 #[derive(Debug)]
 pub struct RunLock(#[allow(dead_code)] std::fs::File);
 
@@ -185,7 +185,7 @@ fn canonical_paths(rc: &RunConfig) -> RunConfig {
     RunConfig { cache: canon(&rc.cache), target: canon(&rc.target), ..rc.clone() }
 }
 
-/// Make `out` ready for run `rc` (issue 15): a new or empty directory is created; an existing
+/// Make `out` ready for run `rc`: a new or empty directory is created; an existing
 /// run directory must hold the same run (`--steps` may change on `resume`), except that a run
 /// which stopped before its first checkpoint is started afresh there (its `run.json`, frozen
 /// file list, draft vocabulary and log are removed). Errors: a non-empty directory that is not
@@ -207,7 +207,7 @@ pub fn prepare_run_dir(out: &Path, rc: &RunConfig, resume: bool) -> Result<RunLo
         remove("log.jsonl")?;
         // A run that stopped before its first checkpoint (an error or an interrupt after
         // `run.json` was written) has nothing to resume: its frozen files are replaced, so a
-        // rerun with other options is not refused forever (issue 15).
+        // rerun with other options is not refused forever.
         if run_json.exists() && read_run_config(out).map_or(true, |old| canonical_paths(&old) != canonical_paths(rc)) {
             eprintln!("note: {} holds a run that never reached a checkpoint; starting this run there afresh", out.display());
             for f in ["run.json", DATA_FILE, DRAFT_VOCAB_FILE] {

@@ -57,7 +57,7 @@ pub fn write_hf(
         _ => {}
     }
     // Built in a temporary sibling directory and moved into place when complete: an
-    // interrupted export never leaves a half-written checkpoint (issue 15).
+    // interrupted export never leaves a half-written checkpoint.
     let mut inner: Option<Error> = None;
     sparkling::fsio::publish_dir(dir, |tmp| {
         write_hf_files(tmp, cfg, num_target_layers, n_feat, params, draft_vocab, dtype, meta)

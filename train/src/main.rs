@@ -3,7 +3,7 @@
 //! argument at fault, with exit status 1.
 
 /// `eprintln!` that never panics: a closed or full stderr (`2>/dev/full`, `2>&1 | head`) must
-/// not abort a run or lose its results (issue 15); a message that cannot be written is dropped.
+/// not abort a run or lose its results; a message that cannot be written is dropped.
 /// Shadows the standard macro for this crate (textual scope: defined before the modules).
 macro_rules! eprintln {
     ($($t:tt)*) => {{
@@ -241,7 +241,7 @@ fn configure_threads(threads: Option<usize>) -> Result<()> {
             return Err(Error::arg("threads", "must be ≥ 1"));
         }
         // As the engine's CLI: more threads than a few per core only adds contention, and a
-        // huge count hangs while spawning them (issue 15).
+        // huge count hangs while spawning them.
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         if n > 4 * cores {
             return Err(Error::arg("threads", format!("{n} is more than 4 × the {cores} cores of this machine")));
@@ -354,7 +354,7 @@ fn run(cli: Cli) -> Result<()> {
             let target = target.unwrap_or_else(default_target);
             let dspark = kind == "dspark";
             if !dspark {
-                // DFlash drafters have neither head: these options would be ignored (issue 15).
+                // DFlash drafters have neither head: these options would be ignored, so they are refused.
                 for (given, arg) in [(markov_rank != 32, "markov-rank"), (no_confidence, "no-confidence"), (conf != 1.0, "conf")] {
                     if given {
                         return Err(Error::arg(arg, format!("only --kind dspark reads it (a {kind} drafter has no Markov or confidence head)")));

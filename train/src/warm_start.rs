@@ -55,7 +55,7 @@ pub fn check_drafter(dir: &Path, dcfg: &DrafterConfig) -> Result<()> {
 
 /// Warm start from a trained drafter (`--init-from DIR`): the exported checkpoint in `DIR`
 /// (`config.json` + `model.safetensors`, as `sparkling-train export` writes them, bf16 or f32)
-/// gives every parameter its starting value, so training continues across machines and sessions
+/// gives every parameter its starting value, so training continues across machines and runs
 /// from the committed drafter rather than from random weights (the optimizer's moments start
 /// at zero). The checkpoint must have this run's kind, layer geometry, context taps, Markov rank
 /// and confidence head; its block size may differ (no parameter depends on it).

@@ -1,4 +1,5 @@
-//! The `sparkling-train` command line's output handling (issue 15).
+//! The `sparkling-train` command line: `--help` into a full disk, and a training cache that
+//! refuses to mix two weight storages.
 
 use std::process::Command;
 

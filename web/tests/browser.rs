@@ -1,4 +1,4 @@
-//! Browser conformance (issue 4): in headless Chromium, the engine on WebGPU emits, for every
+//! Browser conformance: in headless Chromium, the engine on WebGPU emits, for every
 //! method, exactly the greedy tokens of the CPU backend compiled to wasm in the same page, and
 //! each method equals its backend's own `ar`. Random tiny models built in memory (the same
 //! generator as the native exactness matrix), loaded through the byte loaders the JavaScript

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Browser tests of the demo page itself (issue 16), run by scripts/web-test after the
+"""Browser tests of the demo page itself, run by scripts/web-test after the
 wasm-bindgen tests: headless Chromium (the flags of web/webdriver.json) driven through
 chromedriver's WebDriver protocol with the standard library only (no Selenium/Playwright).
 

@@ -1,4 +1,4 @@
-//! The live tree view's data (issue 16 item 3): `generate(…, on_round)` hands JavaScript one
+//! The data of the demo page's live tree view: `generate(…, on_round)` hands JavaScript one
 //! plain object per verified round — the draft tree, the accepted path and the bonus token.
 //! Checked here through the JavaScript API as a page uses it: the objects are the engine's own
 //! rounds (the same generation run directly on the CPU backend through

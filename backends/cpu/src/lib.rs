@@ -331,7 +331,7 @@ impl Backend for CpuBackend {
     }
 
     /// `native` storage keeps a drafter's float matrices as Q8_0 blocks (when K is a multiple
-    /// of 32): the int8 kernels run its 20-row forward about 1.25× faster than f16 panels
+    /// of 32): the int8 kernels run its 20-row forward faster than f16 panels
     /// (BENCHMARKS.md §16), and only the drafter's speed depends on it. Other storages as
     /// [`Backend::upload_weight`].
     fn upload_draft_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<CpuWeight> {

@@ -15,7 +15,7 @@
 //! An op is tasks `0..n`. Thread `w` of `T` owns the contiguous range `w·n/T .. (w+1)·n/T` and
 //! runs it in order, then takes what is left of the others' ranges, so each thread streams one
 //! contiguous stretch of a matmul's weights (claiming tasks one by one from a shared counter
-//! interleaved the threads' stretches and made the memory-bound 1-row step 15 % slower than
+//! interleaved the threads' stretches and made the memory-bound 1-row step slower than
 //! rayon). Which thread runs a task never changes a result: every op's tasks compute disjoint
 //! outputs, each in a fixed order (the row invariance the exactness tests rest on). An op uses
 //! as many threads as rayon's current pool (`--threads`, or a test's `ThreadPool::install`);
@@ -23,8 +23,7 @@
 //! team is busy (another thread's op, or an op called from inside a team task), or no helper
 //! could be spawned, the op runs on rayon instead: the same tasks, so the same bits.
 //!
-//! Measured (BENCHMARKS §29): `ar` 262 / 268 → 292 / 280 tokens/s and batch 8 584 / 476 →
-//! 725 / 603 tokens/s against rayon, alternated runs on a 2-vCPU AMD EPYC (Zen 5).
+//! Measured against rayon, `ar` and batch decoding, in BENCHMARKS §29.
 
 use rayon::prelude::*;
 use std::cell::Cell;

@@ -1,4 +1,4 @@
-//! CUDA backend of SparklingTree (design §3, issue 5): every [`sparkling_core::Backend`] op as
+//! CUDA backend of SparklingTree (design §3, §9): every [`sparkling_core::Backend`] op as
 //! a CUDA C kernel compiled at run time by NVRTC (`shaders/cuda/`, one op per file), with the
 //! matmuls on cuBLAS, all through `cudarc` with dynamic loading — the crate builds with no CUDA
 //! toolkit and no driver, and [`CudaBackend::new`] returns [`Error::Unavailable`] (never a

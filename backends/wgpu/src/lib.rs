@@ -1,4 +1,4 @@
-//! wgpu/WGSL backend of SparklingTree (design §3, issue 4): every [`sparkling_core::Backend`]
+//! wgpu/WGSL backend of SparklingTree (design §3, §9): every [`sparkling_core::Backend`]
 //! op as a WGSL compute kernel (`shaders/`, one op per file), running on Vulkan, Metal, DX12,
 //! GL or WebGPU through wgpu 30 — and on machines without a GPU on Mesa's lavapipe
 //! (`scripts/install-lavapipe`, platform.md §1).

@@ -645,7 +645,7 @@ use vectors::*;
 
 #[test]
 fn declared_vocab_size_must_match_the_embedding_rows() {
-    // Issue 15: `{arch}.vocab_size` disagreeing with token_embd.weight was accepted silently.
+    // `{arch}.vocab_size` disagreeing with token_embd.weight is an error, not silently accepted.
     let emb = f32_bytes(&[0.0; 4 * 3]);
     let file = |declared: u32| {
         TempFile::with(&gguf_bytes(

@@ -59,7 +59,7 @@ fn test_run(cache: &Path) -> RunConfig {
     }
 }
 
-/// Issue 15: a run that failed before its first checkpoint leaves `run.json` + `data.json`;
+/// A run that failed before its first checkpoint leaves `run.json` + `data.json`;
 /// a rerun with other options starts afresh there instead of being refused forever, while
 /// a run with a checkpoint is still protected.
 #[test]
@@ -95,7 +95,7 @@ fn a_run_without_a_checkpoint_is_restarted_with_new_options() {
     crate::checkpoint::RunLock::take(out.path()).unwrap();
 }
 
-/// Issue 15 fifth trial: a resumed run redoes the steps after its checkpoint; their lines
+/// A resumed run redoes the steps after its checkpoint; their lines
 /// of the interrupted attempt leave the log (eval records too), other lines stay.
 #[test]
 fn resume_truncates_the_log_to_the_checkpoint() {
@@ -112,7 +112,7 @@ fn resume_truncates_the_log_to_the_checkpoint() {
     assert!(!out.path().join("log.jsonl").exists());
 }
 
-/// Issue 15 trial: `--seqs-per-step 1000` grew memory without bound; a step's logits are
+/// `--seqs-per-step 1000` must not grow memory without bound: a step's logits are
 /// bounded, the default step is far inside the bound.
 #[test]
 fn step_size_is_bounded_by_its_logits() {
@@ -142,8 +142,8 @@ fn file_list_is_frozen_at_the_first_start() {
     std::fs::write(out.path().join(DATA_FILE), "{}").unwrap();
     let e = frozen_file_list(&rc, out.path()).unwrap_err().to_string();
     assert!(e.contains(DATA_FILE) && e.contains("no `files` array"), "{e}");
-    // Issue 15: sizes that aborted on allocation or ran out of memory, and floats that
-    // trained into NaN, are refused naming the argument.
+    // Sizes that would abort on allocation or run out of memory, and floats that would
+    // train into NaN, are refused naming the argument.
     rc.validate().unwrap();
     for (bad, arg) in [
         (RunConfig { block_size: 4096, ..rc.clone() }, "block-size"),

@@ -188,8 +188,8 @@ unsafe fn pack_keys<E: KvElem>(kv: &KvHead<'_, E>, t0: usize, t1: usize, dst: *m
 
 /// [`scores16_multi`] over keys `t0..t1` packed by [`pack_keys`] (`tiles`: key `t0`'s tile):
 /// each key pair is one load from L1 instead of two loads, an insert and a conversion per
-/// query set. The same chains in the same order: the same bits (BENCHMARKS.md §37: 3–14 %
-/// faster attention for a verify's or a prefill's rows).
+/// query set. The same chains in the same order: the same bits, and less work wherever
+/// several query sets read one chunk: a verify's or a prefill's rows (BENCHMARKS.md §37).
 #[inline(always)]
 unsafe fn scores16_packed<const Q: usize>(hd: usize, tiles: *const f32, qd: &[*const f32; MULTI], t0: usize, t1: usize, scale: __m256, sp: &[*mut f32; MULTI]) {
     let mut kt_ptr = tiles;
@@ -387,9 +387,9 @@ pub(super) unsafe fn attend_rows_avx512<E: KvElem>(
 /// Most query heads one score pass ([`scores16_multi`]) keeps in registers: 4 accumulators
 /// each, plus 4 key registers, the query and (q8_0) 4 scale vectors, within AVX-512's 32. With
 /// 6 heads (24 accumulators) the compiler spilled accumulators to the stack at every fused
-/// multiply-add (`perf annotate`); a 1 + 8-row verify's attention over 4 096 keys × 30 layers
-/// took a median of 35.9 ms with 6-head passes against 30.1 ms with passes of at most 4 heads
-/// (alternated processes, BENCHMARKS.md §33). 5-head passes were not measured apart.
+/// multiply-add (`perf annotate`), and a 1 + 8-row verify's attention over 4 096 keys was
+/// slower with 6-head passes than with passes of at most 4 heads (alternated processes,
+/// BENCHMARKS.md §33). 5-head passes were not measured apart.
 const SCORE_MULTI: usize = 4;
 const _: () = assert!(SCORE_MULTI <= MULTI && 2 * SCORE_MULTI >= MULTI);
 

@@ -236,8 +236,8 @@ unsafe fn rows<const F: u8, const MR: usize>(w: &QWeight, a: &QActs, g0: usize, 
 
 /// Most rows in one register tile: accumulators and integer sums take two registers per row,
 /// Q6_K's second integer sum a third, so it stops at 6; Q8_0 at 9, where 33- and 65-row calls
-/// ran 3–23 % faster than with 10–12-row passes (an in-process A/B of every cap from 8 to 12 on
-/// Zen 5, BENCHMARKS §27), while the nibble formats gain nothing below 12.
+/// ran faster than with 10–12-row passes (an in-process A/B of every cap from 8 to 12,
+/// BENCHMARKS §27), while the nibble formats gain nothing below 12.
 const fn max_rows(f: u8) -> usize {
     match f {
         F_Q6K => 6,

@@ -435,7 +435,7 @@ impl QWeight {
             let (j, gb) = (idx / per_row, idx % per_row);
             for (sub, x) in QWeight::decode_ggml(format, blk).iter().enumerate() {
                 // A NaN or infinite scale (a corrupt file) would turn whole rows into NaN and
-                // the output into token 0 with exit 0 (issue 15): refuse it, naming the block.
+                // the output into token 0 with exit 0: refuse it, naming the block.
                 if !x.d.is_finite() || !x.m.is_finite() {
                     return Err(QuantError::Corrupt(format!(
                         "{} weight [{n}, {k}]: block {gb} of row {j} has a non-finite scale (d = {}, m = {}): corrupt weights",
