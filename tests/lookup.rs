@@ -10,7 +10,7 @@ use common::*;
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::batch::{Batch, BatchOptions};
 use sparkling::decode::budget::AutoBudget;
-use sparkling::decode::{Engine, GenParams, LookupGraft, Method};
+use sparkling::decode::{Engine, GenParams, LookupGraft, Method, Platform};
 use sparkling::model::config::DrafterKind;
 
 const PROMPTS: [&[u32]; 3] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7], &[5, 6, 7, 5, 6, 7, 5, 6]];
@@ -103,10 +103,10 @@ fn lookup_refuses_a_zero_budget_and_a_graft_without_a_drafter() {
     assert!(err.contains("--budget 65") && err.contains("at most 64"), "{err}");
     assert!(params(Method::Lookup, 64, 0.0, 0, 8, vec![]).validate().is_ok());
     // The defaults: sparkling grafts (fallback on the CPU, always on a device), the others not.
-    assert_eq!(GenParams::new(Method::Sparkling, true).lookup, LookupGraft { len: 16, skip_drafter: true });
-    assert_eq!(GenParams::new(Method::Sparkling, false).lookup, LookupGraft { len: 8, skip_drafter: false });
+    assert_eq!(GenParams::new(Method::Sparkling, &Platform::HOST).lookup, LookupGraft { len: 16, skip_drafter: true });
+    assert_eq!(GenParams::new(Method::Sparkling, &Platform::DEVICE).lookup, LookupGraft { len: 8, skip_drafter: false });
     for m in [Method::Ar, Method::Lookup, Method::DFlash, Method::DDTree, Method::DSpark, Method::TreeSpark] {
-        assert_eq!(GenParams::new(m, true).lookup, LookupGraft::OFF, "{m:?}");
+        assert_eq!(GenParams::new(m, &Platform::HOST).lookup, LookupGraft::OFF, "{m:?}");
     }
     assert_eq!(Method::parse("lookup").unwrap(), Method::Lookup);
     assert_eq!(Method::Lookup.name(), "lookup");
@@ -169,12 +169,12 @@ fn a_lookup_chain_grafted_onto_drafted_trees_emits_exactly_the_ar_tokens() {
     assert!(tau_with > tau_without + 0.2, "τ with the lookup graft {tau_with:.2} vs without {tau_without:.2}");
 }
 
-/// `--budget auto` verifies a matched lookup chain only where its expected tokens pay for its
-/// rows (`AutoState::chain_len`): on a cost curve where each verify row costs a whole AR step
-/// no chain pays (every match is left unverified and scored against what the round committed),
-/// on a flat one every chain is verified — and the tokens are `ar`'s either way.
+/// `--budget auto` with a lookup graft that skips the drafter on a match (the CPU default) on
+/// a steep and a flat cost curve, and without the graft: the tokens are `ar`'s every time, the
+/// chains are verified (the random targets repeat themselves), and `Stats::merge` carries
+/// every counter.
 #[test]
-fn auto_verifies_a_lookup_chain_only_where_it_pays_for_its_rows() {
+fn auto_with_the_lookup_graft_emits_ar_tokens() {
     use sparkling::decode::budget::CostModel;
     let b = CpuBackend::new();
     let (td, sd) = (tmpdir("target"), tmpdir("dspark"));
@@ -184,14 +184,16 @@ fn auto_verifies_a_lookup_chain_only_where_it_pays_for_its_rows() {
     let e = Engine { backend: &b, target: &target, drafter: Some(&dspark) };
     let rows: Vec<usize> = (1..=17).collect();
     let curve = |per_row: f64| CostModel::from_points(rows.clone(), rows.iter().map(|&r| 10.0 + per_row * (r - 1) as f64).collect(), 5.0);
-    let (mut steep_skipped, mut flat_verified, mut finals) = (0usize, 0usize, 0usize);
+    let (mut verified, mut finals) = (0usize, 0usize);
     for prompt in PROMPTS {
         let max_new = 50;
         let want = ar.generate(prompt, &params(Method::Ar, 1, 0.0, 0, max_new, vec![]), &mut |_| {}).unwrap();
-        for (per_row, steep) in [(10.0, true), (0.001, false)] {
+        // A run without the graft on the steep curve takes AR steps up to the last token, so
+        // its last round has only its bonus left (`final_rounds`, which the merge must carry).
+        for (per_row, len) in [(10.0, 8), (0.001, 8), (10.0, 0)] {
             let p = GenParams {
                 auto_budget: Some(AutoBudget { cost: Some(curve(per_row)), ..AutoBudget::default() }),
-                lookup: LookupGraft { len: 8, skip_drafter: true },
+                lookup: LookupGraft { len, skip_drafter: true },
                 ..params(Method::Sparkling, 8, 0.0, 0, max_new, vec![])
             };
             let got = e.generate(prompt, &p, &mut |_| {}).unwrap();
@@ -199,21 +201,14 @@ fn auto_verifies_a_lookup_chain_only_where_it_pays_for_its_rows() {
             assert_eq!(got.tokens, want.tokens, "{what}");
             let s = &got.stats;
             // `Stats::merge` (bench's totals) carries every counter: merged into nothing, the
-            // stats come back whole (`final_rounds` was once dropped).
+            // stats come back whole.
             let mut merged = sparkling::decode::stats::Stats::default();
             merged.merge(s);
             assert_eq!(serde_json::to_value(&merged).unwrap(), serde_json::to_value(s).unwrap(), "{what}");
             finals += s.final_rounds;
-            if steep {
-                assert_eq!(s.lookup_rounds, 0, "{what}: a chain was verified although no row pays");
-                steep_skipped += s.chains_skipped;
-            } else {
-                assert_eq!(s.chains_skipped, 0, "{what}: a chain was left unverified although rows are free");
-                flat_verified += s.lookup_rounds;
-            }
+            verified += s.lookup_rounds;
         }
     }
-    // The random target's greedy texts repeat, so its rounds find matches.
-    assert!(steep_skipped > 10 && flat_verified > 10, "skipped {steep_skipped}, verified {flat_verified}");
+    assert!(verified > 10, "verified {verified}");
     assert!(finals > 0, "no run ended on a last-token round: the merge check did not see final_rounds");
 }

@@ -298,16 +298,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     // Each --lookup value on its own (the drafter policy is checked below, per run).
     for l in lookup_choices(&a) {
-        super::generate::lookup_graft(Method::Sparkling, l.as_deref(), None, true)?;
+        super::generate::lookup_graft(Method::Sparkling, l.as_deref(), None, &sparkling::decode::Platform::HOST)?;
     }
     if let Some(d) = &a.lookup_drafter {
-        super::generate::lookup_graft(Method::Sparkling, Some("4"), Some(d), true)?;
+        super::generate::lookup_graft(Method::Sparkling, Some("4"), Some(d), &sparkling::decode::Platform::HOST)?;
         // Some run must graft a chain for it to act on (whether one is grafted does not depend
         // on the backend, only its length does).
         let mut chained = false;
         for meth in methods.iter().filter(|m| m.drafter_kind().is_some()) {
             for l in lookup_choices(&a) {
-                chained |= super::generate::lookup_graft(*meth, l.as_deref(), None, true)?.len > 0;
+                chained |= super::generate::lookup_graft(*meth, l.as_deref(), None, &sparkling::decode::Platform::HOST)?.len > 0;
             }
         }
         if !chained {
@@ -369,13 +369,14 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
     let budgets = budget_choices(a)?;
     // (method, budget, --lookup value): drafter methods at every budget × lookup value.
     let mut runs: Vec<(Method, BudgetChoice, Option<String>)> = Vec::new();
+    let platform = sparkling::decode::Platform::of(&m.backend);
     for &meth in methods {
         if meth == Method::Ar {
             runs.push((meth, BudgetChoice::Fixed(0), None));
         } else if meth == Method::Lookup && a.budgets.is_none() {
             // Without --budgets: lookup's own default chain (the bench default of 64 suits
             // trees; a 64-token chain is mostly rejected rows).
-            runs.push((meth, BudgetChoice::Fixed(meth.default_budget(m.backend.host_memory())), None));
+            runs.push((meth, BudgetChoice::Fixed(platform.default_budget(meth)), None));
         } else if meth == Method::Lookup {
             runs.extend(budgets.iter().map(|&b| (meth, b, None)));
         } else {
@@ -392,10 +393,9 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
         };
         // `--lookup-drafter` applies to the runs with a chain (`--lookup auto,off` with it
         // compares that policy against the drafter alone).
-        let host = m.backend.host_memory();
-        let chain = meth.drafter_kind().is_some() && super::generate::lookup_graft(meth, lookup.as_deref(), None, host)?.len > 0;
+        let chain = meth.drafter_kind().is_some() && super::generate::lookup_graft(meth, lookup.as_deref(), None, &platform)?.len > 0;
         let args = GenerateArgs { lookup: lookup.clone(), lookup_drafter: a.lookup_drafter.clone().filter(|_| chain), ..generate_args(a) };
-        let mut params = gen_params(meth, Some(budget), &args, stop.clone(), host)?;
+        let mut params = gen_params(meth, Some(budget), &args, stop.clone(), &platform)?;
         super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
         Ok(params)
     };
@@ -405,10 +405,10 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
     let mut noted = std::collections::HashSet::new();
     for (meth, budget, lookup) in runs {
         let p = run_params(meth, budget, &lookup)?;
-        // What the run does: `lookup`'s auto is its fixed chain length ([`lookup::chain_len`]).
+        // What the run does: `lookup`'s auto is its fixed chain length.
         let b = match meth {
             Method::Ar => "-".to_string(),
-            Method::Lookup => sparkling::decode::lookup::chain_len(&p, m.backend.host_memory()).to_string(),
+            Method::Lookup => platform.lookup_chain_len(&p).to_string(),
             _ => budget.name(),
         };
         let key = (meth.name(), b, lookup_label(meth, &p));
@@ -517,8 +517,8 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
             // "-" where the method has no lookup chain or no drafter; a count (0 included) else.
             match s.lookup_tau() {
                 _ if *meth != Method::Lookup && (lookup == "-" || lookup == "off") => "-".to_string(),
-                Some(t) => format!("{} of {} ({t:.2}){}", s.lookup_rounds, s.rounds, unverified(s.chains_skipped)),
-                None => format!("0 of {}{}", s.rounds, unverified(s.chains_skipped)),
+                Some(t) => format!("{} of {} ({t:.2})", s.lookup_rounds, s.rounds),
+                None => format!("0 of {}", s.rounds),
             },
             match s.drafter_ms_per_run() {
                 _ if meth.drafter_kind().is_none() => "-".to_string(),
@@ -531,7 +531,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
             BudgetChoice::Fixed(n) => serde_json::json!(n),
         };
         let auto_json = s.predicted_vs_observed_tau().map(|(pred, obs)| {
-            serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "prediction_rmse": s.prediction_rmse(), "drafts_skipped": s.drafts_skipped, "chains_skipped": s.chains_skipped, "policy_us_per_round": s.policy_us_per_round()})
+            serde_json::json!({"predicted_tau": pred, "observed_tau": obs, "prediction_rmse": s.prediction_rmse(), "drafts_skipped": s.drafts_skipped, "policy_us_per_round": s.policy_us_per_round()})
         });
         json_rows.push(serde_json::json!({
             "method": meth.name(), "budget": budget_json, "lookup": lookup, "auto": auto_json, "tau": (s.rounds > 0).then(|| s.tau()), "tokens_per_s": s.tokens_per_s(),
@@ -543,16 +543,6 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
     dash_legend(&mut table);
     let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "confidence_head": !a.no_confidence, "rows": json_rows});
     super::save_json_then_print(a.json.as_deref(), &v, &table)
-}
-
-/// `; N unverified` for the lookup-rounds cell when `--budget auto` left N matched chains
-/// unverified (`Stats::chains_skipped`), else nothing.
-fn unverified(n: usize) -> String {
-    if n > 0 {
-        format!("; {n} unverified")
-    } else {
-        String::new()
-    }
 }
 
 /// Append the key to a bench table's two dashes when it shows either: "-" where a column does

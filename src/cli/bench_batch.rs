@@ -118,8 +118,8 @@ fn run_one<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], budget: &str, params
             row.new_tokens += f.tokens.len();
             row.latency_ms.push(f.stats.latency_ms);
             row.first_token_ms.push(f.stats.first_token_ms);
-            row.seq_steps += f.stats.decode_steps;
-            row.lookup_steps += f.stats.lookup_steps;
+            row.seq_steps += f.stats.rounds;
+            row.lookup_steps += f.stats.lookup_rounds;
             tokens[owner[&f.id]] = f.tokens;
             pb.inc(1);
         }

@@ -5,7 +5,7 @@ use clap::Args;
 use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::budget::BudgetChoice;
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{stop_tokens, GenParams, LookupGraft, Method, RoundView, Stats};
+use sparkling::decode::{stop_tokens, GenParams, LookupGraft, Method, Platform, RoundView, Stats};
 use sparkling::tokenizer::{TextStream, TextTokenizer};
 use sparkling::{Error, Result};
 use std::io::Write;
@@ -84,8 +84,7 @@ pub struct GenerateArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub lookup: Option<String>,
     /// With a lookup chain: `fallback` (a round with a match verifies the chain alone and the
-    /// drafter runs only in the other rounds — under `--budget auto` also in rounds whose match
-    /// it left unverified; the default on the cpu, where the drafter's forward and its extra
+    /// drafter runs only in the other rounds; the default on the cpu, where the drafter's forward and its extra
     /// verify rows rarely pay beside a matched chain) or `always` (the default elsewhere: the
     /// drafter's tree and the chain every round).
     #[arg(long)]
@@ -189,11 +188,11 @@ pub fn tree_prep(s: &str) -> Result<TreePrep> {
 
 /// Build generation parameters from CLI values (shared with `bench`) over the library's
 /// defaults ([`GenParams::new`]): an option not given keeps the library's value.
-/// `host_memory`: the backend's [`Backend::host_memory`], which picks the default budget
+/// `platform`: the backend's [`Platform`], which picks the default budget and lookup graft
 /// (`--tree-prep auto` is resolved by the engine).
 /// Errors: an unknown `--tree-prep`, and [`GenParams::validate`]'s.
-pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs, stop: Vec<u32>, host_memory: bool) -> Result<GenParams> {
-    let d = GenParams::new(method, host_memory).with_budget(budget.unwrap_or(BudgetChoice::Auto));
+pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs, stop: Vec<u32>, platform: &Platform) -> Result<GenParams> {
+    let d = GenParams::new(method, platform).with_budget(budget.unwrap_or(BudgetChoice::Auto));
     let t = &d.tree;
     let prep = a.tree_prep.as_deref().map(tree_prep).transpose()?.unwrap_or(t.prep);
     let p = GenParams {
@@ -215,17 +214,17 @@ pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs
         ab.confidence = !a.no_confidence;
     }
     if method.drafter_kind().is_some() {
-        p.lookup = lookup_graft(method, a.lookup.as_deref(), a.lookup_drafter.as_deref(), host_memory)?;
+        p.lookup = lookup_graft(method, a.lookup.as_deref(), a.lookup_drafter.as_deref(), platform)?;
     }
     p.validate()?;
     Ok(p)
 }
 
 /// The `--lookup` / `--lookup-drafter` choice of a method with a drafter (`None`: the
-/// option's default, [`LookupGraft::default_for`]). Errors name the option and the values
+/// option's default, [`Platform::lookup_graft`]). Errors name the option and the values
 /// it takes.
-pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, host_memory: bool) -> Result<LookupGraft> {
-    let mut g = LookupGraft::default_for(method, host_memory);
+pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, platform: &Platform) -> Result<LookupGraft> {
+    let mut g = platform.lookup_graft(method);
     match len {
         None => {}
         Some(s) if s.eq_ignore_ascii_case("auto") => {}
@@ -233,7 +232,7 @@ pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, ho
         Some(s) => {
             let len = s.parse::<usize>().map_err(|_| Error::Input(format!("--lookup `{s}`: expected `auto`, `off` or a chain length in tokens (0 = off)")))?;
             // The backend's drafter policy (fallback on the cpu), also for the methods off by default.
-            g = LookupGraft { len, skip_drafter: host_memory };
+            g = LookupGraft { len, skip_drafter: platform.host_memory };
         }
     }
     match drafter {
@@ -276,16 +275,8 @@ pub fn print_stats(method: Method, s: &Stats) {
     if let Some(h) = size_histogram(s) {
         eprintln!("  tree sizes (nodes: rounds): {h}");
     }
-    let unverified = if s.chains_skipped > 0 {
-        let n = s.chains_skipped;
-        format!("; {n} more {} left unverified by `--budget auto` (not worth their rows)", if n == 1 { "match" } else { "matches" })
-    } else {
-        String::new()
-    };
-    match s.lookup_tau() {
-        Some(lt) => eprintln!("  lookup chain verified in {} of {} rounds (τ {lt:.2} there){unverified}", s.lookup_rounds, s.rounds),
-        None if s.chains_skipped > 0 => eprintln!("  lookup chain verified in no round{unverified}"),
-        None => {}
+    if let Some(lt) = s.lookup_tau() {
+        eprintln!("  lookup chain verified in {} of {} rounds (τ {lt:.2} there)", s.lookup_rounds, s.rounds);
     }
     if let Some(dm) = s.drafter_ms_per_run() {
         eprintln!(
@@ -339,7 +330,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
     }
     if method.drafter_kind().is_some() {
-        lookup_graft(method, a.lookup.as_deref(), a.lookup_drafter.as_deref(), true)?;
+        lookup_graft(method, a.lookup.as_deref(), a.lookup_drafter.as_deref(), &Platform::HOST)?;
         // bad values before loading
     }
     let kinds: Vec<_> = method.drafter_kind().into_iter().collect();
@@ -375,7 +366,7 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
         stop.clear();
     }
     let budget = a.budget.as_deref().map(|b| BudgetChoice::parse(b, "--budget")).transpose()?;
-    let mut params = gen_params(method, budget, a, stop, m.backend.host_memory())?;
+    let mut params = gen_params(method, budget, a, stop, &Platform::of(&m.backend))?;
     super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, method);
     let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
     super::costs::attach(&mut params, &cost_path);

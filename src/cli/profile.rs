@@ -147,7 +147,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         stop: vec![],
         auto_budget: None,
         // As `generate`: sparkling with its default lookup graft.
-        lookup: sparkling::decode::LookupGraft::default_for(method, b.host_memory()),
+        lookup: sparkling::decode::Platform::of(b).lookup_graft(method),
     };
     if a.check_tokens > 0 {
         let zeros = vec![0u32; p];
@@ -263,7 +263,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     // What the decode loop runs on a host-memory backend (the CPU: `TreePrep::Host`): download
     // the draft logits and build the tree with the lazy-row builder. The two rows above are the
     // device-style path, which decode uses only on device backends.
-    if b.host_memory() {
+    if sparkling::decode::Platform::of(b).host_memory {
         rows.push((
             "host_prep",
             format!("decode's CPU path: download [{depth}, {}] + build_sparkling_lazy, budget {}", d.draft_vocab(), a.budget),
@@ -387,7 +387,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     // Report.
     let get = |name: &str| rows.iter().find(|r| r.0 == name).map(|r| r.2 .0).unwrap_or(f64::NAN);
     // Tree prep as decode runs it: the host lazy builder on the CPU, else the device-style path.
-    let (prep, prep_parts) = if b.host_memory() {
+    let (prep, prep_parts) = if sparkling::decode::Platform::of(b).host_memory {
         (get("host_prep"), "host_prep")
     } else if rows.iter().any(|r| r.0 == "device_tree") {
         (get("device_tree"), "device_tree")

@@ -275,7 +275,7 @@ fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> R
     if !a.prompts.is_empty() {
         let tok = m.tokenizer.as_ref().ok_or_else(|| Error::Input("answering --prompts needs a tokenizer (pass --tokenizer)".into()))?;
         let stop = sparkling::decode::stop_tokens(&m.models.target.cfg.eos, &tok.stop);
-        let mut p = GenParams::new(Method::Ar, m.backend.host_memory());
+        let mut p = GenParams::new(Method::Ar, &sparkling::decode::Platform::of(&m.backend));
         p.max_new_tokens = a.max_new_tokens;
         p.stop = stop;
         let engine = Engine { backend: &m.backend, target: &m.models.target, drafter: None };

@@ -1,72 +1,59 @@
-//! Batch decoding (issue 11): many independent sequences share ONE target forward per step,
-//! with continuous batching — sequences join and leave between steps.
+//! The decode loop (docs/design.md §1, §7): sequences share ONE target forward per step, with
+//! continuous batching — sequences join and leave between steps. A single generation
+//! ([`Engine::generate`](super::Engine::generate)) is a batch of one.
 //!
-//! # Shape of the API
-//! A [`Batch`] holds the sequences in flight. [`Batch::add`] queues a prompt with its own
-//! [`GenParams`] (stop tokens, max-new-tokens, temperature / top-k / top-p and seed) and returns
-//! its [`SeqId`]; the sequence joins at the next [`Batch::step`]. Each step packs, for every
-//! sequence in flight, the rows it feeds — its prompt (or the next chunk of it, see
-//! [`BatchOptions::max_prefill_rows`]) when it has just joined, else its last token (or, for a
-//! speculative method, its draft tree rooted at that token: below) — into one
-//! [`Target::forward_batch`]: matmuls, norms and RoPE run once over all rows, attention runs
-//! ragged ([`sparkling_core::Backend::attention_ragged`]) with each sequence against its own KV
-//! cache. Each sequence then takes its token from its own logits row (argmax at T = 0; at T > 0
-//! a draw with the same counter-based uniform `rng::uniform(seed, position)` as
-//! [`Engine::generate`](super::Engine::generate)), and a sequence that committed a stop token or
-//! reached its max-new-tokens leaves the batch: it comes back in [`StepOutput::finished`].
+//! # A step
+//! [`Batch::add`] queues a prompt with its own [`GenParams`] (method, tree budget or `--budget
+//! auto`, lookup graft, stop tokens, max-new-tokens, sampling, seed); it joins at the next
+//! step. Each [`Batch::step_async`], for every sequence in flight:
+//! 1. **plan**: a sequence that has just joined feeds its prompt (or the next chunk of it,
+//!    [`BatchOptions::max_prefill_rows`]); one past its prefill plans a round with its
+//!    [`RoundPolicy`](super::policy::RoundPolicy): a plain AR step, a prompt-lookup chain, or a
+//!    drafted tree with a chain grafted onto it;
+//! 2. **draft**: every sequence of a drafter drafts in ONE packed drafter forward over its own
+//!    draft cache ([`Drafter::draft_batch`]), builds its tree and lets its policy cut it;
+//! 3. **verify**: the blocks of every sequence are packed into ONE [`Target::forward_batch`]
+//!    (matmuls, norms and RoPE once over all rows; attention ragged, each sequence against its
+//!    own KV cache with its own mask: causal for a prompt, tree attention for a round);
+//! 4. **accept and commit**: each sequence walks its own logit rows down its tree (the
+//!    target's token per node: argmax at T = 0, else the counter-based draw of the position the
+//!    node predicts), commits the accepted path plus the bonus token (cut at a stop token or
+//!    max-new-tokens), compacts its KV cache to that path, keeps the path's taps as its next
+//!    drafter context, and its policy observes the round. Finished sequences leave
+//!    ([`StepOutput::finished`]).
 //!
 //! # Exactness
 //! Every backend op computes a row independently of the other rows in its call (the
-//! [`sparkling_core::Backend`] contract; on the CPU each output is one fixed-order reduction),
-//! and ragged attention gives each sequence exactly its single-sequence attention. So each
-//! sequence's tokens are bit-for-bit those of decoding it alone with `Engine::generate` (`ar`),
-//! at T = 0 and at T > 0 with the same seed, whatever its neighbours, the batch size, when it
-//! joined, and how its prompt was chunked (`tests/batch.rs`).
+//! [`sparkling_core::Backend`] contract), ragged attention gives each sequence exactly its
+//! single-sequence attention, and whatever tree a round verifies, it commits the target's own
+//! tokens. So each sequence's tokens are bit-for-bit those of `ar` alone — at T = 0, and at
+//! T > 0 with the same seed — whatever its method, policy, neighbours, the batch size, when it
+//! joined and how its prompt was chunked (`tests/batch.rs`). `--budget auto` prices a
+//! sequence's rows with the cost of the batch's forward ([`super::budget::AutoState::set_load`]),
+//! so under load its trees may differ from alone; its tokens do not.
 //!
 //! # KV caches
-//! Each sequence owns a [`KvCache`] sized for its own prompt + max-new-tokens (ragged lengths);
-//! a join allocates only the newcomer's cache and a leave frees only the leaver's, never
-//! copying the rest of the batch.
+//! Each sequence owns a [`KvCache`] sized for its own prompt + max-new-tokens + largest round
+//! (ragged lengths); a join allocates only the newcomer's cache and a leave frees only the
+//! leaver's.
 //!
 //! # Backends
-//! The CPU backend runs ragged attention as one parallel pass over every (row, head) of every
-//! sequence. The wgpu and CUDA backends fall back to the trait's default, a loop of
-//! single-sequence attention calls (one per sequence per layer); everything else in the step
-//! (the matmuls, which are the bulk of a decode step) is already batched on them. The API is
-//! blocking (native hosts); a browser page should keep using `Engine::generate_async`.
-//!
-//! # Speculative methods
-//! A batch built with drafters ([`Batch::with_drafter`]) also decodes the methods that use them
-//! (`dflash`, `ddtree`, `dspark`, `sparkling`, `treespark`) at a fixed tree budget. Each step,
-//! every such sequence past its prefill (1) runs its drafter on its own draft cache with the
-//! taps of the tokens it committed since its last round as context, (2) builds its tree on the
-//! host ([`propose_scored`], as [`Engine::generate`](super::Engine::generate) does), and feeds
-//! the tree as its block of the ONE packed target forward (`AttnMask::Tree`, positions
-//! `root + depth`, logits of every node); then (3) walks its own logit rows down the tree (the
-//! target's token per node: argmax at T = 0, else the counter-based draw of the position the
-//! node predicts, its own + 1), commits the accepted path plus the bonus token, compacts its KV
-//! cache to that path and keeps the path's taps as its next drafter context. Sequences with trees of
-//! different sizes are ragged blocks, and `ar` sequences feed their one row beside them. So
-//! each sequence emits exactly the tokens of decoding it alone with the same method — which,
-//! at T = 0 and at T > 0 with the same seed, are the `ar` tokens. The sequences of one drafter
-//! draft in ONE packed drafter forward per step ([`Drafter::draft_batch`]: their rows packed,
-//! attention ragged over their own draft caches; each sequence's logits the bits of its forward
-//! alone); `--budget auto` is not batched (its policy measures single-sequence rounds) and is
-//! refused for them.
-//!
-//! Prompt lookup is batched the same way: a `lookup` sequence (no drafter) feeds its lookup
-//! chain as its tree block each step, and a sequence with a drafter and a lookup graft
-//! ([`super::LookupGraft`]) grafts its chain onto its drafted tree, or — skipping the drafter
-//! in a round whose lookup matched — feeds the chain alone, exactly as
-//! [`Engine::generate`](super::Engine::generate) proposes them.
+//! Read-backs are awaited ([`Batch::step_async`]), so the loop runs in a browser page too;
+//! [`Batch::step`] blocks on it natively. The CPU backend runs ragged attention as one parallel
+//! pass over every (row, head) of every sequence; the wgpu and CUDA backends loop over the
+//! sequences inside attention (everything else in the step is batched on them).
 
-use super::propose::{propose_scored, take_context, DraftLogits, TreeParams, TreePrep};
-use super::{lookup, rng};
-use super::{Engine, GenParams, Method};
+use super::budget::{AutoBudget, AutoState, CostModel};
+use super::platform::Platform;
+use super::policy::{self, Observed, Plan, RoundPolicy};
+use super::propose::TreeParams;
+use super::round::{self, Drafting, Round, Spec};
+use super::stats::Stats;
+use super::{Engine, GenParams};
 use crate::error::{Error, Result};
-use crate::model::drafter::{DraftJob, Drafter};
+use crate::model::drafter::Drafter;
 use crate::model::layer::KvCache;
-use crate::model::target::{LogitRows, SeqInput, Target};
+use crate::model::target::{BatchOutput, LogitRows, SeqInput, Target};
 use sparkling_core::tree::DraftTree;
 use sparkling_core::{AttnMask, Backend};
 use std::ops::Range;
@@ -81,33 +68,12 @@ pub struct BatchOptions {
     /// Target layers whose outputs (taps) every step returns for every fed row
     /// ([`StepOutput::taps`]); empty = none. When non-empty, a finished sequence takes one more
     /// step feeding its last token (no logits), so every token of prompt + answer has its taps
-    /// (what a drafter's training cache stores).
+    /// (what a drafter's training cache stores). Such a batch decodes `ar` only.
     pub taps: Vec<usize>,
     /// Most prompt rows one sequence feeds per step (chunked prefill, so a long prompt joining
-    /// does not stall the others for a whole prefill); 0 = the whole prompt in one step. Chunking
-    /// does not change any token (each row sees the same keys in the same order).
+    /// does not stall the others for a whole prefill); 0 = the whole prompt in one step.
+    /// Chunking does not change any token (each row sees the same keys in the same order).
     pub max_prefill_rows: usize,
-}
-
-/// Per-sequence timings and counts of a finished sequence.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct SeqStats {
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Generated tokens (after stop / max-new-tokens trimming).
-    pub new_tokens: usize,
-    /// Steps this sequence took part in (prefill chunks and a taps-only tail step included).
-    pub steps: usize,
-    /// Steps that committed tokens after the first one (one token each for `ar`, a verified
-    /// tree for a speculative method): τ = (new_tokens − 1) / decode_steps.
-    pub decode_steps: usize,
-    /// Decode steps that verified a prompt-lookup chain (`lookup`, or `--lookup` beside a
-    /// drafter: alone or grafted onto the drafted tree).
-    pub lookup_steps: usize,
-    /// From [`Batch::add`] to its first generated token, ms.
-    pub first_token_ms: f64,
-    /// From [`Batch::add`] to leaving the batch, ms (the per-sequence latency).
-    pub latency_ms: f64,
 }
 
 /// A sequence that left the batch.
@@ -117,15 +83,19 @@ pub struct Finished {
     pub id: SeqId,
     /// Its prompt.
     pub prompt: Vec<u32>,
-    /// Generated token ids (prompt excluded), trimmed at the first stop token / max-new-tokens
-    /// exactly as [`Engine::generate`](super::Engine::generate) trims them.
+    /// Generated token ids (prompt excluded), trimmed at the first stop token / max-new-tokens.
     pub tokens: Vec<u32>,
     /// Whether a stop token ended it.
     pub stopped: bool,
     /// Whether [`Batch::cancel`] removed it before it finished.
     pub cancelled: bool,
-    /// Timings and counts.
-    pub stats: SeqStats,
+    /// Its timings and counts (rounds, τ, acceptance by depth, stage times).
+    pub stats: Stats,
+    /// The cost model `--budget auto` measured for it (when its parameters had none), for the
+    /// caller to cache and pass back in [`AutoBudget::cost`].
+    pub cost_model: Option<CostModel>,
+    /// Its `--budget auto` policy state at the end (pass it back in [`AutoBudget::resume`]).
+    pub auto_state: Option<AutoState>,
 }
 
 /// What one sequence did in a step.
@@ -135,33 +105,38 @@ pub struct SeqStep {
     pub id: SeqId,
     /// Its rows of the packed input (and of [`StepOutput::taps`]).
     pub input_rows: Range<usize>,
-    /// Absolute position of its first fed row.
+    /// Absolute position of its first fed row (a round's root position).
     pub first_position: usize,
-    /// Its row of [`StepOutput::logits`], when it took one token from one row this step (`ar`,
-    /// and the prefill's last chunk of every method); `None` for a verified tree block, whose
-    /// rows are [`SeqStep::tree_rows`].
+    /// Its row of [`StepOutput::logits`], when it took one token from one row: a prefill's
+    /// last row, or a round that verified its root alone (an AR step).
     pub logit_row: Option<usize>,
     /// The last token it committed this step (`None` for a non-final prefill chunk or a tail
     /// step).
     pub token: Option<u32>,
-    /// Every token it committed this step, in order: one for `ar`, the accepted path plus the
-    /// bonus token for a verified tree (after stop-token / max-new-tokens trimming).
+    /// Every token it committed this step, in order: the prefill's first token, or a round's
+    /// accepted path plus the bonus token (after stop-token / max-new-tokens trimming).
     pub tokens: Vec<u32>,
-    /// Rows of [`StepOutput::logits`] of its tree block (one per node), when it verified a tree.
+    /// Rows of [`StepOutput::logits`] of its round's tree (one per node), when it ran a round.
     pub tree_rows: Option<Range<usize>>,
-    /// The draft tree it verified this step (root = its last committed token), if any.
+    /// The tree its round verified (root = its last committed token; `ar`: the root alone).
     pub tree: Option<DraftTree>,
     /// Nodes of `tree` on the accepted path, root first (the bonus token follows the last).
     pub accepted: Vec<usize>,
+    /// The target's own token after the accepted path (before any trimming), for a round.
+    pub bonus: Option<u32>,
+    /// Whether the round's tree held anything proposed (drafted or looked up).
+    pub drafted: bool,
+    /// Whether the round drafted nothing because only its bonus token was left to generate.
+    pub last_token: bool,
 }
 
 /// Result of one [`Batch::step`].
 pub struct StepOutput<B: Backend> {
     /// Every sequence that fed rows this step, in batch order.
     pub seqs: Vec<SeqStep>,
-    /// Logits of the rows that asked for them (`[rows, V]`): the last row of each one-token
-    /// block or final prefill chunk, and every node of each tree block (rejected ones included);
-    /// `None` when no row asked.
+    /// Logits of the rows that asked for them (`[rows, V]`): the last row of each final
+    /// prefill chunk and every node of each round's tree (rejected ones included); `None` when
+    /// no row asked.
     pub logits: Option<B::Tensor>,
     /// Taps `[Σ fed rows, n_taps·H]` when [`BatchOptions::taps`] asked for them.
     pub taps: Option<B::Tensor>,
@@ -180,23 +155,10 @@ pub struct BatchStats {
     pub tokens: usize,
     /// Target forward time, ms.
     pub forward_ms: f64,
-    /// Token choice (argmax / sampling), tree acceptance, KV compaction and the drafters'
-    /// context taps, ms.
+    /// Token choice, tree acceptance, KV compaction and the drafters' context taps, ms.
     pub pick_ms: f64,
-    /// Drafter forwards and tree building of the speculative sequences, ms.
+    /// Round planning, drafter forwards and tree building, ms.
     pub draft_ms: f64,
-}
-
-/// A speculative sequence's drafter state.
-struct Spec<'a, B: Backend> {
-    drafter: &'a Drafter<B>,
-    /// The drafter's own KV cache.
-    dcache: KvCache<B>,
-    /// Taps of committed tokens the drafter has not consumed yet (prefill chunks, then one
-    /// entry per round).
-    pending: Vec<B::Tensor>,
-    /// Tree knobs with the prep resolved for this backend.
-    tree: TreeParams,
 }
 
 struct Seq<'a, B: Backend> {
@@ -206,15 +168,19 @@ struct Seq<'a, B: Backend> {
     cache: KvCache<B>,
     /// `Some` for a method with a drafter.
     spec: Option<Spec<'a, B>>,
+    /// `None` until the first token under `--budget auto` (its cost model comes after the
+    /// prefill).
+    policy: Option<Box<dyn RoundPolicy>>,
     out: Vec<u32>,
     stopped: bool,
     /// No more tokens to generate.
     done: bool,
     added: Instant,
-    first_token_ms: f64,
-    steps: usize,
-    decode_steps: usize,
-    lookup_steps: usize,
+    decode_start: Option<Instant>,
+    stats: Stats,
+    cost_model: Option<CostModel>,
+    /// Rows it fed in the last step (the load its neighbours see).
+    last_rows: usize,
 }
 
 impl<B: Backend> Seq<'_, B> {
@@ -223,11 +189,11 @@ impl<B: Backend> Seq<'_, B> {
         self.cache.len
     }
 
-    /// The rows this sequence feeds next (ids from `fed`), whether they end with a logits row,
-    /// or `None` when it has nothing left to feed.
-    fn next_input(&self, chunk: usize, tail: bool) -> Option<(Vec<u32>, bool)> {
-        let fed = self.fed();
-        let pl = self.prompt.len();
+    /// The prompt rows this sequence feeds next and whether they end with a logits row, its
+    /// tail feed (`[last token]`, no logits, with `tail`), or `None` when it feeds no prompt or
+    /// tail rows (past its prefill it runs rounds; done, it has nothing left).
+    fn prompt_input(&self, chunk: usize, tail: bool) -> Option<(Vec<u32>, bool)> {
+        let (fed, pl) = (self.fed(), self.prompt.len());
         if self.done && self.out.is_empty() {
             return None; // max-new-tokens 0: nothing to generate, no prefill
         }
@@ -236,16 +202,11 @@ impl<B: Backend> Seq<'_, B> {
             return Some((self.prompt[fed..end].to_vec(), end == pl && !self.done));
         }
         let last = *self.out.last()?;
-        // The last generated token is fed to produce the next one, or (done, with taps) once
-        // more for its taps only.
-        if fed < pl + self.out.len() && (!self.done || tail) {
-            return Some((vec![last], !self.done));
-        }
-        None
+        (self.done && tail && fed < pl + self.out.len()).then(|| (vec![last], false))
     }
 
-    /// Append `new` to the output, stopping after a stop token or at max-new-tokens (as
-    /// `Engine::generate` commits a round); returns the tokens appended and updates `done`.
+    /// Append `new` to the output, stopping after a stop token or at max-new-tokens; returns
+    /// the tokens appended and updates `done`.
     fn commit(&mut self, new: &[u32]) -> Vec<u32> {
         let start = self.out.len();
         for &t in new {
@@ -262,95 +223,24 @@ impl<B: Backend> Seq<'_, B> {
         self.out[start..].to_vec()
     }
 
-    fn finish(self, cancelled: bool) -> Finished {
-        let stats = SeqStats {
-            prompt_tokens: self.prompt.len(),
-            new_tokens: self.out.len(),
-            steps: self.steps,
-            decode_steps: self.decode_steps,
-            lookup_steps: self.lookup_steps,
-            first_token_ms: self.first_token_ms,
-            latency_ms: self.added.elapsed().as_secs_f64() * 1e3,
-        };
-        Finished { id: self.id, prompt: self.prompt, tokens: self.out, stopped: self.stopped, cancelled, stats }
-    }
-}
-
-/// The trees of the speculative sequences in `want` (`(index in seqs, anchor, root
-/// position)`, ascending indices, each past its prefill) — the first steps of an
-/// [`Engine::generate`](super::Engine::generate) round at a fixed budget: every sequence of one
-/// drafter drafts in ONE packed forward over its own draft cache and pending taps
-/// ([`Drafter::draft_batch`], each sequence's logits the same bits as alone), then each builds
-/// its tree ([`propose_scored`]). Returns the trees in `want` order. Errors: a sequence with no
-/// pending taps or with a drafter not in `drafters` (logic errors), backend failures.
-fn draft_trees<B: Backend>(
-    b: &B,
-    target: &Target<B>,
-    drafters: &[&Drafter<B>],
-    seqs: &mut [Seq<'_, B>],
-    want: &[(usize, u32, usize)],
-) -> Result<Vec<DraftTree>> {
-    let mut ctx = Vec::with_capacity(want.len());
-    for &(i, _, root) in want {
-        let spec = seqs[i].spec.as_mut().ok_or_else(|| Error::Input(format!("batch: sequence {i} drafts without a drafter")))?;
-        if spec.pending.is_empty() {
-            // Every committed token's taps are pushed as it is fed; none pending is a logic error.
-            return Err(Error::Input(format!("batch: no drafter context for the round at position {root}")));
-        }
-        ctx.push(take_context(b, &mut spec.pending)?);
-    }
-    let mut trees: Vec<Option<DraftTree>> = (0..want.len()).map(|_| None).collect();
-    for &d in drafters {
-        // This drafter's sequences: (index in `want`, its params, its speculative state).
-        let mut members: Vec<(usize, &GenParams, &mut Spec<'_, B>, usize)> = Vec::new();
-        let mut next = want.iter().enumerate().peekable();
-        for (i, s) in seqs.iter_mut().enumerate() {
-            let Some(&(k, &(wi, _, _))) = next.peek() else { break };
-            if wi != i {
-                continue;
-            }
-            next.next();
-            let Seq { params, spec, out, .. } = s;
-            if let Some(spec) = spec.as_mut().filter(|sp| std::ptr::eq(sp.drafter, d)) {
-                members.push((k, params, spec, out.len()));
-            }
-        }
-        if members.is_empty() {
-            continue;
-        }
-        let depths: Vec<usize> =
-            members.iter().map(|(_, p, sp, done)| d.cfg.draft_depth().min(sp.tree.budget.max(1)).min(super::round::useful_depth(p, *done))).collect();
-        let mut jobs: Vec<DraftJob<'_, B>> = members
-            .iter_mut()
-            .zip(&depths)
-            .map(|((k, _, sp, _), &depth)| DraftJob { cache: &mut sp.dcache, taps: &ctx[*k], anchor: want[*k].1, root_pos: want[*k].2, depth })
-            .collect();
-        let logits = d.draft_batch(b, target, &mut jobs)?;
-        drop(jobs);
-        for ((k, p, sp, _), (l, &depth)) in members.iter().zip(logits.iter().zip(&depths)) {
-            let markov_dev = if p.method == Method::Sparkling && sp.tree.prep == TreePrep::Device { d.markov_device(b)? } else { None };
-            let draft = DraftLogits::of(d, l, depth, markov_dev);
-            trees[*k] = Some(pollster::block_on(propose_scored(b, p.method, &draft, want[*k].1, &sp.tree, false))?.tree);
+    fn finish(mut self, cancelled: bool) -> Finished {
+        let s = &mut self.stats;
+        s.new_tokens = self.out.len();
+        s.decode_tokens = self.out.len().saturating_sub(1);
+        s.decode_ms = self.decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        s.latency_ms = self.added.elapsed().as_secs_f64() * 1e3;
+        let auto_state = self.policy.and_then(|p| p.into_auto_state());
+        Finished {
+            id: self.id,
+            prompt: self.prompt,
+            tokens: self.out,
+            stopped: self.stopped,
+            cancelled,
+            stats: self.stats,
+            cost_model: self.cost_model,
+            auto_state,
         }
     }
-    trees
-        .into_iter()
-        .enumerate()
-        .map(|(k, t)| t.ok_or_else(|| Error::Input(format!("batch: sequence {} has a drafter this batch was not given", want[k].0))))
-        .collect()
-}
-
-/// Sequences decoded together, one target forward per step (module docs).
-pub struct Batch<'a, B: Backend> {
-    backend: &'a B,
-    target: &'a Target<B>,
-    opts: BatchOptions,
-    /// Drafters the speculative sequences may use ([`Batch::with_drafter`]), at most one per
-    /// kind, all tapping the same target layers.
-    drafters: Vec<&'a Drafter<B>>,
-    seqs: Vec<Seq<'a, B>>,
-    next_id: SeqId,
-    stats: BatchStats,
 }
 
 /// One sequence's block of a step's packed input.
@@ -359,10 +249,30 @@ struct Feed {
     seq: usize,
     ids: Vec<u32>,
     positions: Vec<u32>,
-    /// Whether the block ends in a logits row (a one-token block) — trees take every row.
+    /// A prefill block that ends in a logits row.
     wants_logits: bool,
-    /// The draft tree this block verifies.
-    tree: Option<DraftTree>,
+    /// A round (its tree is the block), or `None` for a prompt chunk or a tail feed.
+    round: Option<Round>,
+}
+
+/// Sequences decoded together, one target forward per step (module docs).
+pub struct Batch<'a, B: Backend> {
+    backend: &'a B,
+    target: &'a Target<B>,
+    platform: Platform,
+    opts: BatchOptions,
+    /// Drafters the speculative sequences may use ([`Batch::with_drafter`]), at most one per
+    /// kind, all tapping the same target layers.
+    drafters: Vec<&'a Drafter<B>>,
+    seqs: Vec<Seq<'a, B>>,
+    next_id: SeqId,
+    stats: BatchStats,
+    /// Rows the last step's forward fed.
+    last_rows: usize,
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 impl<'a, B: Backend> Batch<'a, B> {
@@ -372,15 +282,14 @@ impl<'a, B: Backend> Batch<'a, B> {
         if let Some(&bad) = opts.taps.iter().find(|&&l| l + 1 >= target.cfg.layers) {
             return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (never tap the last layer)", target.cfg.layers)));
         }
-        Ok(Batch { backend, target, opts, drafters: Vec::new(), seqs: Vec::new(), next_id: 0, stats: BatchStats::default() })
+        let platform = Platform::of(backend);
+        Ok(Batch { backend, target, platform, opts, drafters: Vec::new(), seqs: Vec::new(), next_id: 0, stats: BatchStats::default(), last_rows: 0 })
     }
 
     /// Let sequences of the methods that use `drafter`'s kind (DFlash: `dflash`, `ddtree`;
     /// DSpark: `dspark`, `sparkling`, `treespark`) join this batch.
     /// Errors: a drafter of that kind already added; a drafter tapping other target layers than
-    /// one already added; a batch whose [`BatchOptions::taps`] are set (those steps return the
-    /// taps of every fed row, which speculative rounds do not keep); the drafter's output head
-    /// failing to load.
+    /// one already added; a batch whose [`BatchOptions::taps`] are set.
     pub fn with_drafter(mut self, drafter: &'a Drafter<B>) -> Result<Self> {
         if !self.opts.taps.is_empty() {
             return Err(Error::Input("a batch with taps (BatchOptions::taps, gen-data) decodes `ar` only: no drafter".into()));
@@ -396,36 +305,22 @@ impl<'a, B: Backend> Batch<'a, B> {
                 )));
             }
         }
-        pollster::block_on(drafter.prepare_output_head_async(self.backend, self.target))?;
         self.drafters.push(drafter);
         Ok(self)
     }
 
-    /// Queue `prompt` with its own parameters; it joins the batch at the next [`Batch::step`].
-    /// Errors (nothing is queued): the checks of [`Engine::check`] (empty prompt, ids outside
-    /// the vocabulary, prompt + max-new-tokens + the largest tree beyond the context), invalid
-    /// sampling parameters ([`GenParams::validate`]), a method whose drafter kind the batch has
-    /// not got ([`Batch::with_drafter`]), `--budget auto` for a method with a drafter, KV
-    /// allocation failures.
+    /// Queue `prompt` with its own parameters; it joins the batch at the next step.
+    /// Errors (nothing is queued): invalid parameters ([`GenParams::validate`]), the checks of
+    /// [`Engine::check`] (empty prompt, ids outside the vocabulary, prompt + max-new-tokens +
+    /// the largest round beyond the context), a method whose drafter kind the batch has not got
+    /// ([`Batch::with_drafter`]), KV allocation failures.
     pub fn add(&mut self, prompt: &[u32], params: &GenParams) -> Result<SeqId> {
         params.validate()?;
         let drafter = match params.method.drafter_kind() {
             None => None,
-            Some(kind) => {
-                let Some(&d) = self.drafters.iter().find(|d| d.cfg.kind == kind) else {
-                    return Err(Error::Input(format!(
-                        "method `{}` needs a {kind:?} drafter, and the batch has none (Batch::with_drafter)",
-                        params.method.name()
-                    )));
-                };
-                if params.auto_budget.is_some() {
-                    return Err(Error::Input(format!(
-                        "method `{}` in a batch needs a fixed tree budget: `--budget auto` is not batched",
-                        params.method.name()
-                    )));
-                }
-                Some(d)
-            }
+            Some(kind) => Some(*self.drafters.iter().find(|d| d.cfg.kind == kind).ok_or_else(|| {
+                Error::Input(format!("method `{}` needs a {kind:?} drafter, and the batch has none (Batch::with_drafter)", params.method.name()))
+            })?),
         };
         let engine = Engine { backend: self.backend, target: self.target, drafter };
         let checked = engine.check(prompt, params)?;
@@ -435,10 +330,13 @@ impl<'a, B: Backend> Batch<'a, B> {
                 drafter: d,
                 dcache: d.new_cache(self.backend, checked.capacity + d.cfg.block_size)?,
                 pending: Vec::new(),
-                tree: TreeParams { prep: params.tree.prep.resolve(self.backend.host_memory()), ..params.tree },
+                tree: TreeParams { prep: self.platform.tree_prep(params.tree.prep), ..params.tree },
             }),
             None => None,
         };
+        let lookup_len = self.platform.lookup_chain_len(params);
+        // `--budget auto` with a drafter gets its policy after the prefill (its cost model).
+        let policy = (params.auto_budget.is_none() || drafter.is_none()).then(|| policy::for_params(params, drafter.is_some(), lookup_len, None));
         let id = self.next_id;
         self.next_id += 1;
         self.seqs.push(Seq {
@@ -447,19 +345,21 @@ impl<'a, B: Backend> Batch<'a, B> {
             params: params.clone(),
             cache,
             spec,
+            policy,
             out: Vec::new(),
             stopped: false,
             done: params.max_new_tokens == 0,
             added: Instant::now(),
-            first_token_ms: 0.0,
-            steps: 0,
-            decode_steps: 0,
-            lookup_steps: 0,
+            decode_start: None,
+            stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
+            cost_model: None,
+            last_rows: 0,
         });
         Ok(id)
     }
 
-    /// Remove a sequence now (finished or not); `None` when `id` is not in the batch.
+    /// Remove a sequence now (finished or not), freeing its caches; `None` when `id` is not in
+    /// the batch.
     pub fn cancel(&mut self, id: SeqId) -> Option<Finished> {
         let i = self.seqs.iter().position(|s| s.id == id)?;
         let s = self.seqs.remove(i);
@@ -487,201 +387,61 @@ impl<'a, B: Backend> Batch<'a, B> {
         &self.stats
     }
 
-    /// One step: one packed target forward over every sequence with rows to feed, a token for
-    /// each sequence whose block ends in a logits row — or, for a speculative sequence past its
-    /// prefill, its drafter's tree verified and the accepted path plus the bonus token — and the
-    /// sequences that finished leave. A step with nothing to feed (empty batch, or only
-    /// `max_new_tokens == 0` requests) runs no forward. Errors: backend failures (the batch
-    /// should then be dropped).
+    /// [`Batch::step_async`], blocking on its read-backs (native hosts; in a browser always an
+    /// error, since a page cannot block).
     pub fn step(&mut self) -> Result<StepOutput<B>> {
-        let b = self.backend;
-        let tail = !self.opts.taps.is_empty();
-        // Inputs of every sequence that feeds rows this step.
-        let mut feeding: Vec<Feed> = Vec::new();
-        let t = Instant::now();
-        // Speculative sequences past their prefill draft their trees first (every sequence of a
-        // drafter in one packed drafter forward); their blocks are filled in below.
-        let (mut want, mut want_feed, mut grafts) = (Vec::new(), Vec::new(), Vec::new());
-        let mut lookup_seqs = Vec::new();
-        for (i, s) in self.seqs.iter().enumerate() {
-            let Some((ids, wants_logits)) = s.next_input(self.opts.max_prefill_rows, tail) else { continue };
-            let root = s.fed();
-            let proposes = (s.spec.is_some() || s.params.method == Method::Lookup) && root >= s.prompt.len() && !s.done;
-            if proposes {
-                // Its prompt-lookup chain (`lookup`, or `--lookup` beside a drafter), as
-                // `Engine::generate` proposes it.
-                let len = match s.params.method {
-                    Method::Lookup => lookup::chain_len(&s.params, b.host_memory()),
-                    _ => s.params.lookup.len,
-                };
-                let chain = lookup::round_chain(&s.prompt, &s.out, len, &s.params);
-                lookup_seqs.extend((!chain.is_empty()).then_some(i));
-                let drafts = super::round::useful_depth(&s.params, s.out.len()) > 0;
-                if s.spec.is_some() && drafts && (chain.is_empty() || !s.params.lookup.skip_drafter) {
-                    want.push((i, ids[0], root));
-                    want_feed.push(feeding.len());
-                    grafts.push(chain);
-                    feeding.push(Feed { seq: i, ids: Vec::new(), positions: Vec::new(), wants_logits: true, tree: None });
-                } else {
-                    // The chain alone (the drafter skipped on a match, or no drafter).
-                    let tree = DraftTree::chain(ids[0], &chain);
-                    let positions = tree.depths.iter().map(|&d| root as u32 + d).collect();
-                    feeding.push(Feed { seq: i, ids: tree.tokens.clone(), positions, wants_logits: true, tree: Some(tree) });
-                }
-            } else {
-                let positions = (root as u32..(root + ids.len()) as u32).collect();
-                feeding.push(Feed { seq: i, ids, positions, wants_logits, tree: None });
-            }
+        #[cfg(target_arch = "wasm32")]
+        {
+            Err(Error::Input("Batch::step cannot block in a browser: use Batch::step_async".into()))
         }
-        for &i in &lookup_seqs {
-            self.seqs[i].lookup_steps += 1;
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            pollster::block_on(self.step_async())
         }
-        if !want.is_empty() {
-            let trees = draft_trees(b, self.target, &self.drafters, &mut self.seqs, &want)?;
-            for (((&f, &(_, _, root)), mut tree), graft) in want_feed.iter().zip(&want).zip(trees).zip(&grafts) {
-                tree.graft_chain(graft);
-                let f = &mut feeding[f];
-                f.positions = tree.depths.iter().map(|&d| root as u32 + d).collect();
-                f.ids = tree.tokens.clone();
-                f.tree = Some(tree);
-            }
-        }
-        self.stats.draft_ms += t.elapsed().as_secs_f64() * 1e3;
-        let mut out = StepOutput { seqs: Vec::new(), logits: None, taps: None, finished: Vec::new() };
-        if !feeding.is_empty() {
-            let t = Instant::now();
-            let spec_taps = self.seqs.iter().any(|s| s.spec.is_some());
-            let inputs: Vec<SeqInput<'_>> = feeding
-                .iter()
-                .map(|f| match &f.tree {
-                    Some(tree) => {
-                        SeqInput { ids: &f.ids, positions: &f.positions, mask: AttnMask::Tree { parents: &tree.parents }, logits: Some(LogitRows::All) }
-                    }
-                    None => SeqInput { ids: &f.ids, positions: &f.positions, mask: AttnMask::Causal, logits: f.wants_logits.then_some(LogitRows::Last) },
-                })
-                .collect();
-            // Mutable borrows of the feeding sequences' caches, in `feeding` order.
-            let mut caches: Vec<&mut KvCache<B>> = Vec::with_capacity(feeding.len());
-            {
-                let mut next = feeding.iter().map(|f| f.seq).peekable();
-                for (i, s) in self.seqs.iter_mut().enumerate() {
-                    if next.peek() == Some(&i) {
-                        caches.push(&mut s.cache);
-                        next.next();
-                    }
-                }
-            }
-            // Taps: those the options ask for, else the drafters' layers while a speculative
-            // sequence is in the batch (its prefill and its trees' accepted rows feed its drafter).
-            let tap_layers: &[usize] = match self.drafters.first() {
-                Some(d) if self.opts.taps.is_empty() && spec_taps => &d.cfg.target_layer_ids,
-                _ => &self.opts.taps,
-            };
-            let fwd = self.target.forward_batch(b, &mut caches, &inputs, tap_layers)?;
-            drop(caches);
-            self.stats.forward_ms += t.elapsed().as_secs_f64() * 1e3;
-            self.stats.steps += 1;
-            self.stats.rows += fwd.input_rows.last().map_or(0, |r| r.end);
+    }
 
-            // Token choice: argmax once over every row when any greedy sequence took a row; a
-            // sampled sequence draws from its own rows with its own parameters.
+    /// One step (module docs): plan every sequence's block, draft, ONE packed target forward,
+    /// then each sequence accepts, commits and compacts; finished sequences leave. A step with
+    /// nothing to feed runs no forward. Errors: backend failures (the batch should then be
+    /// dropped).
+    pub async fn step_async(&mut self) -> Result<StepOutput<B>> {
+        let t = Instant::now();
+        for d in &self.drafters {
+            d.prepare_output_head_async(self.backend, self.target).await?;
+        }
+        let mut feeds = self.plan();
+        self.draft(&mut feeds).await?;
+        self.stats.draft_ms += ms(t);
+        let mut out = StepOutput { seqs: Vec::new(), logits: None, taps: None, finished: Vec::new() };
+        if !feeds.is_empty() {
             let t = Instant::now();
-            let greedy_rows = feeding.iter().zip(&fwd.logit_rows).any(|(f, r)| !r.is_empty() && self.seqs[f.seq].params.sampling.temperature < 1e-5);
-            let argmax = match (&fwd.logits, greedy_rows) {
-                (Some(l), true) => Some(b.argmax(l)?),
+            let fwd = self.verify(&feeds)?;
+            let forward_ms = ms(t);
+            self.stats.forward_ms += forward_ms;
+            let t = Instant::now();
+            let total_rows = fwd.input_rows.last().map_or(0, |r| r.end);
+            // One argmax over every logits row when any greedy sequence took one.
+            let greedy = feeds.iter().zip(&fwd.logit_rows).any(|(f, r)| !r.is_empty() && self.seqs[f.seq].params.sampling.temperature < 1e-5);
+            let argmax = match (&fwd.logits, greedy) {
+                (Some(l), true) => Some(self.backend.argmax_async(l).await?),
                 _ => None,
             };
-            // The target's token for logits row `r`, whose sequence position is `pos` (the
-            // uniform of that position at T > 0).
-            let token_at = |p: &GenParams, r: usize, pos: u64| -> Result<u32> {
-                if p.sampling.temperature < 1e-5 {
-                    Ok(argmax.as_ref().expect("argmax taken when a greedy row exists")[r])
-                } else {
-                    let logits = fwd.logits.as_ref().expect("a row was asked for");
-                    Ok(b.sample(&b.gather_rows(logits, &[r])?, p.sampling, &[rng::uniform(p.seed, pos)])?[0])
-                }
-            };
-            for (k, f) in feeding.iter().enumerate() {
-                let s = &mut self.seqs[f.seq];
-                s.steps += 1;
-                let first_position = f.positions[0] as usize;
-                let rows = fwd.input_rows[k].clone();
-                let lr = fwd.logit_rows[k].clone();
-                let mut step = SeqStep {
-                    id: s.id,
-                    input_rows: rows.clone(),
-                    first_position,
-                    logit_row: None,
-                    token: None,
-                    tokens: Vec::new(),
-                    tree_rows: None,
-                    tree: None,
-                    accepted: Vec::new(),
-                };
-                match &f.tree {
-                    Some(tree) => {
-                        // Walk the target's tokens down the tree (Engine::generate's accept).
-                        let mut accepted = vec![0usize];
-                        let mut cur = 0usize;
-                        let bonus = loop {
-                            let token = token_at(&s.params, lr.start + cur, f.positions[cur] as u64 + 1)?;
-                            match tree.child_with_token(cur, token) {
-                                Some(child) => {
-                                    accepted.push(child);
-                                    cur = child;
-                                }
-                                None => break token,
-                            }
-                        };
-                        let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
-                        new.push(bonus);
-                        step.tokens = s.commit(&new);
-                        s.cache.compact(b, first_position, &accepted)?;
-                        if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
-                            spec.pending.push(b.gather_rows(tp, &accepted.iter().map(|&a| rows.start + a).collect::<Vec<_>>())?);
-                        }
-                        step.tree_rows = Some(lr);
-                        step.tree = Some(tree.clone());
-                        step.accepted = accepted;
-                    }
-                    None => {
-                        if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
-                            // A prefill chunk's taps: the drafter's first context.
-                            spec.pending.push(b.gather_rows(tp, &rows.clone().collect::<Vec<_>>())?);
-                        }
-                        if let Some(r) = lr.clone().next() {
-                            // The token at absolute position `fed`.
-                            let tok = token_at(&s.params, r, s.fed() as u64)?;
-                            if s.out.is_empty() {
-                                s.first_token_ms = s.added.elapsed().as_secs_f64() * 1e3;
-                            }
-                            step.tokens = s.commit(&[tok]);
-                            step.logit_row = Some(r);
-                        }
-                    }
-                }
-                step.token = step.tokens.last().copied();
-                if first_position >= s.prompt.len() && !step.tokens.is_empty() {
-                    s.decode_steps += 1;
-                }
+            for (k, f) in feeds.into_iter().enumerate() {
+                let step = self.finish_block(k, f, &fwd, argmax.as_deref(), forward_ms, total_rows).await?;
                 self.stats.tokens += step.tokens.len();
                 out.seqs.push(step);
             }
-            self.stats.pick_ms += t.elapsed().as_secs_f64() * 1e3;
+            self.start_policies().await?;
+            self.stats.pick_ms += ms(t);
+            self.stats.steps += 1;
+            self.stats.rows += total_rows;
+            self.last_rows = total_rows;
             out.logits = fwd.logits;
-            if !self.opts.taps.is_empty() {
-                out.taps = fwd.taps;
-            }
+            out.taps = if self.opts.taps.is_empty() { None } else { fwd.taps };
         }
-        // Leavers: done, and (with taps) their last token fed.
-        let mut i = 0;
-        while i < self.seqs.len() {
-            let s = &self.seqs[i];
-            if s.done && s.next_input(self.opts.max_prefill_rows, tail).is_none() {
-                out.finished.push(self.seqs.remove(i).finish(false));
-            } else {
-                i += 1;
-            }
+        self.leave(&mut out.finished);
+        if self.platform.yields_each_step() {
+            super::yield_to_host().await;
         }
         Ok(out)
     }
@@ -693,5 +453,259 @@ impl<'a, B: Backend> Batch<'a, B> {
             done.extend(self.step()?.finished);
         }
         Ok(done)
+    }
+
+    /// Step 1: every sequence's block — a prompt chunk, a tail feed, or a planned round (whose
+    /// drafted tree [`Batch::draft`] fills in).
+    fn plan(&mut self) -> Vec<Feed> {
+        let tail = !self.opts.taps.is_empty();
+        let chunk = if self.opts.max_prefill_rows > 0 { self.opts.max_prefill_rows } else { self.platform.prefill_chunk() };
+        let mut feeds = Vec::new();
+        for (i, s) in self.seqs.iter_mut().enumerate() {
+            let root = s.fed();
+            if let Some((ids, wants_logits)) = s.prompt_input(chunk, tail) {
+                let positions = (root as u32..(root + ids.len()) as u32).collect();
+                feeds.push(Feed { seq: i, ids, positions, wants_logits, round: None });
+            } else if !s.done {
+                let policy = s.policy.as_deref_mut().expect("a sequence past its prefill has its policy");
+                let other_rows = self.last_rows.saturating_sub(s.last_rows);
+                let r = round::plan(policy, s.spec.as_ref(), &s.params, &s.prompt, &s.out, other_rows, &mut s.stats);
+                feeds.push(Feed { seq: i, ids: Vec::new(), positions: Vec::new(), wants_logits: true, round: Some(r) });
+            }
+        }
+        feeds
+    }
+
+    /// Step 2: the drafted rounds draft ([`round::draft`]); then every round's block is its
+    /// tree at positions `root + depth`.
+    async fn draft(&mut self, feeds: &mut [Feed]) -> Result<()> {
+        let mut drafting: Vec<Drafting<'_, '_, B>> = Vec::new();
+        let mut rounds = feeds.iter_mut().filter_map(|f| f.round.as_mut().map(|r| (f.seq, r))).peekable();
+        for (i, s) in self.seqs.iter_mut().enumerate() {
+            let Some((_, r)) = rounds.next_if(|(seq, _)| *seq == i) else { continue };
+            if let (Plan::Draft { .. }, Some(spec), Some(policy)) = (&r.plan, s.spec.as_mut(), s.policy.as_deref_mut()) {
+                drafting.push(Drafting { spec, params: &s.params, policy, stats: &mut s.stats, round: r, root_pos: s.cache.len });
+            }
+        }
+        drop(rounds);
+        if !drafting.is_empty() {
+            round::draft(self.backend, self.target, self.platform, &mut drafting).await?;
+        }
+        drop(drafting);
+        for f in feeds.iter_mut() {
+            if let Some(r) = &f.round {
+                let root = self.seqs[f.seq].fed() as u32;
+                f.ids = r.prop.tree.tokens.clone();
+                f.positions = r.prop.tree.depths.iter().map(|&d| root + d).collect();
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 3: ONE target forward over every block (tree attention for rounds, causal for
+    /// prompts), with the taps the options or the drafters need.
+    fn verify(&mut self, feeds: &[Feed]) -> Result<BatchOutput<B>> {
+        let inputs: Vec<SeqInput<'_>> = feeds
+            .iter()
+            .map(|f| match &f.round {
+                Some(r) => {
+                    SeqInput { ids: &f.ids, positions: &f.positions, mask: AttnMask::Tree { parents: &r.prop.tree.parents }, logits: Some(LogitRows::All) }
+                }
+                None => SeqInput { ids: &f.ids, positions: &f.positions, mask: AttnMask::Causal, logits: f.wants_logits.then_some(LogitRows::Last) },
+            })
+            .collect();
+        // Taps: those the options ask for, else the drafters' layers while a sequence with a
+        // drafter is in the batch (its prefill and its rounds' accepted rows feed its drafter).
+        let tap_layers: &[usize] = match self.drafters.first() {
+            Some(d) if self.opts.taps.is_empty() && self.seqs.iter().any(|s| s.spec.is_some()) => &d.cfg.target_layer_ids,
+            _ => &self.opts.taps,
+        };
+        let mut caches: Vec<&mut KvCache<B>> = Vec::with_capacity(feeds.len());
+        let mut next = feeds.iter().map(|f| f.seq).peekable();
+        for (i, s) in self.seqs.iter_mut().enumerate() {
+            if next.next_if_eq(&i).is_some() {
+                caches.push(&mut s.cache);
+            }
+        }
+        self.target.forward_batch(self.backend, &mut caches, &inputs, tap_layers)
+    }
+
+    /// Step 4 for block `k`: a prompt chunk takes its first token from its last row; a round
+    /// walks its tree, commits the accepted path and the bonus token, compacts the KV cache,
+    /// carries the path's taps to the drafter and lets the policy observe.
+    async fn finish_block(&mut self, k: usize, f: Feed, fwd: &BatchOutput<B>, argmax: Option<&[u32]>, forward_ms: f64, total_rows: usize) -> Result<SeqStep> {
+        let b = self.backend;
+        let platform = self.platform;
+        let s = &mut self.seqs[f.seq];
+        let rows = fwd.input_rows[k].clone();
+        let lr = fwd.logit_rows[k].clone();
+        s.stats.steps += 1;
+        s.last_rows = rows.len();
+        let first_position = f.positions[0] as usize;
+        let mut step = SeqStep {
+            id: s.id,
+            input_rows: rows.clone(),
+            first_position,
+            logit_row: None,
+            token: None,
+            tokens: Vec::new(),
+            tree_rows: None,
+            tree: None,
+            accepted: Vec::new(),
+            bonus: None,
+            drafted: false,
+            last_token: false,
+        };
+        let Some(mut r) = f.round else {
+            if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
+                spec.pending.push(b.gather_rows(tp, &rows.clone().collect::<Vec<_>>())?);
+            }
+            s.stats.prefill_ms += forward_ms;
+            if let Some(row) = lr.clone().next() {
+                let t = Instant::now();
+                let logits = fwd.logits.as_ref().expect("a logits row was asked for");
+                let tok = match argmax.filter(|_| s.params.sampling.temperature < 1e-5) {
+                    Some(a) => a[row],
+                    None => round::pick(b, &b.gather_rows(logits, &[row])?, &s.params, &[s.fed() as u64]).await?[0],
+                };
+                s.stats.prefill_ms += ms(t);
+                s.stats.first_token_ms = s.added.elapsed().as_secs_f64() * 1e3;
+                step.tokens = s.commit(&[tok]);
+                step.logit_row = Some(row);
+            }
+            step.token = step.tokens.last().copied();
+            return Ok(step);
+        };
+        // Accept: the target's token per node walked down the tree.
+        let t = Instant::now();
+        let tree = &r.prop.tree;
+        let positions: Vec<u64> = f.positions.iter().map(|&x| x as u64 + 1).collect();
+        let logits = fwd.logits.as_ref().expect("a round's rows ask for logits");
+        let p = &s.params;
+        let sampled = match argmax.filter(|_| p.sampling.temperature < 1e-5) {
+            Some(_) => None,
+            None if platform.per_row_sampling() && tree.len() > 1 => None,
+            None => Some(round::pick(b, &b.gather_rows(logits, &lr.clone().collect::<Vec<_>>())?, p, &positions).await?),
+        };
+        let (accepted, bonus) = round::accept(tree, |i| {
+            let row = lr.start + i;
+            let pos = positions[i];
+            let known = match (argmax, &sampled) {
+                (_, Some(v)) => Some(v[i]),
+                (Some(a), None) if p.sampling.temperature < 1e-5 => Some(a[row]),
+                _ => None,
+            };
+            async move {
+                match known {
+                    Some(tok) => Ok(tok),
+                    None => Ok(round::pick(b, &b.gather_rows(logits, &[row])?, p, &[pos]).await?[0]),
+                }
+            }
+        })
+        .await?;
+        let accept_ms = ms(t);
+        // Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
+        let t = Instant::now();
+        let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
+        new.push(bonus);
+        s.stats.record_round(&r.prop, accepted.len());
+        if s.spec.is_some() || s.params.method == super::Method::Lookup {
+            s.stats.record_size(tree.len() - 1);
+        }
+        step.tokens = s.commit(&new);
+        // τ counts the tokens kept: a last round cut by a stop token or the length limit commits
+        // fewer than it accepted (so τ × rounds + 1 = the tokens generated).
+        s.stats.committed -= new.len() - step.tokens.len();
+        if r.looked_up {
+            s.stats.lookup_committed += step.tokens.len();
+        }
+        // Compact the target KV to the accepted path; carry the accepted rows' taps.
+        s.cache.compact(b, first_position, &accepted)?;
+        if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
+            spec.pending.push(b.gather_rows(tp, &accepted.iter().map(|&a| rows.start + a).collect::<Vec<_>>())?);
+        }
+        let compact_ms = ms(t);
+        let tp = Instant::now();
+        let reached = accepted.len() - 1;
+        if let Some(d) = &r.decision {
+            s.stats.record_prediction(d.choice.expected, accepted.len(), &d.raw_mass, reached);
+        }
+        if let Some(policy) = s.policy.as_deref_mut() {
+            let other_rows = total_rows - rows.len();
+            policy.observe(&Observed {
+                rows: tree.len(),
+                other_rows,
+                verify_ms: forward_ms + accept_ms,
+                overhead_ms: compact_ms + ms(tp),
+                decision: r.decision.as_ref(),
+                reached,
+            });
+        }
+        s.stats.verify_ms += forward_ms;
+        s.stats.accept_ms += accept_ms;
+        s.stats.compact_ms += compact_ms;
+        s.stats.policy_us += ms(tp) * 1e3;
+        step.token = step.tokens.last().copied();
+        step.logit_row = (lr.len() == 1).then_some(lr.start);
+        step.tree_rows = Some(lr);
+        step.bonus = Some(bonus);
+        step.drafted = r.drafted;
+        step.last_token = r.last_token;
+        step.accepted = accepted;
+        step.tree = Some(std::mem::take(&mut r.prop.tree));
+        Ok(step)
+    }
+
+    /// After a step: each sequence that has just taken its first token and still has none
+    /// gets its round policy — under `--budget auto` with a drafter, from a resumed state, the
+    /// given cost model, or one measured now on its live cache — and starts its decode clock.
+    async fn start_policies(&mut self) -> Result<()> {
+        let (b, target, platform) = (self.backend, self.target, self.platform);
+        for s in self.seqs.iter_mut().filter(|s| s.policy.is_none() && !s.out.is_empty()) {
+            let spec = s.spec.as_ref().expect("only a drafter method waits for its policy");
+            let n_max = spec.tree.budget;
+            let a: &AutoBudget = s.params.auto_budget.as_ref().expect("only `--budget auto` waits for its policy");
+            let state = match (&a.resume, &a.cost) {
+                (Some(st), _) if st.n_max == n_max && st.cost.is_valid() => Some(st.resumed()),
+                (_, Some(c)) if c.is_valid() => Some(AutoState::new(c.clone(), n_max)),
+                // A generation that is already done (one token) has no round to measure for.
+                _ if s.done => None,
+                _ => {
+                    let t = Instant::now();
+                    let d = spec.drafter;
+                    let ctx = match spec.pending.last() {
+                        Some(tp) => {
+                            let n = b.shape(tp).0;
+                            Some(b.gather_rows(tp, &(n.saturating_sub(4)..n).collect::<Vec<_>>())?)
+                        }
+                        None => None,
+                    };
+                    let first = s.out[0];
+                    let c = CostModel::measure(b, target, &mut s.cache, first, n_max, &d.cfg.target_layer_ids, ctx.as_ref().map(|x| (d, x))).await?;
+                    s.stats.cost_measure_ms += ms(t);
+                    s.cost_model = Some(c.clone());
+                    Some(AutoState::new(c, n_max))
+                }
+            };
+            s.policy = Some(policy::for_params(&s.params, true, platform.lookup_chain_len(&s.params), state));
+        }
+        for s in self.seqs.iter_mut().filter(|s| s.decode_start.is_none() && !s.out.is_empty()) {
+            s.decode_start = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Sequences that are done (and, with taps, have fed their last token) leave.
+    fn leave(&mut self, finished: &mut Vec<Finished>) {
+        let tail = !self.opts.taps.is_empty();
+        let mut i = 0;
+        while i < self.seqs.len() {
+            let s = &self.seqs[i];
+            if s.done && s.prompt_input(self.opts.max_prefill_rows, tail).is_none() {
+                finished.push(self.seqs.remove(i).finish(false));
+            } else {
+                i += 1;
+            }
+        }
     }
 }

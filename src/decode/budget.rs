@@ -29,16 +29,18 @@
 //!    exactly the one it would have had (its context rows are per-row K/V, independent of
 //!    when they are written).
 //!
-//! 4. **The lookup chain** (`chain`, [`AutoState::chain_len`]): where a round with a
-//!    prompt-lookup match verifies the chain alone (`sparkling` on the CPU), the chain is
-//!    verified only when its expected tokens per ms, `E / (c(1+L) + t_round)`, beat a plain AR
-//!    step's, with each kind of match's acceptance per chain position learnt online from the
-//!    text every chain was followed by; otherwise the round goes on as one without a match.
+//! 4. **Under load** ([`AutoState::set_load`]): in a batch, a tree's rows beyond the AR row
+//!    are priced at their marginal cost in the batch's shared forward, so trees shrink toward
+//!    AR steps as that forward becomes compute-bound. Alone, the cost is `c(1+n)` unchanged.
+//!
+//! A prompt-lookup chain matched in a round is verified whole (the lookup rule of
+//! [`super::policy::Graft`]): an online per-position acceptance model that verified a chain
+//! only where it beat an AR step was measured neutral on the six sets (within 0.5 %,
+//! BENCHMARKS.md §38) and removed.
 //!
 //! Tokens never depend on any of this: the verify walks whatever tree it is given, so every
 //! method stays equal to `ar` (T = 0) and to `ar` with the same seed (T > 0).
 
-use super::Method;
 use crate::error::{Error, Result};
 use crate::model::drafter::Drafter;
 use crate::model::layer::KvCache;
@@ -79,18 +81,6 @@ impl BudgetChoice {
             BudgetChoice::Auto => "auto".into(),
             BudgetChoice::Fixed(n) => n.to_string(),
         }
-    }
-}
-
-/// The largest tree `--budget auto` considers (N_max): 16 non-root nodes on a backend whose
-/// tensors live in host memory (a CPU verify is compute-bound: beyond ~16 rows a node costs
-/// about a quarter of a decode step and no drafter pays for it), else [`Method::default_budget`]
-/// (64, TreeSpark 32).
-pub fn auto_max_budget(method: Method, host_memory: bool) -> usize {
-    if host_memory {
-        16
-    } else {
-        method.default_budget(false)
     }
 }
 
@@ -474,8 +464,10 @@ pub struct AutoState {
     conf_level: Vec<Ema>,
     /// Drafted rounds left in the current probe ([`PROBE_BURST`]).
     burst: usize,
-    /// Acceptance of prompt-lookup chains per kind of match ([`AutoState::chain_len`]).
-    chains: ChainCalibration,
+    /// Rows the rest of the batch feeds in the same target forward (0 alone): the extra rows
+    /// of this sequence's tree are priced at their marginal cost in that forward
+    /// ([`AutoState::verify_ms`]).
+    load_rows: usize,
 }
 
 /// The most the confidence head may scale a node's predicted acceptance up or down (its path
@@ -513,7 +505,7 @@ impl AutoState {
             kept_depths: std::collections::VecDeque::new(),
             conf_level: Vec::new(),
             burst: 0,
-            chains: ChainCalibration::default(),
+            load_rows: 0,
         }
     }
 
@@ -529,9 +521,26 @@ impl AutoState {
         }
     }
 
-    /// Predicted verify (+ accept) time of `rows` rows now, ms.
+    /// Predicted verify (+ accept) time of a tree of `rows` rows now, ms: `c(rows)` alone;
+    /// in a batch whose other sequences feed `L` rows ([`AutoState::set_load`]), the AR step's
+    /// `c(1)` plus the marginal cost of the tree's other rows in that forward,
+    /// `c(L + rows) − c(L + 1)` — so trees shrink toward AR steps as the batch's forward
+    /// becomes compute-bound. Scaled by the observed / predicted ratio of recent rounds.
     pub fn verify_ms(&self, rows: usize) -> f64 {
-        self.scale.get_or(1.0) * self.cost.verify(rows)
+        let c = &self.cost;
+        let l = self.load_rows;
+        let raw = if l == 0 || rows == 0 { c.verify(rows) } else { c.verify(1) + c.verify(l + rows) - c.verify(l + 1) };
+        self.scale.get_or(1.0) * raw
+    }
+
+    /// Set the rows the rest of the batch feeds in this round's target forward (0: alone).
+    pub fn set_load(&mut self, other_rows: usize) {
+        self.load_rows = other_rows;
+    }
+
+    /// This state for the next generation ([`AutoBudget::resume`]): all it learnt, alone.
+    pub fn resumed(&self) -> AutoState {
+        AutoState { load_rows: 0, ..self.clone() }
     }
 
     /// Predicted drafter forward + tree build, ms.
@@ -660,7 +669,13 @@ impl AutoState {
     /// overhead outside draft and verify, and — for a drafted round — the raw predicted mass
     /// per depth and the depth the accepted path reached.
     pub fn observe(&mut self, rows: usize, verify_ms: f64, overhead_ms: f64, drafted: Option<(&[Option<f64>], usize)>) {
-        let c = self.cost.verify(rows);
+        self.observe_rows(0, rows, verify_ms, overhead_ms, drafted)
+    }
+
+    /// [`AutoState::observe`] of a round verified in a batch forward whose other sequences fed
+    /// `other_rows` rows (`verify_ms`: that whole forward, plus this sequence's acceptance).
+    pub fn observe_rows(&mut self, other_rows: usize, rows: usize, verify_ms: f64, overhead_ms: f64, drafted: Option<(&[Option<f64>], usize)>) {
+        let c = self.cost.verify(other_rows + rows);
         if c > 0.0 && verify_ms.is_finite() {
             self.scale.push((verify_ms / c).clamp(0.25, 4.0));
         }
@@ -672,9 +687,6 @@ impl AutoState {
         }
     }
 }
-
-mod chain;
-pub use chain::{chain_class, chain_slot, chain_worth, ChainCalibration, CHAIN_CLASSES, CHAIN_DECAY, CHAIN_SLOTS, PRIOR_RATE, PRIOR_WEIGHT};
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@
 //! the six evaluation sets, above the trained drafter at those budgets, with no drafter forward
 //! (BENCHMARKS.md §33 d, `scripts/lookup-tau.py`).
 
-use super::{GenParams, Method};
+use super::GenParams;
 
 /// Longest suffix matched: the last 3 tokens, else 2, else 1.
 pub const MAX_NGRAM: usize = 3;
@@ -37,34 +37,6 @@ pub struct LookupGraft {
 impl LookupGraft {
     /// No lookup: the drafter's tree alone.
     pub const OFF: LookupGraft = LookupGraft { len: 0, skip_drafter: false };
-
-    /// The default for `method` on a backend with (`host_memory`, the CPU) or without host
-    /// tensors: `sparkling` grafts chains of up to 16 tokens (6 unless the match is longer,
-    /// [`propose`]) and skips the drafter on a match on the CPU (six evaluation sets, 256
-    /// tokens, chains of up to 6: 1.50× `ar` under `--budget auto`, against 1.47× for
-    /// `lookup` alone and 1.03–1.09× for the drafter alone, BENCHMARKS.md §34; up to 16:
-    /// §35), and chains of up to 8 beside
-    /// every drafted tree on a device, where extra verify rows cost little (not yet measured
-    /// on a GPU with real weights); the published methods (`dflash`, `ddtree`, `dspark`,
-    /// `treespark`) stay as published: off.
-    pub fn default_for(method: Method, host_memory: bool) -> LookupGraft {
-        match method {
-            Method::Sparkling if host_memory => LookupGraft { len: 16, skip_drafter: true },
-            Method::Sparkling => LookupGraft { len: 8, skip_drafter: false },
-            _ => LookupGraft::OFF,
-        }
-    }
-}
-
-/// The longest chain `lookup` proposes under `p` (after a full-length match; [`propose`]): the
-/// tree budget, or under `--budget auto` (there is no drafter, so no cost model)
-/// [`Method::default_budget`] — chains of up to 16.
-pub fn chain_len(p: &GenParams, host_memory: bool) -> usize {
-    if p.auto_budget.is_some() {
-        Method::Lookup.default_budget(host_memory)
-    } else {
-        p.tree.budget
-    }
 }
 
 /// Chain length after a `max_ngram`-token match of no more than `BASE_CHAIN` tokens at T = 0

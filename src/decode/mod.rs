@@ -1,13 +1,15 @@
-//! The one decode loop (design §1): prefill, then rounds of draft → propose tree → verify with
-//! tree attention → accept (greedy walk or sample-and-match) → commit path + bonus → compact KV
-//! → carry the accepted rows' taps (the target's tapped-layer features) as the next drafter
-//! context. Methods differ only in the drafter they need and the proposer they use. Words: the
-//! *root* is node 0 of a draft tree, the *anchor* its token (the last committed token), at
-//! position `root_pos`; *taps* are the target's tapped-layer features (the drafter's context).
+//! Decoding (docs/design.md §1): the methods, their parameters, and the engine that runs a
+//! generation. The loop itself is [`batch`]: prefill, then rounds of plan ([`policy`]) →
+//! draft → verify with tree attention → accept → commit path + bonus → compact KV → carry the
+//! accepted rows' taps (the target's tapped-layer features) as the next drafter context; a
+//! single generation is a batch of one. Methods differ only in the drafter they need and the
+//! proposer they use.
 
 pub mod batch;
 pub mod budget;
 pub mod lookup;
+pub mod platform;
+pub mod policy;
 pub mod propose;
 pub mod rng;
 mod round;
@@ -16,15 +18,15 @@ pub mod stats;
 use crate::error::{Error, Result};
 use crate::model::config::DrafterKind;
 use crate::model::drafter::Drafter;
-use crate::model::target::{LogitRows, Target};
+use crate::model::target::Target;
+use batch::{Batch, BatchOptions};
 use budget::{AutoBudget, AutoState, CostModel};
 pub use lookup::LookupGraft;
+pub use platform::Platform;
 use propose::{TreeParams, TreePrep};
-use round::{Proposer, Round};
 use sparkling_core::tree::DraftTree;
-use sparkling_core::{AttnMask, Backend, SampleParams};
+use sparkling_core::{Backend, SampleParams};
 pub use stats::Stats;
-use web_time::Instant;
 
 /// A decoding method (design §1). All are lossless: at T=0 each emits the target's greedy
 /// tokens.
@@ -87,27 +89,6 @@ impl Method {
             Method::DSpark | Method::Sparkling | Method::TreeSpark => Some(DrafterKind::DSpark),
         }
     }
-
-    /// Default non-root node budget: 64 (treespark 32) on device backends; at most 8 on a
-    /// backend whose tensors live in host memory (`host_memory`, the CPU backend), where
-    /// verification is compute-bound and small trees win in tokens/s (BENCHMARKS.md §7: a
-    /// verify of 9 rows ≈ 4 decode steps, 65 rows ≈ 19). `lookup`: chains of up to 16 on
-    /// every backend.
-    pub fn default_budget(self, host_memory: bool) -> usize {
-        let b = match self {
-            Method::TreeSpark => 32,
-            // Prompt lookup's longest chain (2 / 4 / 6 tokens after a 1 / 2 / 3-token match, up
-            // to 16 after a longer one; `lookup::propose`, BENCHMARKS.md §34 g, §35). Not capped
-            // on the CPU: only a long repeated run gets a long chain.
-            Method::Lookup => return 16,
-            _ => 64,
-        };
-        if host_memory {
-            b.min(8)
-        } else {
-            b
-        }
-    }
 }
 
 /// Generation parameters.
@@ -135,23 +116,22 @@ pub struct GenParams {
 }
 
 impl GenParams {
-    /// The library's defaults for `method` on a backend with (`host_memory`) or without host
-    /// tensors: `--budget auto` with N_max = [`budget::auto_max_budget`] (16 on the CPU
-    /// backend, else 64, TreeSpark 32), 128 SparklingTree candidates per depth, fan-out 64,
+    /// The library's defaults for `method` on `platform`: `--budget auto` with N_max =
+    /// [`Platform::auto_max_budget`], 128 SparklingTree candidates per depth, fan-out 64,
     /// TreeSpark k = 4, [`TreePrep::Auto`], greedy (T = 0, top-k off, top-p 1), seed 0,
     /// 256 new tokens, no stop tokens (see [`stop_tokens`]), the method's
-    /// [`LookupGraft::default_for`]. The CLI and the browser start here;
+    /// [`Platform::lookup_graft`]. The CLI, the browser and the server start here;
     /// [`GenParams::with_budget`] sets a fixed budget.
-    pub fn new(method: Method, host_memory: bool) -> GenParams {
+    pub fn new(method: Method, platform: &Platform) -> GenParams {
         GenParams {
             method,
-            tree: TreeParams { budget: budget::auto_max_budget(method, host_memory), candidates: 128, max_fanout: 64, treespark_k: 4, prep: TreePrep::Auto },
+            tree: TreeParams { budget: platform.auto_max_budget(method), candidates: 128, max_fanout: 64, treespark_k: 4, prep: TreePrep::Auto },
             sampling: SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
             seed: 0,
             max_new_tokens: 256,
             stop: Vec::new(),
             auto_budget: Some(AutoBudget::default()),
-            lookup: LookupGraft::default_for(method, host_memory),
+            lookup: platform.lookup_graft(method),
         }
     }
 
@@ -371,8 +351,9 @@ impl<'a, B: Backend> Engine<'a, B> {
 
     /// [`Engine::generate_async`] that also shows each verified round to `on_round` (after
     /// acceptance, before `on_tokens` receives the round's committed tokens): the tree the
-    /// target verified and the path it accepted (issue 16: the live tree view; `generate
-    /// --show-tree`). Same tokens, statistics and errors as `generate`.
+    /// target verified and the path it accepted (`generate --show-tree`, the browser's live
+    /// tree view). Same tokens, statistics and errors as `generate`. Runs the decode loop as a
+    /// batch of one ([`batch::Batch`]).
     pub async fn generate_observed_async(
         &self,
         prompt: &[u32],
@@ -380,178 +361,35 @@ impl<'a, B: Backend> Engine<'a, B> {
         on_tokens: &mut dyn FnMut(&[u32]),
         on_round: &mut dyn FnMut(&RoundView<'_>),
     ) -> Result<Generation> {
-        let b = self.backend;
-        p.validate()?;
-        let Checked { drafter, capacity } = self.check(prompt, p)?;
-        let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
-        let mut out: Vec<u32> = Vec::new();
-        if p.max_new_tokens == 0 {
-            return Ok(Generation { tokens: out, stopped: false, stats, cost_model: None, auto_state: None });
+        let mut batch = Batch::new(self.backend, self.target, BatchOptions::default())?;
+        if let Some(d) = self.drafter {
+            batch = batch.with_drafter(d)?;
         }
-        let tree_params = TreeParams { prep: p.tree.prep.resolve(b.host_memory()), ..p.tree };
-        // `lookup`'s chain length (rounds without a match are plain AR steps).
-        let lookup_len = lookup::chain_len(p, b.host_memory());
-        // SparklingTree device prep reads the Markov head on the device (uploaded once).
-        let markov_dev = match drafter {
-            Some(d) if p.method == Method::Sparkling && tree_params.prep == TreePrep::Device => d.markov_device(b)?,
-            _ => None,
-        };
-        // A reduced draft vocabulary's output layer (the target's lm_head rows) is gathered once,
-        // here with an await, so no later call blocks on a read-back (a browser cannot block).
-        if let Some(d) = drafter {
-            d.prepare_output_head_async(b, self.target).await?;
-        }
-        let tap_layers: Vec<usize> = drafter.map(|d| d.cfg.target_layer_ids.clone()).unwrap_or_default();
-        let mut cache = self.target.new_cache(b, capacity)?;
-        let dcache = match drafter {
-            Some(d) => Some(d.new_cache(b, capacity + d.cfg.block_size)?),
-            None => None,
-        };
-
-        // Prefill: the first generated token comes from the last prompt row.
-        let t0 = Instant::now();
-        let chunk = if cfg!(target_arch = "wasm32") && b.host_memory() { WASM_PREFILL_CHUNK } else { prompt.len() };
-        let pre = prefill(b, self.target, &mut cache, prompt, &tap_layers, chunk).await?;
-        let first = pick(b, &pre.logits, p, &[prompt.len() as u64]).await?[0];
-        stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        // `--budget auto`: the cost model (measured here, on the live cache at the prompt's
-        // length, when the caller has none) and the per-generation policy state.
-        let mut cost_model = None;
-        let use_confidence = p.auto_budget.as_ref().is_some_and(|a| a.confidence);
-        let mut auto: Option<AutoState> = match (&p.auto_budget, drafter) {
-            (Some(AutoBudget { resume: Some(s), .. }), Some(_)) if s.n_max == tree_params.budget && s.cost.is_valid() => Some(s.resumed()),
-            // A generation of one token has no round: nothing to measure a cost model for.
-            (Some(a), Some(d)) if p.max_new_tokens > 1 => {
-                let cost = match &a.cost {
-                    Some(c) if c.is_valid() => c.clone(),
-                    _ => {
-                        let t = Instant::now();
-                        let ctx = match &pre.taps {
-                            Some(tp) => {
-                                let n = b.shape(tp).0;
-                                Some(b.gather_rows(tp, &(n.saturating_sub(4)..n).collect::<Vec<_>>())?)
-                            }
-                            None => None,
-                        };
-                        let c = CostModel::measure(b, self.target, &mut cache, first, tree_params.budget, &tap_layers, ctx.as_ref().map(|x| (d, x))).await?;
-                        stats.cost_measure_ms += ms(t);
-                        cost_model = Some(c.clone());
-                        c
-                    }
-                };
-                Some(AutoState::new(cost, tree_params.budget))
-            }
-            _ => None,
-        };
-        let mut proposer = Proposer {
-            b,
-            target: self.target,
-            method: p.method,
-            drafter,
-            dcache,
-            pending: pre.taps.into_iter().collect(),
-            markov_dev,
-            tree_params,
-            lookup_len,
-            use_confidence,
-        };
-        let mut anchor = first;
-        let mut root_pos = prompt.len();
-        let mut stopped = self.push(&mut out, &[first], p, on_tokens);
-        let decode_start = Instant::now();
-
-        while !stopped && out.len() < p.max_new_tokens {
-            // 1. Propose: the lookup chain, the drafter's tree (under `--budget auto`, unless the
-            // policy skips the drafter, truncated to the prefix worth its cost), or both.
-            let Round { prop, decision, drafted, looked_up, last_token, chain } =
-                proposer.propose(p, auto.as_mut(), prompt, &out, anchor, root_pos, &mut stats).await?;
-            let tree = &prop.tree;
-
-            // 2. Verify the whole tree in one target forward with tree attention.
-            let t = Instant::now();
-            let positions: Vec<u32> = tree.depths.iter().map(|&dp| (root_pos as u32) + dp).collect();
-            let ver = self.target.forward(b, &mut cache, &tree.tokens, &positions, AttnMask::Tree { parents: &tree.parents }, LogitRows::All, &tap_layers)?;
-            let verify_ms = ms(t);
-            stats.verify_ms += verify_ms;
-
-            // 3. Accept: the target's own token per row, walked down the tree (§4.9.1).
-            let t = Instant::now();
-            let sample_pos: Vec<u64> = positions.iter().map(|&x| x as u64 + 1).collect();
-            // T > 0 on a host-memory backend: a draw costs an exp per logit (≈ 0.3 ms at a
-            // 49 152-token vocabulary), so the walk draws only the rows it reaches (≈ τ of them)
-            // instead of every tree row. Each row's token is the same either way (its own logits
-            // and counter-based uniform); device backends keep one batched draw and one read-back.
-            let per_row = p.sampling.temperature >= 1e-5 && b.host_memory() && tree.len() > 1;
-            let post = if per_row { None } else { Some(pick(b, &ver.logits, p, &sample_pos).await?) };
-            let mut accepted = vec![0usize];
-            let mut cur = 0usize;
-            let bonus = loop {
-                let token = match &post {
-                    Some(post) => post[cur],
-                    None => pick(b, &b.gather_rows(&ver.logits, &[cur])?, p, &sample_pos[cur..cur + 1]).await?[0],
-                };
-                match tree.child_with_token(cur, token) {
-                    Some(child) => {
-                        accepted.push(child);
-                        cur = child;
-                    }
-                    None => break token,
+        batch.add(prompt, p)?;
+        let mut rounds = 0;
+        loop {
+            let step = batch.step_async().await?;
+            for s in &step.seqs {
+                if let (Some(tree), Some(bonus)) = (&s.tree, s.bonus) {
+                    on_round(&RoundView {
+                        round: rounds,
+                        root_pos: s.first_position,
+                        tree,
+                        accepted: &s.accepted,
+                        bonus,
+                        drafted: s.drafted,
+                        last_token: s.last_token,
+                    });
+                    rounds += 1;
                 }
-            };
-            let accept_ms = ms(t);
-            stats.accept_ms += accept_ms;
-            stats.record_round(&prop, accepted.len());
-            if drafter.is_some() || p.method == Method::Lookup {
-                stats.record_size(tree.len() - 1);
-            }
-            on_round(&RoundView { round: stats.rounds - 1, root_pos, tree, accepted: &accepted, bonus, drafted, last_token });
-
-            // 4. Commit path + bonus (stop tokens and max-new-tokens trim inside the round).
-            let mut new: Vec<u32> = accepted[1..].iter().map(|&i| tree.tokens[i]).collect();
-            new.push(bonus);
-            let before = out.len();
-            stopped = self.push(&mut out, &new, p, on_tokens);
-            // τ counts the tokens kept: a last round cut by a stop token or the length limit
-            // commits fewer than it accepted (so τ × rounds + 1 = the tokens generated).
-            stats.committed -= new.len() - (out.len() - before);
-            if looked_up {
-                stats.lookup_committed += out.len() - before;
-            }
-
-            // 5. Compact the target KV to the accepted path; carry the accepted rows' taps.
-            let t = Instant::now();
-            cache.compact(b, root_pos, &accepted)?;
-            if let Some(tp) = ver.taps {
-                proposer.pending.push(b.gather_rows(&tp, &accepted)?);
-            }
-            let compact_ms = ms(t);
-            stats.compact_ms += compact_ms;
-            if let Some(a) = auto.as_mut() {
-                let tp = Instant::now();
-                let reached = accepted.len() - 1;
-                let drafted = decision.as_ref().map(|d| (&d.raw_mass[..], reached));
-                if let Some(d) = &decision {
-                    stats.record_prediction(d.choice.expected, accepted.len(), &d.raw_mass, reached);
+                if !s.tokens.is_empty() {
+                    on_tokens(&s.tokens);
                 }
-                a.observe(tree.len(), verify_ms + accept_ms, compact_ms + ms(tp), drafted);
-                if let Some(m) = &chain {
-                    a.observe_chain(m, before, &out);
-                }
-                stats.policy_us += ms(tp) * 1e3;
             }
-            root_pos += accepted.len();
-            anchor = bonus;
-            if b.host_memory() {
-                // Host backends never await a device, so without this a browser page would
-                // freeze for the whole generation (GPU backends yield at every read-back).
-                yield_to_host().await;
+            if let Some(f) = step.finished.into_iter().next() {
+                return Ok(Generation { tokens: f.tokens, stopped: f.stopped, stats: f.stats, cost_model: f.cost_model, auto_state: f.auto_state });
             }
         }
-        stats.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;
-        stats.new_tokens = out.len();
-        stats.decode_tokens = out.len().saturating_sub(1);
-        Ok(Generation { tokens: out, stopped, stats, cost_model, auto_state: auto })
     }
 
     /// The checks of one generation request, before any device work: a non-empty prompt of
@@ -583,7 +421,7 @@ impl<'a, B: Backend> Engine<'a, B> {
             // The drafter's tree, and a grafted lookup chain beside it.
             Some(d) => p.tree.budget.max(d.cfg.block_size).saturating_add(p.lookup.len).saturating_add(1),
             // `lookup`'s chain: at most its length (the budget, or its default under auto).
-            None if p.method == Method::Lookup => lookup::chain_len(p, self.backend.host_memory()).saturating_add(1),
+            None if p.method == Method::Lookup => Platform::of(self.backend).lookup_chain_len(p).saturating_add(1),
             None => 1,
         };
         // Saturating: a huge budget or token count (e.g. from JavaScript) must fail this check,
@@ -602,87 +440,13 @@ impl<'a, B: Backend> Engine<'a, B> {
         }
         Ok(Checked { drafter, capacity })
     }
-
-    /// Append `new` to `out`, stopping after a stop token or at max-new-tokens; forwards the
-    /// appended part to `on_tokens`. Returns true when a stop token was committed.
-    fn push(&self, out: &mut Vec<u32>, new: &[u32], p: &GenParams, on_tokens: &mut dyn FnMut(&[u32])) -> bool {
-        let start = out.len();
-        let mut stop = false;
-        for &t in new {
-            if out.len() >= p.max_new_tokens {
-                break;
-            }
-            out.push(t);
-            if p.stop.contains(&t) {
-                stop = true;
-                break;
-            }
-        }
-        on_tokens(&out[start..]);
-        stop
-    }
-}
-
-/// The target's token for each row of `logits`: argmax at `T < 1e-5`, else a draw with the
-/// counter-based uniform of each row's sequence position (so every method draws the same
-/// token at the same position; design §1).
-async fn pick<B: Backend>(b: &B, logits: &B::Tensor, p: &GenParams, positions: &[u64]) -> Result<Vec<u32>> {
-    if p.sampling.temperature < 1e-5 {
-        Ok(b.argmax_async(logits).await?)
-    } else {
-        let u: Vec<f32> = positions.iter().map(|&pos| rng::uniform(p.seed, pos)).collect();
-        Ok(b.sample_async(logits, p.sampling, &u).await?)
-    }
-}
-
-/// Prompt rows per prefill forward on a host-memory backend in the browser (the CPU backend in
-/// wasm, one thread): the page gets a turn between chunks instead of freezing for the whole
-/// prompt (issue 16: a long message froze the page).
-const WASM_PREFILL_CHUNK: usize = 32;
-
-/// The prefill of `prompt` into the empty `cache`: forwards of at most `chunk` rows at positions
-/// `0..`, with a turn for the host's event loop between them ([`yield_to_host`]; natively a
-/// no-op). Returns the last prompt row's logits `[1, V]` and the taps of every prompt row
-/// `[len, n_taps·H]` (when `taps` is non-empty). Every backend op computes a row independently
-/// of the other rows in its call, so the result is bit-identical for every `chunk`.
-/// Errors: `chunk == 0`, and those of [`Target::forward`].
-pub async fn prefill<B: Backend>(
-    b: &B,
-    target: &Target<B>,
-    cache: &mut crate::model::layer::KvCache<B>,
-    prompt: &[u32],
-    taps: &[usize],
-    chunk: usize,
-) -> Result<crate::model::target::TargetOutput<B>> {
-    if chunk == 0 {
-        return Err(Error::Input("prefill: the chunk size must be at least 1".into()));
-    }
-    let start = cache.len;
-    let mut tap_parts = Vec::new();
-    let mut last = None;
-    for (ci, ids) in prompt.chunks(chunk).enumerate() {
-        if ci > 0 {
-            yield_to_host().await;
-        }
-        let p0 = start + ci * chunk;
-        let positions: Vec<u32> = (p0..p0 + ids.len()).map(|x| x as u32).collect();
-        let out = target.forward(b, cache, ids, &positions, AttnMask::Causal, LogitRows::Last, taps)?;
-        tap_parts.extend(out.taps);
-        last = Some(out.logits);
-    }
-    let logits = last.ok_or_else(|| Error::Input("empty prompt: nothing to condition on".into()))?;
-    let taps = match tap_parts.len() {
-        0 | 1 => tap_parts.pop(),
-        _ => Some(b.concat_rows(&tap_parts.iter().collect::<Vec<_>>())?),
-    };
-    Ok(crate::model::target::TargetOutput { logits, taps })
 }
 
 /// Give the host's event loop a turn: in a browser, resolve on a `setTimeout(0)` (a macrotask,
 /// so the page repaints, streams the committed tokens and handles input between rounds);
 /// natively a no-op.
 #[cfg(target_arch = "wasm32")]
-async fn yield_to_host() {
+pub(crate) async fn yield_to_host() {
     use wasm_bindgen::{JsCast, JsValue};
     let p = js_sys::Promise::new(&mut |resolve, _| {
         let set_timeout = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("setTimeout")).ok().and_then(|f| f.dyn_into::<js_sys::Function>().ok());
@@ -696,4 +460,4 @@ async fn yield_to_host() {
 
 /// Give the host's event loop a turn (a no-op outside the browser).
 #[cfg(not(target_arch = "wasm32"))]
-async fn yield_to_host() {}
+pub(crate) async fn yield_to_host() {}

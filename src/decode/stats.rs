@@ -83,14 +83,16 @@ pub struct Stats {
     /// Tokens those rounds committed (accepted path + bonus): τ of the lookup rounds =
     /// `lookup_committed / lookup_rounds` ([`Stats::lookup_tau`]).
     pub lookup_committed: usize,
-    /// Rounds whose lookup match `--budget auto` left unverified: its chain was not expected
-    /// to pay for its verify rows (`super::budget::AutoState::chain_len`); the round went on
-    /// as one without a match.
-    pub chains_skipped: usize,
     /// Time spent in the `--budget auto` policy (choice, truncation, bookkeeping), µs.
     pub policy_us: f64,
     /// Time spent measuring the cost model (first use only), ms.
     pub cost_measure_ms: f64,
+    /// Steps of the decode loop this generation took part in (prefill chunks included).
+    pub steps: usize,
+    /// From joining the loop to the first generated token, ms.
+    pub first_token_ms: f64,
+    /// From joining the loop to leaving it, ms (the per-request latency).
+    pub latency_ms: f64,
 }
 
 impl Stats {
@@ -228,7 +230,6 @@ impl Stats {
         self.drafts_skipped += o.drafts_skipped;
         self.final_rounds += o.final_rounds;
         self.lookup_rounds += o.lookup_rounds;
-        self.chains_skipped += o.chains_skipped;
         self.lookup_committed += o.lookup_committed;
         self.predicted_rounds += o.predicted_rounds;
         self.predicted_tokens += o.predicted_tokens;
@@ -246,6 +247,9 @@ impl Stats {
         }
         self.policy_us += o.policy_us;
         self.cost_measure_ms += o.cost_measure_ms;
+        self.steps += o.steps;
+        self.first_token_ms += o.first_token_ms;
+        self.latency_ms += o.latency_ms;
     }
     /// Mean drafting time of the rounds whose drafter ran, ms: `draft_ms` without the lookup
     /// scans, ÷ `drafter_rounds` (`per_round_ms`'s draft column averages over every round,

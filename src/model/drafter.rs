@@ -345,15 +345,15 @@ impl<B: Backend> Drafter<B> {
     /// context-and-block K/V of job `i` go to `jobs[i].cache` only, and attention runs ragged
     /// ([`Backend::attention_ragged`], each block over its own draft cache). Every backend op
     /// computes a row independently of the others in its call, so job `i`'s logits are
-    /// bit-identical to [`Drafter::draft`] on that job alone. Returns each job's draft logits
-    /// `[depth_i, V_d]` in job order (none for no jobs). Errors: as [`Drafter::draft`]; a
-    /// misplaced context or a full draft cache names the job (checked for every job before any
-    /// cache changes).
-    pub fn draft_batch(&self, b: &B, target: &Target<B>, jobs: &mut [DraftJob<'_, B>]) -> Result<Vec<B::Tensor>> {
+    /// bit-identical to [`Drafter::draft_rows`] on that job alone. Returns each job's draft
+    /// logits `[depth_i, V_d]` and final-normed hidden rows `[depth_i, H]` in job order (none
+    /// for no jobs). Errors: as [`Drafter::draft`]; a misplaced context or a full draft cache
+    /// names the job (checked for every job before any cache changes).
+    pub fn draft_batch(&self, b: &B, target: &Target<B>, jobs: &mut [DraftJob<'_, B>]) -> Result<Vec<(B::Tensor, B::Tensor)>> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        Ok(self.forward_jobs(b, target, jobs)?.into_iter().map(|(logits, _)| logits).collect())
+        self.forward_jobs(b, target, jobs)
     }
 
     /// The forward behind [`Drafter::draft_rows`] (one job) and [`Drafter::draft_batch`]:

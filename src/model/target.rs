@@ -156,7 +156,8 @@ impl<B: Backend> Target<B> {
 
     /// Run `ids` at `positions` on top of the cache (their K/V are appended at rows
     /// `cache.len..`), with `mask` over the new block; returns logits for `rows` and, if `taps`
-    /// is non-empty, the raw outputs of those layers concatenated in the listed order.
+    /// is non-empty, the raw outputs of those layers concatenated in the listed order. A batch
+    /// of one [`Target::forward_batch`] (the model's one layer loop).
     /// Errors: empty input, length mismatch, cache overflow, a tap at the last layer.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
@@ -169,54 +170,18 @@ impl<B: Backend> Target<B> {
         rows: LogitRows,
         taps: &[usize],
     ) -> Result<TargetOutput<B>> {
-        let c = &self.cfg;
-        if ids.is_empty() || ids.len() != positions.len() {
-            return Err(Error::Input(format!("target forward: {} ids with {} positions", ids.len(), positions.len())));
-        }
-        if let Some(&bad) = taps.iter().find(|&&l| l + 1 >= c.layers) {
-            return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (never tap the last layer, reference §7.3)", c.layers)));
-        }
-        cache.ensure_room(ids.len())?;
-        let t = ids.len();
-        let start = cache.len;
-        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
-        let mut h = b.embedding(&self.embed, ids)?;
-        let mut tapped: Vec<Option<B::Tensor>> = (0..taps.len()).map(|_| None).collect();
-        for (li, layer) in self.layers.iter().enumerate() {
-            let x = b.rms_norm(&h, &layer.attn_norm, c.hidden, c.rms_eps)?;
-            let (q, k, v) = layer.project_qkv(b, &x, positions, c.head_dim, c.rms_eps, c.rope_theta)?;
-            b.write_rows(&mut cache.k[li], start, &k)?;
-            b.write_rows(&mut cache.v[li], start, &v)?;
-            let a = b.attention(&q, &cache.k[li], &cache.v[li], start + t, shape, mask)?;
-            layer.finish(b, &mut h, &a, c.rms_eps)?;
-            for (slot, &tl) in tapped.iter_mut().zip(taps) {
-                if tl == li {
-                    *slot = Some(b.concat_cols(&[&h])?);
-                }
-            }
-        }
-        cache.len = start + t;
-        let taps_out = if taps.is_empty() {
-            None
-        } else {
-            let parts: Vec<&B::Tensor> = tapped.iter().map(|x| x.as_ref().expect("every tap layer < layers was visited")).collect();
-            Some(b.concat_cols(&parts)?)
-        };
-        let h = match rows {
-            LogitRows::All => h,
-            LogitRows::Last => b.gather_rows(&h, &[t - 1])?,
-        };
-        let hn = b.rms_norm(&h, &self.norm, c.hidden, c.rms_eps)?;
-        let logits = b.matmul(&hn, self.lm_head(), None)?;
-        Ok(TargetOutput { logits, taps: taps_out })
+        let seq = SeqInput { ids, positions, mask, logits: Some(rows) };
+        let out = self.forward_batch(b, &mut [cache], &[seq], taps)?;
+        let logits = out.logits.ok_or_else(|| Error::Input("target forward: no logits row".into()))?;
+        Ok(TargetOutput { logits, taps: out.taps })
     }
 
     /// Several sequences in ONE forward (batch decoding): the blocks of `seqs` are packed row
     /// after row, every matmul, norm and RoPE runs once over all rows, and attention runs ragged
     /// ([`Backend::attention_ragged`]), sequence `s` against `caches[s]` only (its K/V appended
     /// at rows `caches[s].len..`). Since every backend op computes a row independently of the
-    /// others in its call, each sequence's logits and taps are bit-identical to
-    /// [`Target::forward`] on that sequence alone.
+    /// others in its call, each sequence's logits and taps are bit-identical to a forward of
+    /// that sequence alone.
     /// Errors: a count mismatch between `caches` and `seqs`, an empty block, ids/positions of
     /// different lengths, a cache overflow, a tap at the last layer; backend failures.
     pub fn forward_batch(&self, b: &B, caches: &mut [&mut KvCache<B>], seqs: &[SeqInput<'_>], taps: &[usize]) -> Result<BatchOutput<B>> {

@@ -34,7 +34,7 @@ use sparkling::core::{Backend, SampleParams, NO_PARENT};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::budget::{BudgetChoice, CostModel};
 use sparkling::decode::propose::{TreeParams, TreePrep};
-use sparkling::decode::{stop_tokens, GenParams, LookupGraft, Method, Models, RoundView};
+use sparkling::decode::{stop_tokens, GenParams, LookupGraft, Method, Models, Platform, RoundView};
 use sparkling::loader::gguf_source::GgufSource;
 use sparkling::loader::safetensors_source::SafetensorsSource;
 use sparkling::loader::TensorSource;
@@ -215,7 +215,7 @@ impl Session {
     /// the CLI's rule, `sparkling::decode::stop_tokens`: the target's EOS plus the tokenizer's
     /// stop tokens), `tree_prep` (`"auto"`: device on WebGPU, host on the CPU backend), `lookup`
     /// (methods with a drafter: the prompt-lookup chain grafted onto each tree, in tokens, 0 =
-    /// off; default the CLI's `--lookup auto`, `LookupGraft::default_for`). `prompt_ids`: a `Uint32Array` or an array of ids;
+    /// off; default the CLI's `--lookup auto`, `Platform::lookup_graft`). `prompt_ids`: a `Uint32Array` or an array of ids;
     /// `options`: an object or its JSON text. Unknown keys are an error. `on_tokens(ids, text)`, optional, is
     /// called with each round's committed tokens (and their text when a tokenizer is set); when
     /// it returns `false` the generation stops at the round's end (as with [`Session::cancel`]).
@@ -374,7 +374,7 @@ fn add_drafter<B: Backend>(l: &mut Loaded<B>, src: &SafetensorsSource, cfg: Draf
 }
 
 /// Generation options parsed from the `generate` JSON (defaults as documented there).
-fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling::Result<GenParams> {
+fn gen_params(v: &Value, platform: &Platform, default_stop: Vec<u32>) -> sparkling::Result<GenParams> {
     let bad = |k: &str, want: &str| sparkling::Error::Input(format!("generate option `{k}`: expected {want}"));
     let uint = |k: &str, d: usize| -> sparkling::Result<usize> {
         match v.get(k) {
@@ -407,7 +407,7 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
             .collect::<sparkling::Result<_>>()?,
         Some(_) => return Err(bad("stop", "an array of token ids")),
     };
-    let defaults = GenParams::new(method, host_memory).sampling;
+    let defaults = GenParams::new(method, platform).sampling;
     let temperature = float("temperature", defaults.temperature)?;
     let top_p = float("top_p", defaults.top_p)?;
     // Both are finite (`float` refuses NaN and infinities), so plain comparisons suffice.
@@ -416,10 +416,10 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
     }
     // `budget`: "auto" (the default: the per-round choice of `--budget auto`) or a number.
     let d = match v.get("budget") {
-        None | Some(Value::Null) => GenParams::new(method, host_memory),
-        Some(Value::String(s)) if s == "auto" => GenParams::new(method, host_memory),
+        None | Some(Value::Null) => GenParams::new(method, platform),
+        Some(Value::String(s)) if s == "auto" => GenParams::new(method, platform),
         Some(x) => match x.as_u64().and_then(|n| usize::try_from(n).ok()) {
-            Some(n) if n >= 1 => GenParams::new(method, host_memory).with_budget(BudgetChoice::Fixed(n)),
+            Some(n) if n >= 1 => GenParams::new(method, platform).with_budget(BudgetChoice::Fixed(n)),
             _ => return Err(bad("budget", "\"auto\" or an integer ≥ 1 and below 2^32")),
         },
     };
@@ -449,7 +449,7 @@ fn gen_params(v: &Value, host_memory: bool, default_stop: Vec<u32>) -> sparkling
             Some(_) if method.drafter_kind().is_none() => {
                 return Err(bad("lookup", "no `lookup` key for a method without a drafter (method `lookup` takes its chain length from `budget`)"))
             }
-            Some(_) => LookupGraft { len: uint("lookup", d.lookup.len)?, skip_drafter: host_memory },
+            Some(_) => LookupGraft { len: uint("lookup", d.lookup.len)?, skip_drafter: platform.host_memory },
         },
     })
 }
@@ -495,7 +495,7 @@ async fn generate<B: Backend>(
 ) -> sparkling::Result<Value> {
     let models = l.models.as_ref().ok_or_else(|| sparkling::Error::Input("no target loaded: call load_target or load_target_gguf first".into()))?;
     let default_stop = stop_tokens(&models.target.cfg.eos, tok.map_or(&[][..], |t| &t.stop));
-    let mut p = gen_params(opts, l.b.host_memory(), default_stop)?;
+    let mut p = gen_params(opts, &Platform::of(&l.b), default_stop)?;
     if let Some(a) = p.auto_budget.as_mut() {
         a.cost = l.cost.borrow().clone().filter(|c| c.max_rows() > p.tree.budget);
     }

@@ -179,7 +179,7 @@ async fn rounds_are_the_engines_and_rebuild_the_tokens_on_cpu_and_webgpu() {
     let b = CpuBackend::new();
     let target = Target::load(&b, &SafetensorsSource::from_bytes("t", f.1.clone()).unwrap(), f.0.clone(), &|_, _| {}).unwrap();
     let drafter = Drafter::load(&b, &SafetensorsSource::from_bytes("d", f.3.clone()).unwrap(), f.2.clone(), &f.0).unwrap();
-    let mut p = GenParams::new(Method::Sparkling, true).with_budget(BudgetChoice::Fixed(BUDGET));
+    let mut p = GenParams::new(Method::Sparkling, &sparkling::decode::Platform::HOST).with_budget(BudgetChoice::Fixed(BUDGET));
     (p.max_new_tokens, p.stop, p.lookup) = (MAX_NEW, vec![], LookupGraft::OFF);
     let mut engine_rounds = Vec::new();
     let e = Engine { backend: &b, target: &target, drafter: Some(&drafter) };

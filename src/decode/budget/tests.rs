@@ -1,4 +1,5 @@
 use super::*;
+use crate::decode::{Method, Platform};
 
 fn staircase() -> CostModel {
     // Steps every 4 rows: 10 ms for 1–4 rows, 14 for 5–8, 18 for 9–12, 22 for 13–16, 26 for 17.
@@ -347,13 +348,13 @@ fn draft_depth_follows_the_kept_trees() {
 fn a_zero_tree_budget_is_refused_by_the_library() {
     use crate::decode::GenParams;
     for m in [Method::DFlash, Method::DDTree, Method::DSpark, Method::Sparkling, Method::TreeSpark] {
-        let e = GenParams::new(m, true).with_budget(BudgetChoice::Fixed(0)).validate().unwrap_err().to_string();
+        let e = GenParams::new(m, &Platform::HOST).with_budget(BudgetChoice::Fixed(0)).validate().unwrap_err().to_string();
         assert!(e.contains("tree budget 0") && e.contains(m.name()), "{e}");
-        assert!(GenParams::new(m, true).with_budget(BudgetChoice::Fixed(1)).validate().is_ok());
-        assert!(GenParams::new(m, false).validate().is_ok(), "auto");
+        assert!(GenParams::new(m, &Platform::HOST).with_budget(BudgetChoice::Fixed(1)).validate().is_ok());
+        assert!(GenParams::new(m, &Platform::DEVICE).validate().is_ok(), "auto");
     }
     // `ar` reads no budget.
-    assert!(GenParams::new(Method::Ar, true).with_budget(BudgetChoice::Fixed(0)).validate().is_ok());
+    assert!(GenParams::new(Method::Ar, &Platform::HOST).with_budget(BudgetChoice::Fixed(0)).validate().is_ok());
 }
 
 #[test]
