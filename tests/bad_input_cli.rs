@@ -352,10 +352,6 @@ fn absurd_sizes_are_clamped_or_refused_naming_the_argument() {
     let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&pf), "--batch", "0"]);
     no_panic(&o);
     assert!(!o.status.success() && stderr(&o).contains("--batch 0"), "{}", stderr(&o));
-    // Tree methods are batched at fixed budgets only: `--budgets auto` is refused up front.
-    let o = run(d.path(), &["bench", "--target", s(&t), "--prompts", s(&pf), "--batch", "2", "--methods", "sparkling", "--budgets", "auto"]);
-    no_panic(&o);
-    assert!(!o.status.success() && stderr(&o).contains("auto is not batched"), "{}", stderr(&o));
     // Repetition counts that would hang or abort allocating (issue 15) are refused up front.
     for arg in ["--reps", "--warmup"] {
         let o = run(d.path(), &["profile", "--target", s(&t), "--prefill", "8", "--budget", "2", arg, "1000000000000"]);

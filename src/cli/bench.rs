@@ -85,8 +85,9 @@ pub struct BenchArgs {
     /// Batch decoding: decode the prompt set N sequences at a time (continuous batching: one
     /// target forward per step over every sequence in flight, tree methods verifying one tree
     /// block per sequence), one row per method × budget × `--lookup` value × N (`ar`: per N;
-    /// comma-separated, e.g. 1,2,4,8,16): aggregate tokens/s, τ, per-sequence latency. Tree
-    /// methods need fixed `--budgets` (auto is not batched).
+    /// comma-separated, e.g. 1,2,4,8,16): aggregate tokens/s, τ, per-sequence latency. Under
+    /// `--budgets auto` each sequence runs its own policy, its tree rows priced at their cost in
+    /// the batch's shared forward.
     #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     pub batch: Vec<usize>,
 }
@@ -283,9 +284,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         super::refuse_unused_options(&options, &methods, &format!("--methods {}", a.methods.join(",")))?;
     } else {
         super::refuse_unused_options(&options, &methods, &format!("--batch with --methods {}", a.methods.join(",")))?;
-        if methods.iter().any(|m| m.drafter_kind().is_some()) && budget_choices(&a)?.contains(&BudgetChoice::Auto) {
-            return Err(Error::Input("--batch decodes tree methods at fixed budgets: pass --budgets N[,N…] (auto is not batched)".into()));
-        }
     }
     // Refuse bad values before loading anything.
     super::refuse_greedy_sampling_options(a.temperature, None, None, a.seed)?;
@@ -426,11 +424,13 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
     let runs = unique;
     let pb = ProgressBar::new((runs.len() * prompts.len()) as u64);
     pb.set_style(ProgressStyle::with_template("{msg:28} [{bar:30}] {pos}/{len} {elapsed}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
     if !a.batch.is_empty() {
         pb.finish_and_clear();
         let mut batch_runs = Vec::new();
         for (meth, budget, lookup) in &runs {
-            let params = run_params(*meth, *budget, lookup)?;
+            let mut params = run_params(*meth, *budget, lookup)?;
+            super::costs::attach(&mut params, &cost_path);
             let label = match lookup_label(*meth, &params).as_str() {
                 "-" | "off" => budget.name(),
                 l => format!("{}, lookup {l}", budget.name()),
@@ -440,7 +440,6 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
         return super::bench_batch::bench_batch(&m, &prompts, &batch_runs, a);
     }
     let mut reference: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
-    let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
     let mut params_of = Vec::new();
     for (meth, budget, lookup) in &runs {
         let mut params = run_params(*meth, *budget, lookup)?;

@@ -147,7 +147,23 @@ pub fn bench_batch<B: Backend>(m: &Loaded<B>, prompts: &[Vec<u32>], runs: &[(Str
         let warm = GenParams { max_new_tokens: params.max_new_tokens.clamp(2, 4), ..params.clone() };
         let _ = run_one(m, std::slice::from_ref(first), budget, &warm, 1, &ProgressBar::hidden());
     }
-    for (budget, params) in runs {
+    // `--budget auto` rows without a cached cost model: measured once here (and cached), not
+    // by every sequence of the batch on its own cache.
+    let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
+    let mut runs = runs.to_vec();
+    for (_, params) in runs.iter_mut() {
+        super::costs::attach(params, &cost_path);
+        if let (Some(ab), Some(first)) = (params.auto_budget.as_ref(), prompts.first()) {
+            if ab.cost.is_none() && params.method.drafter_kind().is_some() {
+                let probe = GenParams { max_new_tokens: 2, ..params.clone() };
+                if let Some(c) = m.models.engine(&m.backend, params.method)?.generate(first, &probe, &mut |_| {})?.cost_model {
+                    super::costs::save(&cost_path, &c);
+                    params.auto_budget.as_mut().expect("auto").cost = Some(c);
+                }
+            }
+        }
+    }
+    for (budget, params) in &runs {
         for &n in &a.batch {
             let what = if params.method == Method::Ar { "ar".to_string() } else { format!("{} b{budget}", params.method.name()) };
             pb.set_message(format!("{what} batch {n}"));
