@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::Rng;
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::{Engine, Method};
 use sparkling::loader::gguf::GgufFile;
@@ -22,28 +23,6 @@ use sparkling::tokenizer::TextTokenizer;
 use sparkling::tree::{self, DraftTree, MarkovHead};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-
-/// The project's SplitMix64 stream ([`sparkling::decode::rng::splitmix64_next`]).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        sparkling::decode::rng::splitmix64_next(&mut self.0)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-}
 
 fn iters(base: usize) -> usize {
     let scale: usize = std::env::var("SPARKLING_FUZZ_ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
@@ -163,7 +142,7 @@ fn gguf(kvs: &[(&str, Meta)], tensors: &[(String, Vec<u64>)], rng: &mut Rng) -> 
     let header = o.len();
     for (_, dims) in tensors {
         for _ in 0..dims.iter().product::<u64>() {
-            o.extend_from_slice(&((rng.f32() - 0.5) * 0.2).to_le_bytes());
+            o.extend_from_slice(&((rng.unit() - 0.5) * 0.2).to_le_bytes());
         }
         o.resize(o.len().div_ceil(32) * 32, 0);
     }
@@ -399,7 +378,7 @@ fn fuzz_tree_builders() {
         let quant = rng.below(3) == 0; // ties
         let logits: Vec<f32> = (0..ld * vocab)
             .map(|_| {
-                let x = (rng.f32() - 0.5) * scale;
+                let x = (rng.unit() - 0.5) * scale;
                 if quant {
                     x.round()
                 } else {
@@ -409,7 +388,7 @@ fn fuzz_tree_builders() {
             .collect();
         let markov = if rng.below(2) == 0 {
             let rank = 1 + rng.below(8);
-            let mut w = || (0..vocab * rank).map(|_| (rng.f32() - 0.5) * 2.0).collect::<Vec<f32>>();
+            let mut w = || (0..vocab * rank).map(|_| (rng.unit() - 0.5) * 2.0).collect::<Vec<f32>>();
             Some(MarkovHead { vocab, rank, w1: w(), w2: w() })
         } else {
             None

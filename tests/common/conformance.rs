@@ -1,70 +1,36 @@
-//! Backend-generic conformance checks against the CPU reference backend (design §5): every op on
-//! awkward sizes, and every method's greedy tokens on the random models of the exactness
-//! matrix. A device backend's test file opens its backend (or skips) and calls these.
+//! Backend-generic conformance checks against the CPU reference backend (docs/design.md): every
+//! op on awkward sizes, and every method's greedy tokens on the random models of the exactness
+//! matrix. A device backend's test binary implements [`Device`] (how to open the backend, which
+//! weight storages it offers) and stamps out one `#[test]` per check with
+//! [`conformance_tests!`](crate::conformance_tests); the checks are the functions of [`check`].
 //!
 //! Tolerances (printed with the measured error by every check):
 //! - matmul: `|Δ| ≤ 1e-6 + 2e-6 · Σ_k |x_ik · w_jk|` — both sides accumulate in f32 in
 //!   different orders; the rounding error of either is bounded by a multiple of `Σ|x·w|`
-//!   (Higham, dot products). `round` gives the reference the operands as the device sees them
-//!   (bf16 weights and activations on a bf16 backend; products of bf16 values are exact in f32).
+//!   (Higham, dot products). [`Weights::round_x`] / [`Weights::round_w`] give the reference the
+//!   operands as the device sees them (f16/bf16 weights, bf16 activations on a bf16 tensor-core
+//!   backend; products of such values are exact in f32). Against the CPU's own f16 weights:
+//!   `1e-5 + 1e-5·|want|`.
 //! - rms_norm `1e-6 + 1e-5·|want|`; rope `1e-5` absolute; silu_mul `1e-6 + 1e-5·|want|`;
 //!   attention `2e-6 + 2e-5·|want|`; topk lse and markov values `1e-5` absolute.
-//! - embedding, add_assign, concat, gather, write_rows, compact_rows, argmax, topk ids,
-//!   markov slots, candidate_table candidates and slots, sample: exact.
-//! - Row independence (the engine invariant): bit-exact, within the device backend itself.
+//! - embedding, add_assign, concat, gather, write_rows, compact_rows, gathered weight rows,
+//!   argmax, topk ids, markov slots, candidate_table candidates and slots, sample: exact.
+//! - Row independence (the engine invariant): bit-exact, within the device backend itself and
+//!   across its forced kernel choices.
+//! - Target logits and taps: `LOGIT_ABS + LOGIT_REL·max|row|`; a differing argmax must be a
+//!   near-tie.
 #![allow(dead_code)]
 
-use super::{params, tmpdir, ARCHS};
+use super::{assert_bits, assert_close, load_drafter, load_target, params, tmpdir, write_drafter, Rng, ARCHS};
 use sparkling::core::{AttnMask, AttnShape, Backend, Error, SampleParams, NO_PARENT};
-use sparkling::cpu::CpuBackend;
+use sparkling::cpu::{CpuBackend, WeightDtype as CpuDtype};
 use sparkling::decode::{Engine, Method};
-use sparkling::loader::open_source;
-use sparkling::model::config::{read_json, DrafterConfig, DrafterKind, TargetConfig};
-use sparkling::model::drafter::Drafter;
-use sparkling::model::synth::{tiny_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype};
+use sparkling::model::config::{DrafterKind, TargetConfig};
+use sparkling::model::synth::{tiny_target_config, write_random_target, StoreDtype};
 use sparkling::model::target::{LogitRows, Target};
 use std::path::Path;
 
-/// SplitMix64 stream of uniforms in [-1, 1).
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        sparkling::decode::rng::splitmix64_next(&mut self.0)
-    }
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.uniform()).collect()
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
-
-/// Assert `|got - want| <= abs + rel * |want|` elementwise; prints the worst error.
-pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let mut worst = 0.0f32;
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (g - w).abs();
-        let tol = abs + rel * w.abs();
-        assert!(err <= tol, "{what}: element {i}: got {g}, want {w} (error {err:e} > tolerance {tol:e})");
-        worst = worst.max(err);
-    }
-    eprintln!("{what}: max abs error {worst:e} (tolerance {abs:e} + {rel:e}·|want|)");
-}
-
-/// Assert bit equality.
-pub fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.to_bits(), w.to_bits(), "{what}: element {i}: {g} vs {w}");
-    }
-}
-
-/// How the device stores an operand: identity for f32, bf16 rounding for a bf16 backend.
+/// How the device stores an operand: identity for f32, f16/bf16 rounding otherwise.
 pub type Round = fn(f32) -> f32;
 
 /// Identity rounding (f32 weights).
@@ -72,29 +38,106 @@ pub fn exact(v: f32) -> f32 {
     v
 }
 
+/// IEEE half round-to-nearest-even.
+pub fn f16(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
 /// bf16 round-to-nearest-even.
 pub fn bf16(v: f32) -> f32 {
     half::bf16::from_f32(v).to_f32()
 }
 
-/// matmul vs the CPU on awkward and model shapes (1 row, 7×33, 65×576·1536, 129 rows across
-/// the 128-row GEMM block, vocab-wide N), with and without bias. `round_x`/`round_w`: how the
-/// device sees activations and weights.
-pub fn matmul_matches_cpu<B: Backend>(g: &B, round_x: Round, round_w: Round) {
+/// One weight storage a device backend offers, with how the CPU reference sees it.
+#[derive(Debug, Clone)]
+pub struct Weights<O> {
+    /// Printed with every measurement ("f32", "bf16").
+    pub name: &'static str,
+    /// The options that open the device backend with these weights.
+    pub opts: O,
+    /// How a matmul rounds its activations on the device.
+    pub round_x: Round,
+    /// How the device stores weights.
+    pub round_w: Round,
+    /// The CPU backend's weight dtype that stores weights the same way, where there is one: the
+    /// checks that run whole models against the CPU (logits) run on these storages only.
+    pub cpu: Option<CpuDtype>,
+}
+
+/// A device backend under test.
+pub trait Device {
+    type B: Backend;
+    type Options;
+    /// Every weight storage the device offers, f32 first.
+    fn weights() -> Vec<Weights<Self::Options>>;
+    /// Forced kernel choices with f32 weights (name, options): each must give the default
+    /// choice's results bit for bit, and matches the CPU on the shapes it is cheap at.
+    fn kernel_variants() -> Vec<(&'static str, Self::Options)> {
+        Vec::new()
+    }
+    /// The backend with `opts`, or `None` after a loud skip when the device is absent (a
+    /// failure where the device's require variable is set).
+    fn open(opts: &Self::Options, test: &str) -> Option<Self::B>;
+    /// How many of the two prompts each case of the engine-level checks runs.
+    const PROMPTS: Prompts;
+    /// Tree budgets of the reduced-vocabulary check.
+    const REDUCED_VOCAB_BUDGETS: &'static [usize];
+}
+
+/// `conformance_tests!(MyDevice);` — one `#[test]` per function of [`check`], run on the
+/// [`Device`] `MyDevice`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($device:ty) => {
+        $crate::conformance_tests!(@each $device;
+            matmul_matches_cpu,
+            rows_do_not_depend_on_the_batch,
+            attention_matches_cpu,
+            elementwise_and_copies_match_cpu,
+            gathered_weight_rows_are_the_rows,
+            zeros_upload_and_download_round_trip,
+            bad_shapes_are_errors_not_panics,
+            selection_matches_cpu,
+            candidate_table_matches_cpu,
+            sparkling_tree_on_the_device_matches_the_host_heap,
+            target_logits_match_cpu,
+            every_method_gives_the_cpu_greedy_tokens,
+            every_method_matches_its_own_ar_on_reduced_precision_weights,
+            every_method_matches_ar_with_a_reduced_draft_vocabulary
+        );
+    };
+    (@each $device:ty; $($check:ident),*) => {
+        $(
+            #[test]
+            fn $check() {
+                $crate::common::conformance::check::$check::<$device>();
+            }
+        )*
+    };
+}
+
+/// The matmul shapes (m, k, n, bias): 1 row, 7×33, 65×576·1536, 33 and 129 rows (across the
+/// 32-row tile and the 128-row GEMM block), 1×3·5, vocab-wide N.
+const MATMUL_SHAPES: [(usize, usize, usize, bool); 12] = [
+    (1, 1, 1, false),
+    (1, 3, 5, true),
+    (1, 33, 7, true),
+    (1, 576, 1536, false),
+    (7, 33, 19, true),
+    (5, 17, 3, false),
+    (65, 576, 96, false),
+    (65, 576, 1536, false),
+    (33, 64, 65, true),
+    (129, 64, 65, true),
+    (2, 64, 49152, false),
+    (1, 16, 151936, true),
+];
+
+/// matmul vs the CPU on [`MATMUL_SHAPES`] with and without bias, those of at most `max_work`
+/// multiply-adds. `round_x`/`round_w`: how the device sees activations and weights.
+pub fn matmul_matches_cpu<B: Backend>(g: &B, round_x: Round, round_w: Round, max_work: usize) {
     let cpu = CpuBackend::new();
-    for (i, &(m, k, n, bias)) in [
-        (1, 1, 1, false),
-        (1, 576, 1536, false),
-        (7, 33, 19, true),
-        (5, 17, 3, false),
-        (65, 576, 1536, false),
-        (129, 64, 65, true),
-        (2, 64, 49152, false),
-        (1, 16, 151936, true),
-    ]
-    .iter()
-    .enumerate()
-    {
+    for (i, &(m, k, n, bias)) in MATMUL_SHAPES.iter().enumerate().filter(|(_, &(m, k, n, _))| m * k * n <= max_work) {
         let mut r = Rng(100 + i as u64);
         let x = r.vec(m * k);
         let w = r.vec(n * k);
@@ -122,9 +165,22 @@ pub fn matmul_matches_cpu<B: Backend>(g: &B, round_x: Round, round_w: Round) {
     }
 }
 
-/// The engine invariant for matmul and attention: a row computed alone equals the same row of
-/// a 65-row (and a 200-row) call bit for bit; a tree row equals the causal decode of its path.
-pub fn rows_do_not_depend_on_the_batch<B: Backend>(g: &B) {
+/// A matmul on `g` vs the CPU backend storing its weights as `dtype` (the CPU's own rounding
+/// of the weights, f32 activations): within `1e-5 + 1e-5·|want|`.
+pub fn matmul_matches_cpu_weights<B: Backend>(g: &B, dtype: CpuDtype) {
+    let cpu = CpuBackend::with_weight_dtype(dtype);
+    let mut r = Rng(7);
+    let (m, k, n) = (3, 40, 21);
+    let (x, w) = (r.vec(m * k), r.vec(n * k));
+    let got = g.download(&g.matmul(&g.upload(&x, m, k).unwrap(), &g.upload_weight(w.clone(), n, k).unwrap(), None).unwrap()).unwrap();
+    let want = cpu.matmul(&cpu.upload(&x, m, k).unwrap(), &cpu.upload_weight(w, n, k).unwrap(), None).unwrap().data;
+    assert_close(&format!("matmul vs the CPU's {dtype:?} weights"), &got, &want, 1e-5, 1e-5);
+}
+
+/// The engine invariant for matmul and attention: a row (and a 5-row block) computed alone
+/// equals the same rows of a 65-row (and a 200-row) call bit for bit; a tree row equals the
+/// causal decode of its path. Returns the full calls' outputs (to compare kernel choices).
+pub fn rows_do_not_depend_on_the_batch<B: Backend>(g: &B) -> Vec<f32> {
     let mut r = Rng(31);
     let (k, n) = (96, 130);
     let x = r.vec(200 * k);
@@ -133,11 +189,15 @@ pub fn rows_do_not_depend_on_the_batch<B: Backend>(g: &B) {
     let run = |rows: std::ops::Range<usize>| {
         g.download(&g.matmul(&g.upload(&x[rows.start * k..rows.end * k], rows.len(), k).unwrap(), &w, Some(&bias)).unwrap()).unwrap()
     };
+    let mut outputs = Vec::new();
     for total in [65usize, 200] {
         let all = run(0..total);
-        for i in [0usize, 1, 31, 64, total - 1] {
+        for i in [0usize, 1, 31, 32, 64, total - 1] {
             assert_bits(&format!("matmul row {i} alone vs in {total} rows"), &run(i..i + 1), &all[i * n..(i + 1) * n]);
+            let s = i.min(total - 5);
+            assert_bits(&format!("matmul 5-row block at {s} vs in {total} rows"), &run(s..s + 5), &all[s * n..(s + 5) * n]);
         }
+        outputs.extend(all);
     }
     // Attention: tree row i == causal attention over [prefix ; path of i].
     let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 32 };
@@ -161,6 +221,8 @@ pub fn rows_do_not_depend_on_the_batch<B: Backend>(g: &B) {
             g.download(&g.attention(&g.upload(&q[i * 128..(i + 1) * 128], 1, 128).unwrap(), &k2, &v2, rows.len(), shape, AttnMask::Causal).unwrap()).unwrap();
         assert_bits(&format!("tree row {i} vs causal decode of its path"), &one, &tree[i * 128..(i + 1) * 128]);
     }
+    outputs.extend(tree);
+    outputs
 }
 
 /// attention vs the CPU: causal / tree / full masks, GQA, long prefixes (several key splits).
@@ -226,7 +288,7 @@ pub fn elementwise_and_copies_match_cpu<B: Backend>(g: &B, round_w: Round) {
         &cpu.embedding(&cpu.upload_weight(tr, v, k).unwrap(), &ids).unwrap().data,
     );
     assert!(matches!(g.embedding(&g.upload_weight(vec![0.0; 6], 2, 3).unwrap(), &[2]), Err(Error::Invalid(_))));
-    for (i, &(rows, cols, group)) in [(1usize, 1usize, 1usize), (7, 33, 33), (65, 576, 576), (5, 64, 16), (3, 2560, 128)].iter().enumerate() {
+    for (i, &(rows, cols, group)) in [(1usize, 1usize, 1usize), (7, 33, 33), (65, 576, 576), (5, 64, 16), (3, 200, 200), (3, 2560, 128)].iter().enumerate() {
         let mut r = Rng(300 + i as u64);
         let x = r.vec(rows * cols);
         let w: Vec<f32> = (0..group).map(|_| 1.0 + 0.1 * r.uniform()).collect();
@@ -268,9 +330,13 @@ pub fn elementwise_and_copies_match_cpu<B: Backend>(g: &B, round_w: Round) {
     assert_eq!(g.shape(&got), (7, 39));
     assert_bits("concat_cols", &g.download(&got).unwrap(), &cpu.concat_cols(&pc.iter().collect::<Vec<_>>()).unwrap().data);
     assert_bits("concat_cols single", &g.download(&g.concat_cols(&[&pg[0]]).unwrap()).unwrap(), &a);
-    let d = r.vec(4 * 33);
+    let (d, e) = (r.vec(4 * 33), r.vec(33));
     let got = g.concat_rows(&[&g.upload(&d, 4, 33).unwrap(), &pg[0]]).unwrap();
     assert_bits("concat_rows", &g.download(&got).unwrap(), &cpu.concat_rows(&[&cpu.upload(&d, 4, 33).unwrap(), &pc[0]]).unwrap().data);
+    let got = g.concat_rows(&[&g.upload(&e, 1, 33).unwrap(), &g.upload(&d, 4, 33).unwrap(), &pg[0]]).unwrap();
+    assert_eq!(g.shape(&got), (12, 33));
+    let want = cpu.concat_rows(&[&cpu.upload(&e, 1, 33).unwrap(), &cpu.upload(&d, 4, 33).unwrap(), &pc[0]]).unwrap().data;
+    assert_bits("concat_rows of 3", &g.download(&got).unwrap(), &want);
     let idx = [6usize, 0, 0, 3, 6];
     assert_bits("gather_rows", &g.download(&g.gather_rows(&pg[0], &idx).unwrap()).unwrap(), &cpu.gather_rows(&pc[0], &idx).unwrap().data);
     let cache0 = r.vec(40 * 24);
@@ -287,23 +353,67 @@ pub fn elementwise_and_copies_match_cpu<B: Backend>(g: &B, round_w: Round) {
     assert_eq!(g.download_rows(&gc, 20, 3).unwrap(), cc.data[20 * 24..23 * 24].to_vec());
     let z = g.zeros(65, 576).unwrap();
     assert!(g.download(&z).unwrap().iter().all(|&v| v == 0.0));
-    // bad shapes are errors, not panics
+}
+
+/// A bad shape is an [`Error::Shape`], not a panic or a wrong result.
+pub fn bad_shapes_are_errors_not_panics<B: Backend>(g: &B) {
     let x = g.upload(&[0.0; 6], 2, 3).unwrap();
     let y = g.upload(&[0.0; 8], 2, 4).unwrap();
     let w = g.upload_weight(vec![0.0; 12], 3, 4).unwrap();
     let shape = |r: sparkling::core::Result<()>| matches!(r, Err(Error::Shape { .. }));
     assert!(shape(g.upload(&[0.0; 5], 2, 3).map(|_| ())));
+    assert!(shape(g.upload_weight(vec![0.0; 5], 2, 3).map(|_| ())));
     assert!(shape(g.matmul(&x, &w, None).map(|_| ())));
     assert!(shape(g.matmul(&y, &w, Some(&x)).map(|_| ())));
     assert!(shape(g.rms_norm(&x, &y, 3, 1e-6).map(|_| ())));
+    assert!(shape(g.rms_norm(&x, &x, 0, 1e-6).map(|_| ())));
     let mut x2 = g.upload(&[0.0; 6], 2, 3).unwrap();
     assert!(shape(g.rope(&mut x2, &[0, 1], 3, 1e4)));
+    assert!(shape(g.rope(&mut x2, &[0], 2, 1e4)));
     assert!(shape(g.silu_mul(&x, &y).map(|_| ())));
     assert!(shape(g.add_assign(&mut x2, &y)));
+    assert!(shape(g.concat_cols(&[&x, &g.upload(&[0.0; 3], 1, 3).unwrap()]).map(|_| ())));
+    assert!(shape(g.concat_rows(&[&x, &y]).map(|_| ())));
     assert!(shape(g.gather_rows(&x, &[2]).map(|_| ())));
     assert!(shape(g.write_rows(&mut x2, 1, &x)));
     assert!(shape(g.compact_rows(&mut x2, 1, &[1])));
     assert!(shape(g.download_rows(&x, 1, 2).map(|_| ())));
+    // An overflowing row range is a shape error, not a wrap-around.
+    assert!(shape(g.download_rows(&x, usize::MAX, 2).map(|_| ())));
+}
+
+/// Uploads and downloads round-trip exactly, empty tensors included, and `zeros` is zero even
+/// where the allocation reuses a buffer a dropped tensor filled.
+pub fn zeros_upload_and_download_round_trip<B: Backend>(g: &B) {
+    for &(rows, cols) in &[(1usize, 1usize), (7, 33), (0, 5), (65, 576)] {
+        let data: Vec<f32> = (0..rows * cols).map(|i| i as f32 + 0.5).collect();
+        let t = g.upload(&data, rows, cols).unwrap();
+        assert_eq!(g.download(&t).unwrap(), data, "[{rows},{cols}] round trip");
+        drop(t);
+        let z = g.zeros(rows, cols).unwrap();
+        assert_eq!(g.shape(&z), (rows, cols));
+        assert!(g.download(&z).unwrap().iter().all(|&v| v == 0.0), "zeros [{rows},{cols}]");
+    }
+}
+
+/// A reduced draft vocabulary's output layer: [`Backend::gather_weight_rows`] and its awaiting
+/// twin (the browser's path, which may not block) give the same weight, whose rows are the
+/// chosen rows (read through `embedding`, exactly); bad rows are errors.
+pub fn gathered_weight_rows_are_the_rows<B: Backend>(g: &B) {
+    let mut r = Rng(9);
+    let (v, k) = (41, 64);
+    let w = g.upload_weight(r.vec(v * k), v, k).unwrap();
+    let rows = [40u32, 0, 7, 7, 3];
+    let want = g.download(&g.embedding(&w, &rows).unwrap()).unwrap();
+    let all: Vec<u32> = (0..rows.len() as u32).collect();
+    let sync = g.gather_weight_rows(&w, &rows).unwrap();
+    let asy = pollster::block_on(g.gather_weight_rows_async(&w, &rows)).unwrap();
+    for (name, gw) in [("sync", &sync), ("async", &asy)] {
+        assert_eq!(g.weight_shape(gw), (rows.len(), k), "{name}");
+        assert_bits(&format!("gathered rows {name}"), &g.download(&g.embedding(gw, &all).unwrap()).unwrap(), &want);
+    }
+    assert!(matches!(pollster::block_on(g.gather_weight_rows_async(&w, &[41])), Err(Error::Invalid(_))));
+    assert!(matches!(pollster::block_on(g.gather_weight_rows_async(&w, &[])), Err(Error::Invalid(_))));
 }
 
 /// argmax, sample, topk and markov_table vs the CPU (ids and slots exact).
@@ -318,11 +428,14 @@ pub fn selection_matches_cpu<B: Backend>(g: &B) {
     for &i in &[cols + 49151, cols + 7, cols + 8] {
         x[i] = 9.0;
     }
+    // Vocab-wide rows whose maximum occurs several times: the lowest index wins.
     assert_eq!(g.argmax(&g.upload(&x, 2, cols).unwrap()).unwrap(), vec![100, 7]);
+    assert_eq!(cpu.argmax(&cpu.upload(&x, 2, cols).unwrap()).unwrap(), vec![100, 7]);
     let (nan, ninf) = (f32::NAN, f32::NEG_INFINITY);
     for (rows, cols, data) in [
         (1usize, 1usize, vec![-3.0f32]),
         (3, 4, vec![nan, 1.0, nan, 2.0, ninf, ninf, ninf, ninf, nan, nan, nan, nan]),
+        (2, 3, vec![ninf, -1e30, -1e30, f32::INFINITY, 1.0, f32::INFINITY]),
         (7, 33, r.vec(7 * 33)),
         (1, 151936, r.vec(151936)),
     ] {
@@ -384,7 +497,6 @@ pub fn selection_matches_cpu<B: Backend>(g: &B) {
     let gb = g.upload(&[0.0; 10], 1, 10).unwrap();
     assert!(g.markov_table(&gb, None, &[3, 2], 1).is_err(), "unsorted candidates are an error");
     assert!(g.markov_table(&gb, None, &[10], 1).is_err(), "a candidate outside the vocabulary is an error");
-    candidate_table_matches_cpu(g);
 }
 
 /// candidate_table (SparklingTree tree prep: per-row top-C → union with the anchor → Markov
@@ -439,30 +551,6 @@ pub fn candidate_table_matches_cpu<B: Backend>(g: &B) {
 pub const LOGIT_ABS: f32 = 1e-4;
 /// Relative part, times the largest |logit| of the row.
 pub const LOGIT_REL: f32 = 1e-5;
-
-/// Load a target from an HF directory onto `b`.
-pub fn load_target<B: Backend>(b: &B, dir: &Path) -> Target<B> {
-    let (cp, v) = read_json(dir).expect("config");
-    let cfg = TargetConfig::from_hf_json(&cp, &v).expect("parse config");
-    let src = open_source(dir).expect("open");
-    Target::load(b, src.as_ref(), cfg, &|_, _| {}).expect("load target")
-}
-
-/// Load a drafter directory onto `b`, checked against `target`.
-pub fn load_drafter<B: Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Drafter<B> {
-    let (cp, v) = read_json(dir).expect("config");
-    let cfg = DrafterConfig::from_hf_json(&cp, &v).expect("parse drafter config");
-    let src = open_source(dir).expect("open drafter");
-    Drafter::load(b, src.as_ref(), cfg, target).expect("load drafter")
-}
-
-/// Write a random 1-layer drafter of `kind` (DSpark: Markov rank 8) for `target` into `dir`.
-pub fn write_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, seed: u64) {
-    let rank = if kind == DrafterKind::DSpark { 8 } else { 0 };
-    let init =
-        DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
-    write_random_drafter(dir, target, &init, seed, StoreDtype::Bf16).expect("write drafter");
-}
 
 /// Gap between the two largest logits of a row.
 pub fn top2_gap(row: &[f32]) -> f32 {
@@ -578,8 +666,9 @@ pub fn every_method_gives_the_cpu_greedy_tokens<B: Backend>(g: &B, prompts_per_c
 }
 
 /// The engine invariant on `g` alone: every method (budgets 1, 4, 32, 64) emits exactly `g`'s
-/// own `ar` tokens on the exactness-matrix models.
-pub fn every_method_matches_its_own_ar<B: Backend>(g: &B) {
+/// own `ar` tokens on the exactness-matrix models. `prompts_per_case`: see [`Prompts`] (cases:
+/// architectures).
+pub fn every_method_matches_its_own_ar<B: Backend>(g: &B, prompts_per_case: Prompts) {
     let prompts: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
     let mut runs = 0usize;
     for (ai, arch) in ARCHS.into_iter().enumerate() {
@@ -591,7 +680,10 @@ pub fn every_method_matches_its_own_ar<B: Backend>(g: &B) {
         write_drafter(d1.path(), &cfg, DrafterKind::DFlash, 16, 5);
         write_drafter(d2.path(), &cfg, DrafterKind::DSpark, 16, 6);
         let (gdf, gds) = (load_drafter(g, d1.path(), &cfg), load_drafter(g, d2.path(), &cfg));
-        for prompt in prompts {
+        for (pi, prompt) in prompts.into_iter().enumerate() {
+            if !prompts_per_case.runs(pi, ai) {
+                continue;
+            }
             let ar =
                 Engine { backend: g, target: &gt, drafter: None }.generate(prompt, &params(Method::Ar, 1, 0.0, 0, 40, vec![]), &mut |_| {}).unwrap().tokens;
             assert_eq!(ar.len(), 40);
@@ -611,17 +703,18 @@ pub fn every_method_matches_its_own_ar<B: Backend>(g: &B) {
     eprintln!("own-ar invariant on {}: {runs} generations equal to ar", g.name());
 }
 
-/// Target logits (prefill and a 17-node tree verify) within `LOGIT_ABS + LOGIT_REL·max|logit|`
-/// of the CPU's, for all three archs; rows whose argmax differ must be near-ties.
-pub fn target_logits_match_cpu<B: Backend>(g: &B) {
-    let cpu = CpuBackend::new();
+/// Target logits (a causal prefill, then a 17-node tree verify with random parents) and the
+/// prefill's taps within `LOGIT_ABS + LOGIT_REL·max|row|` of `cpu`'s, for all three archs;
+/// rows whose argmax differ must be near-ties (reported).
+pub fn target_logits_match_cpu<B: Backend>(g: &B, cpu: &CpuBackend) {
     for (ai, arch) in ARCHS.into_iter().enumerate() {
         let dir = tmpdir("conf-logits");
         let cfg = tiny_target_config(arch, 200);
         write_random_target(dir.path(), &cfg, 40 + ai as u64, StoreDtype::F32).unwrap();
-        let (ct, gt) = (load_target(&cpu, dir.path()), load_target(g, dir.path()));
+        let (ct, gt) = (load_target(cpu, dir.path()), load_target(g, dir.path()));
         let prompt: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % 200).collect();
         let pos: Vec<u32> = (0..prompt.len() as u32).collect();
+        // A 17-node tree after the prompt: random parents, depths from the parents.
         let mut parents = vec![NO_PARENT];
         let mut depth = vec![0u32];
         for i in 1..17u32 {
@@ -631,34 +724,49 @@ pub fn target_logits_match_cpu<B: Backend>(g: &B) {
         }
         let tree_ids: Vec<u32> = (0..17u32).map(|i| (i * 13 + 1) % 200).collect();
         let tree_pos: Vec<u32> = depth.iter().map(|d| prompt.len() as u32 + d).collect();
-        let run = |b: &dyn Fn(&mut Vec<Vec<f32>>)| {
-            let mut v = Vec::new();
-            b(&mut v);
-            v
-        };
-        let c = run(&|v| {
-            let mut cache = ct.new_cache(&cpu, 40).unwrap();
-            v.push(cpu.download(&ct.forward(&cpu, &mut cache, &prompt, &pos, AttnMask::Causal, LogitRows::All, &[]).unwrap().logits).unwrap());
-            v.push(
-                cpu.download(&ct.forward(&cpu, &mut cache, &tree_ids, &tree_pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits)
-                    .unwrap(),
-            );
-        });
-        let mut cache = gt.new_cache(g, 40).unwrap();
-        let gp = g.download(&gt.forward(g, &mut cache, &prompt, &pos, AttnMask::Causal, LogitRows::All, &[]).unwrap().logits).unwrap();
-        let gv =
-            g.download(&gt.forward(g, &mut cache, &tree_ids, &tree_pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits).unwrap();
-        for (part, cw, gw) in [("prefill", &c[0], &gp), ("tree verify", &c[1], &gv)] {
+        let c = forward_pair(cpu, &ct, &prompt, &pos, &tree_ids, &tree_pos, &parents);
+        let w = forward_pair(g, &gt, &prompt, &pos, &tree_ids, &tree_pos, &parents);
+        let what = format!("{arch:?} on {} vs {}", g.name(), cpu.name());
+        for (part, c, w) in [("prefill", &c.0, &w.0), ("tree verify", &c.1, &w.1), ("taps", &c.2, &w.2)] {
             let mut worst = 0.0f32;
-            for (ri, (cr, wr)) in cw.chunks(200).zip(gw.chunks(200)).enumerate() {
+            let width = if part == "taps" { c.len() / prompt.len() } else { cfg.vocab };
+            for (ri, (cr, wr)) in c.chunks(width).zip(w.chunks(width)).enumerate() {
                 let tol = logit_tol(cr);
                 let err = cr.iter().zip(wr).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-                assert!(err <= tol, "{arch:?} {part} row {ri}: max |Δ logit| {err:e} > {tol:e}");
+                assert!(err <= tol, "{what} {part} row {ri}: max |Δ| {err:e} > tolerance {tol:e}");
                 worst = worst.max(err);
+                if part != "taps" {
+                    let (ca, wa) = (argmax(cr), argmax(wr));
+                    if ca != wa {
+                        let gap = top2_gap(cr);
+                        assert!(gap < tol, "{what} {part} row {ri}: argmax {ca} vs {wa} with a top-2 gap {gap:e} ≥ tolerance {tol:e}");
+                        eprintln!("NEAR-TIE {what} {part} row {ri}: argmax CPU {ca} vs device {wa}, top-2 gap {gap:e} < {tol:e}");
+                    }
+                }
             }
-            eprintln!("{arch:?} {part} on {}: max |Δ logit| = {worst:e}", g.name());
+            eprintln!("{what} {part}: max |Δ| = {worst:e} (tolerance {LOGIT_ABS:e} + {LOGIT_REL:e}·max|row|)");
         }
     }
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
+}
+
+/// Prefill logits `[P, V]` (all rows), then tree-verify logits `[N, V]`, and the prefill taps.
+fn forward_pair<B: Backend>(
+    b: &B,
+    t: &Target<B>,
+    prompt: &[u32],
+    pos: &[u32],
+    tree_ids: &[u32],
+    tree_pos: &[u32],
+    parents: &[u32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut cache = t.new_cache(b, prompt.len() + tree_ids.len()).unwrap();
+    let pre = t.forward(b, &mut cache, prompt, pos, AttnMask::Causal, LogitRows::All, &[0, 2]).unwrap();
+    let ver = t.forward(b, &mut cache, tree_ids, tree_pos, AttnMask::Tree { parents }, LogitRows::All, &[]).unwrap();
+    (b.download(&pre.logits).unwrap(), b.download(&ver.logits).unwrap(), b.download(pre.taps.as_ref().unwrap()).unwrap())
 }
 
 /// [`Backend::sparkling_tree`] (the best-first heap run on the device) builds the tree that the
@@ -793,4 +901,130 @@ pub fn reduced_vocab_methods_match_ar<B: Backend>(g: &B, budgets: &[usize], prom
     }
     eprintln!("reduced draft vocabulary on {}: {runs} generations equal to ar ({accepted_rounds} rounds accepted ≥ 1 drafted token)", g.name());
     assert!(accepted_rounds > 0, "no drafted token was ever accepted: the reduced drafters drafted nothing useful");
+}
+
+/// The checks, one `#[test]` each in every device's binary ([`conformance_tests!`](crate::conformance_tests)).
+/// A check that opens the device more than once skips as a whole at the first `None`.
+pub mod check {
+    use super::*;
+
+    /// Open the f32 backend of `D`, or `None` after a loud skip.
+    fn f32_backend<D: Device>(test: &str) -> Option<D::B> {
+        let w = D::weights().into_iter().next().expect("a device offers f32 weights");
+        let g = D::open(&w.opts, test)?;
+        eprintln!("{test}: {} weights on {}", w.name, g.name());
+        Some(g)
+    }
+
+    /// Run `f` on `D` opened with each weight storage of `storages` in turn.
+    fn each<D: Device>(test: &str, storages: Vec<Weights<D::Options>>, mut f: impl FnMut(&Weights<D::Options>, &D::B)) {
+        for w in storages {
+            let Some(g) = D::open(&w.opts, test) else { return };
+            eprintln!("{test}: {} weights on {}", w.name, g.name());
+            f(&w, &g);
+        }
+    }
+
+    /// matmul vs the CPU for every weight storage (against the CPU's own rounding of the weights
+    /// too, where the CPU has that storage), and for every forced kernel choice on the shapes
+    /// of at most 10 M multiply-adds.
+    pub fn matmul_matches_cpu<D: Device>() {
+        each::<D>("matmul_matches_cpu", D::weights(), |w, g| {
+            super::matmul_matches_cpu(g, w.round_x, w.round_w, usize::MAX);
+            if let Some(dt) = w.cpu.filter(|&dt| dt != CpuDtype::F32) {
+                matmul_matches_cpu_weights(g, dt);
+            }
+        });
+        for (name, opts) in D::kernel_variants() {
+            let Some(g) = D::open(&opts, "matmul_matches_cpu") else { return };
+            eprintln!("matmul_matches_cpu: {name} on {}", g.name());
+            super::matmul_matches_cpu(&g, exact, exact, 10_000_000);
+        }
+    }
+
+    /// Row independence for every weight storage and kernel choice; every kernel choice gives
+    /// the default's results bit for bit.
+    pub fn rows_do_not_depend_on_the_batch<D: Device>() {
+        let mut default = None;
+        each::<D>("rows_do_not_depend_on_the_batch", D::weights(), |_, g| {
+            let out = super::rows_do_not_depend_on_the_batch(g);
+            default.get_or_insert(out);
+        });
+        let Some(default) = default else { return };
+        for (name, opts) in D::kernel_variants() {
+            let Some(g) = D::open(&opts, "rows_do_not_depend_on_the_batch") else { return };
+            assert_bits(&format!("{name} vs the default kernels"), &super::rows_do_not_depend_on_the_batch(&g), &default);
+        }
+    }
+
+    pub fn attention_matches_cpu<D: Device>() {
+        let Some(g) = f32_backend::<D>("attention_matches_cpu") else { return };
+        super::attention_matches_cpu(&g);
+    }
+
+    /// Every other op vs the CPU, for every weight storage (the embedding table as stored).
+    pub fn elementwise_and_copies_match_cpu<D: Device>() {
+        each::<D>("elementwise_and_copies_match_cpu", D::weights(), |w, g| super::elementwise_and_copies_match_cpu(g, w.round_w));
+    }
+
+    pub fn gathered_weight_rows_are_the_rows<D: Device>() {
+        each::<D>("gathered_weight_rows_are_the_rows", D::weights(), |_, g| super::gathered_weight_rows_are_the_rows(g));
+    }
+
+    pub fn zeros_upload_and_download_round_trip<D: Device>() {
+        let Some(g) = f32_backend::<D>("zeros_upload_and_download_round_trip") else { return };
+        super::zeros_upload_and_download_round_trip(&g);
+    }
+
+    pub fn bad_shapes_are_errors_not_panics<D: Device>() {
+        let Some(g) = f32_backend::<D>("bad_shapes_are_errors_not_panics") else { return };
+        super::bad_shapes_are_errors_not_panics(&g);
+    }
+
+    pub fn selection_matches_cpu<D: Device>() {
+        let Some(g) = f32_backend::<D>("selection_matches_cpu") else { return };
+        super::selection_matches_cpu(&g);
+    }
+
+    pub fn candidate_table_matches_cpu<D: Device>() {
+        let Some(g) = f32_backend::<D>("candidate_table_matches_cpu") else { return };
+        super::candidate_table_matches_cpu(&g);
+    }
+
+    /// Every device backend builds SparklingTree trees on the device.
+    pub fn sparkling_tree_on_the_device_matches_the_host_heap<D: Device>() {
+        let Some(g) = f32_backend::<D>("sparkling_tree_on_the_device_matches_the_host_heap") else { return };
+        assert!(super::sparkling_tree_matches_host_heap(&g), "the {} backend must build SparklingTree trees on the device", g.name());
+    }
+
+    /// Target logits vs the CPU for every weight storage the CPU backend also has.
+    pub fn target_logits_match_cpu<D: Device>() {
+        let storages = D::weights().into_iter().filter(|w| w.cpu.is_some()).collect();
+        each::<D>("target_logits_match_cpu", storages, |w, g| super::target_logits_match_cpu(g, &CpuBackend::with_weight_dtype(w.cpu.unwrap())));
+    }
+
+    pub fn every_method_gives_the_cpu_greedy_tokens<D: Device>() {
+        let Some(g) = f32_backend::<D>("every_method_gives_the_cpu_greedy_tokens") else { return };
+        super::every_method_gives_the_cpu_greedy_tokens(&g, D::PROMPTS);
+    }
+
+    /// Reduced-precision logits differ from the CPU's f32 ones by design; the engine invariant
+    /// must still hold on the device itself: every method emits exactly the device's own `ar`.
+    pub fn every_method_matches_its_own_ar_on_reduced_precision_weights<D: Device>() {
+        let storages = D::weights().into_iter().skip(1).collect();
+        each::<D>("every_method_matches_its_own_ar_on_reduced_precision_weights", storages, |_, g| super::every_method_matches_its_own_ar(g, D::PROMPTS));
+    }
+
+    /// Device top-k, Markov table and device tree over V_d columns, the virtual anchor column,
+    /// gathered lm_head rows: every method equals the device's own `ar`, with f32 weights and
+    /// with the device's lowest-precision ones.
+    pub fn every_method_matches_ar_with_a_reduced_draft_vocabulary<D: Device>() {
+        let mut storages = D::weights();
+        if storages.len() > 2 {
+            storages.drain(1..storages.len() - 1);
+        }
+        each::<D>("every_method_matches_ar_with_a_reduced_draft_vocabulary", storages, |_, g| {
+            reduced_vocab_methods_match_ar(g, D::REDUCED_VOCAB_BUDGETS, D::PROMPTS)
+        });
+    }
 }

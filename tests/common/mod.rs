@@ -5,7 +5,7 @@
 pub mod cli;
 pub mod conformance;
 
-use sparkling::core::SampleParams;
+use sparkling::core::{Backend, SampleParams};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{GenParams, Method};
@@ -29,6 +29,60 @@ pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// The project's SplitMix64 stream ([`sparkling::decode::rng::splitmix64_next`]): uniforms in
+/// [-1, 1) or [0, 1), indices.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        sparkling::decode::rng::splitmix64_next(&mut self.0)
+    }
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    /// A uniform in [0, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform()).collect()
+    }
+    /// A uniform index in 0..n (0 when n = 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next_u64() % n as u64) as usize
+        }
+    }
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+}
+
+/// Assert `|got - want| <= abs + rel * |want|` elementwise; prints the worst error.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0usize, 0.0f32);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        let tol = abs + rel * w.abs();
+        assert!(err <= tol, "{what}: element {i}: got {g}, want {w} (error {err:e} > tolerance {tol:e})");
+        if err > worst.1 {
+            worst = (i, err);
+        }
+    }
+    eprintln!("{what}: max abs error {:e} (at {}), tolerance {abs:e} + {rel:e}·|want|", worst.1, worst.0);
+}
+
+/// Assert bit equality.
+pub fn assert_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{what}: element {i}: {g} vs {w}");
+    }
+}
+
 /// A fresh temporary directory (removed when dropped).
 pub fn tmpdir(tag: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("sparkling-{tag}-")).tempdir().expect("temp dir")
@@ -38,30 +92,38 @@ pub fn tmpdir(tag: &str) -> tempfile::TempDir {
 pub fn random_target(dir: &Path, arch: Arch, vocab: usize, seed: u64) -> Target<CpuBackend> {
     let cfg = tiny_target_config(arch, vocab);
     write_random_target(dir, &cfg, seed, StoreDtype::F32).expect("write target");
-    load_target(dir)
+    load_target(&CpuBackend::new(), dir)
 }
 
-/// Load a target from an HF directory.
-pub fn load_target(dir: &Path) -> Target<CpuBackend> {
+/// Load a target from an HF directory onto `b`.
+pub fn load_target<B: Backend>(b: &B, dir: &Path) -> Target<B> {
     let (cp, v) = read_json(dir).expect("config");
     let cfg = TargetConfig::from_hf_json(&cp, &v).expect("parse config");
     let src = open_source(dir).expect("open");
-    Target::load(&CpuBackend::new(), src.as_ref(), cfg, &|_, _| {}).expect("load target")
+    Target::load(b, src.as_ref(), cfg, &|_, _| {}).expect("load target")
 }
 
-/// Write and load a random drafter for `target`.
-pub fn random_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, rank: usize, seed: u64) -> Drafter<CpuBackend> {
+/// Write a random 1-layer bf16 drafter of `kind` for `target` into `dir`, with a Markov head
+/// of `rank` (0: none).
+pub fn write_drafter_with_rank(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, rank: usize, seed: u64) {
     let init =
         DrafterInit { kind, layers: 1, block_size: block, markov_rank: rank, taps: 2, mask_token_id: None, confidence_head: kind == DrafterKind::DSpark };
     write_random_drafter(dir, target, &init, seed, StoreDtype::Bf16).expect("write drafter");
-    let (cp, v) = read_json(dir).expect("config");
-    let cfg = DrafterConfig::from_hf_json(&cp, &v).expect("parse drafter config");
-    let src = open_source(dir).expect("open drafter");
-    Drafter::load(&CpuBackend::new(), src.as_ref(), cfg, target).expect("load drafter")
+}
+
+/// Write a random 1-layer drafter of `kind` (DSpark: Markov rank 8) for `target` into `dir`.
+pub fn write_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, seed: u64) {
+    write_drafter_with_rank(dir, target, kind, block, if kind == DrafterKind::DSpark { 8 } else { 0 }, seed);
+}
+
+/// Write and load (on the CPU) a random drafter for `target`.
+pub fn random_drafter(dir: &Path, target: &TargetConfig, kind: DrafterKind, block: usize, rank: usize, seed: u64) -> Drafter<CpuBackend> {
+    write_drafter_with_rank(dir, target, kind, block, rank, seed);
+    load_drafter(&CpuBackend::new(), dir, target)
 }
 
 /// Load a drafter checkpoint directory against `target` on `b`.
-pub fn load_drafter<B: sparkling::core::Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Drafter<B> {
+pub fn load_drafter<B: Backend>(b: &B, dir: &Path, target: &TargetConfig) -> Drafter<B> {
     let (cp, v) = read_json(dir).expect("drafter config");
     let cfg = DrafterConfig::from_hf_json(&cp, &v).expect("parse drafter config");
     let src = open_source(dir).expect("open drafter");

@@ -26,12 +26,8 @@
 //!   without a Markov head, parent chunks under 64 KiB bindings; bad arguments are errors.
 //!
 //! Without an adapter every test skips loudly (fails with `SPARKLING_REQUIRE_GPU=1`).
-#![cfg(feature = "wgpu")]
-
-#[path = "wgpu_common/mod.rs"]
-mod common;
-
-use common::*;
+use crate::common::*;
+use crate::open;
 use sparkling_core::{Backend, Error, SampleParams};
 use sparkling_cpu::CpuBackend;
 use sparkling_wgpu::{Subgroups, WgpuBackend, WgpuOptions};
@@ -358,7 +354,7 @@ fn check_union(g: &WgpuBackend, label: &str, c: &UnionCase, seed: u64) -> (f32, 
     let (cb, c1, c2) = (cpu.upload(&base, c.ld, c.vocab).unwrap(), cpu.upload(&w1, c.vocab, rank).unwrap(), cpu.upload(&w2, c.vocab, rank).unwrap());
     let want = cpu.candidate_table(&cb, c.markov.then_some((&c1, &c2)), c.c, anchor, c.k).unwrap();
     let (gb, g1, g2) = (g.upload(&base, c.ld, c.vocab).unwrap(), g.upload(&w1, c.vocab, rank).unwrap(), g.upload(&w2, c.vocab, rank).unwrap());
-    // (The one-sync property is tests/wgpu_syncs.rs's: these backends are shared by parallel tests.)
+    // (The one-sync property is tests/wgpu/syncs.rs's: these backends are shared by parallel tests.)
     let got = g.candidate_table(&gb, c.markov.then_some((&g1, &g2)), c.c, anchor, c.k).unwrap();
     let what = format!("candidate_table V={} ld={} C={} k={} r={} markov={} anchor {anchor} {:?} ({label})", c.vocab, c.ld, c.c, c.k, rank, c.markov, c.anchor);
     assert_eq!(got.cand, want.cand, "{what}: candidates");
@@ -515,7 +511,7 @@ fn candidate_table_bad_input_is_an_error() {
 
 /// Timing of the fused op vs the two-call path (topk + host union + markov_table) at
 /// SmolLM2-like draft sizes; prints, asserts nothing about wall-clock.
-/// Run: `cargo test --release --features wgpu --test wgpu_select -- --ignored --nocapture candidate_table_timing`.
+/// Run: `cargo test --release --features wgpu --test wgpu -- --ignored --nocapture select::candidate_table_timing`.
 #[test]
 #[ignore]
 fn candidate_table_timing() {

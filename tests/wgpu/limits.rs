@@ -2,25 +2,21 @@
 //! folded into 2-D grids, clear errors beyond the limits, and adapter selection. The limits are
 //! lowered through `WgpuOptions` so the split paths run at small, fast sizes; results must not
 //! change at all (exact equality with the unsplit backend).
-#![cfg(feature = "wgpu")]
-
-#[path = "wgpu_common/mod.rs"]
-mod common;
-
-use common::*;
+use crate::common::*;
+use crate::open;
 use sparkling_core::{AttnMask, AttnShape, Backend, Error, NO_PARENT};
 use sparkling_wgpu::{list_adapters, Subgroups, WeightDtype, WgpuBackend, WgpuOptions};
 
 /// A backend with 4 KiB bindings and at most 3 workgroups per grid dimension.
 fn tight(dtype: WeightDtype) -> Option<WgpuBackend> {
-    common::open(&WgpuOptions { weight_dtype: dtype, max_binding_bytes: Some(4096), max_workgroups_per_dim: Some(3), ..Default::default() }, "tight limits")
+    open(&WgpuOptions { weight_dtype: dtype, max_binding_bytes: Some(4096), max_workgroups_per_dim: Some(3), ..Default::default() }, "tight limits")
 }
 
 #[test]
 fn split_weights_and_folded_grids_give_identical_results() {
     for dt in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
         let Some(t) = tight(dt) else { return };
-        let Some(g) = common::open(&WgpuOptions { weight_dtype: dt, ..Default::default() }, "default limits") else { return };
+        let Some(g) = open(&WgpuOptions { weight_dtype: dt, ..Default::default() }, "default limits") else { return };
         let mut r = Rng(9);
         let (m, k, n) = (3, 33, 250); // 250 rows of 33: f32 chunks of 28 rows, packed of 60
         let x = r.vec(m * k);
@@ -52,8 +48,8 @@ fn split_weights_and_folded_grids_give_identical_results() {
 #[test]
 fn folded_grids_cover_every_elementwise_and_attention_workgroup() {
     let opts = WgpuOptions { max_workgroups_per_dim: Some(7), ..Default::default() };
-    let Some(t) = common::open(&opts, "7 workgroups per dimension") else { return };
-    let Some(g) = common::open(&WgpuOptions::default(), "default limits") else { return };
+    let Some(t) = open(&opts, "7 workgroups per dimension") else { return };
+    let Some(g) = open(&WgpuOptions::default(), "default limits") else { return };
     let mut r = Rng(10);
     // 10 x 300 = 3000 values → 12 elementwise workgroups (> 7 per dimension → a 6 x 2 grid).
     let (rows, cols) = (10, 300);
@@ -131,7 +127,7 @@ fn adapters_are_listed_and_selected_by_index_or_name() {
 
 #[test]
 fn a_lost_device_gives_clear_errors_not_panics() {
-    let Some(b) = common::open(&WgpuOptions::default(), "device lost") else { return };
+    let Some(b) = open(&WgpuOptions::default(), "device lost") else { return };
     let x = b.upload(&[1.0, 2.0, 3.0], 1, 3).unwrap();
     let w = b.upload_weight(vec![1.0; 6], 2, 3).unwrap();
     let _pending = b.matmul(&x, &w, None).unwrap();
@@ -150,7 +146,7 @@ fn every_kernel_variant_compiles_on_this_adapter() {
     // All weight dtypes and matmul tiles and both reduction libraries (where the adapter has
     // subgroups), not only what a given model exercises; web/tests runs the same in Chrome.
     for sg in [Subgroups::Auto, Subgroups::Off] {
-        let Some(g) = common::open(&WgpuOptions { subgroups: sg, ..Default::default() }, "every kernel") else { return };
+        let Some(g) = open(&WgpuOptions { subgroups: sg, ..Default::default() }, "every kernel") else { return };
         let n = g.compile_kernels().unwrap();
         let want = if g.uses_subgroups() { 28 } else { 24 };
         assert_eq!(n, want, "kernel variants listed with subgroups={}", g.uses_subgroups());

@@ -7,12 +7,7 @@
 //! relative for head_dim ≤ 128 with ±1 inputs) and the GPU's online softmax rescales per
 //! 64-key chunk where the CPU uses one global max; outputs are convex combinations of values
 //! in [-1, 1].
-#![cfg(feature = "wgpu")]
-
-#[path = "wgpu_common/mod.rs"]
-mod common;
-
-use common::*;
+use crate::common::*;
 use sparkling_core::{AttnMask, AttnShape, Backend, Error, NO_PARENT};
 use sparkling_cpu::CpuBackend;
 use sparkling_wgpu::WgpuBackend;

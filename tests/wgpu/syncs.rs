@@ -6,12 +6,8 @@
 //! sample, argmax, download) waits exactly once, on both reduction paths — candidate_table
 //! (SparklingTree tree prep) once where topk + markov_table wait twice. The backend is this test's own (a
 //! counter shared with other tests would race).
-#![cfg(feature = "wgpu")]
-
-#[path = "wgpu_common/mod.rs"]
-mod common;
-
-use common::*;
+use crate::common::*;
+use crate::open;
 use sparkling_core::{AttnMask, AttnShape, Backend, SampleParams, NO_PARENT};
 use sparkling_wgpu::{Subgroups, WgpuOptions};
 
