@@ -90,17 +90,17 @@ fn lookup_refuses_a_zero_budget_and_a_graft_without_a_drafter() {
     for m in [Method::Ar, Method::Lookup] {
         let g = GenParams { lookup: LookupGraft { len: 4, skip_drafter: true }, ..params(m, 4, 0.0, 0, 8, vec![]) };
         let err = e.generate(PROMPTS[0], &g, &mut |_| {}).unwrap_err().to_string();
-        assert!(err.contains("--lookup 4") && err.contains(m.name()) && err.contains("drafter"), "{err}");
+        assert!(err.contains("lookup.len 4") && err.contains(m.name()) && err.contains("drafter"), "{err}");
         let mut batch = Batch::new(&b, &target, BatchOptions::default()).unwrap();
         assert!(batch.add(PROMPTS[0], &g).is_err());
         assert!(batch.is_empty(), "nothing was queued");
     }
-    // Chains longer than MAX_CHAIN are refused, naming the option.
+    // Chains longer than MAX_CHAIN are refused, naming the parameter.
     let long = GenParams { lookup: LookupGraft { len: 65, skip_drafter: true }, ..params(Method::Sparkling, 4, 0.0, 0, 8, vec![]) };
     let err = long.validate().unwrap_err().to_string();
-    assert!(err.contains("--lookup 65") && err.contains("at most 64"), "{err}");
+    assert!(err.contains("lookup.len 65") && err.contains("at most 64"), "{err}");
     let err = params(Method::Lookup, 65, 0.0, 0, 8, vec![]).validate().unwrap_err().to_string();
-    assert!(err.contains("--budget 65") && err.contains("at most 64"), "{err}");
+    assert!(err.contains("tree.budget") && err.contains(" 65") && err.contains("at most 64"), "{err}");
     assert!(params(Method::Lookup, 64, 0.0, 0, 8, vec![]).validate().is_ok());
     // The defaults: sparkling grafts (fallback on the CPU, always on a device), the others not.
     assert_eq!(GenParams::new(Method::Sparkling, &Platform::HOST).lookup, LookupGraft { len: 16, skip_drafter: true });

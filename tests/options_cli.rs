@@ -71,7 +71,7 @@ fn lookup_reads_the_budget_and_the_graft_options_are_checked() {
         // A negative number reaches our own check (not clap's "unexpected argument").
         (with("sparkling", ["--lookup", "-1"]), "--lookup `-1`: expected `auto`, `off` or a chain length"),
         (with("sparkling", ["--budget", "-1"]), "--budget `-1`: expected a positive tree budget"),
-        (with("sparkling", ["--lookup-drafter", "sometimes"]), "--lookup-drafter sometimes: expected `fallback` or `always`"),
+        (with("sparkling", ["--lookup-drafter", "sometimes"]), "--lookup-drafter `sometimes`: expected `fallback` or `always`"),
         (with("dflash", ["--lookup-drafter", "always"]), "--lookup-drafter needs a lookup chain"),
     ];
     for (args, want) in cases {

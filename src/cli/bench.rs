@@ -1,8 +1,9 @@
 //! `sparkling bench`: a prompt set × methods × budgets → a table on stdout and a JSON file with
 //! τ, tokens/s, per-round stage times and per-depth acceptance.
 
-use super::generate::{gen_params, GenerateArgs};
-use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
+use super::generate::{gen_params, Decoding};
+use super::load::{Loaded, ModelArgs};
+use super::options::{lenient, MethodArg, TreeArgs};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
@@ -30,8 +31,8 @@ pub struct BenchArgs {
     pub limit: usize,
     /// Methods, comma-separated (`lookup`, the drafter-free prompt-lookup chain, is available
     /// but not in the default list, which holds the published methods).
-    #[arg(long, value_delimiter = ',', default_value = "ar,dflash,ddtree,dspark,sparkling,treespark")]
-    pub methods: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "ar,dflash,ddtree,dspark,sparkling,treespark", value_parser = lenient::<MethodArg>())]
+    pub methods: Vec<MethodArg>,
     /// Budgets, comma-separated: numbers and/or `auto` (the per-round choice of `generate
     /// --budget auto`); each tree/chain method runs at every budget, ar once. Every prompt
     /// runs all (method, budget) pairs before the next prompt (interleaved, so machine-load
@@ -47,32 +48,8 @@ pub struct BenchArgs {
     /// RNG seed.
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
-    /// SparklingTree candidates per depth (sparkling only; default 128).
-    #[arg(long, allow_negative_numbers = true)]
-    pub candidates: Option<usize>,
-    /// SparklingTree maximum fan-out (sparkling only; default 64).
-    #[arg(long, allow_negative_numbers = true)]
-    pub max_fanout: Option<usize>,
-    /// TreeSpark k (treespark only; default 4).
-    #[arg(long, allow_negative_numbers = true)]
-    pub treespark_k: Option<usize>,
-    /// Candidate selection (methods with a drafter): auto (default: host on cpu, device
-    /// otherwise), host or device.
-    #[arg(long)]
-    pub tree_prep: Option<String>,
-    /// `auto` budgets only: ignore the drafter's DSpark confidence head (see `generate
-    /// --no-confidence`).
-    #[arg(long)]
-    pub no_confidence: bool,
-    /// Prompt lookup beside the drafter, comma-separated (`auto`, `off`, or a chain length N;
-    /// see `generate --lookup`): each method with a drafter runs at every value (default:
-    /// `auto`, each method's own default). E.g. `--lookup auto,off` measures the graft against
-    /// the drafter alone in one interleaved run.
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
-    pub lookup: Option<Vec<String>>,
-    /// With a lookup chain: `fallback` or `always` (see `generate --lookup-drafter`).
-    #[arg(long)]
-    pub lookup_drafter: Option<String>,
+    #[command(flatten)]
+    pub tree: TreeArgs,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -191,35 +168,6 @@ fn bench_prompt(v: &serde_json::Value) -> Option<Option<String>> {
     }))
 }
 
-/// The `generate` arguments every bench run shares (method and budget are set per run).
-fn generate_args(a: &BenchArgs) -> GenerateArgs {
-    GenerateArgs {
-        show_tree: false,
-        model: a.model.clone(),
-        chat: None,
-        prompt: None,
-        prompt_ids: None,
-        system: None,
-        method: String::new(),
-        budget: None,
-        candidates: a.candidates,
-        max_fanout: a.max_fanout,
-        treespark_k: a.treespark_k,
-        tree_prep: a.tree_prep.clone(),
-        no_confidence: a.no_confidence,
-        lookup: a.lookup.as_ref().and_then(|l| l.first().cloned()),
-        lookup_drafter: a.lookup_drafter.clone(),
-        temperature: a.temperature,
-        top_k: 0,
-        top_p: 1.0,
-        seed: a.seed,
-        max_new_tokens: a.max_new_tokens,
-        ignore_eos: false,
-        ids: false,
-        stats_json: None,
-    }
-}
-
 /// The parsed `--budgets` (default: 64; `lookup` then runs at its own default chain length).
 /// Errors name `--budgets` ([`BudgetChoice::parse`]).
 fn budget_choices(a: &BenchArgs) -> Result<Vec<BudgetChoice>> {
@@ -231,7 +179,7 @@ fn budget_choices(a: &BenchArgs) -> Result<Vec<BudgetChoice>> {
 
 /// The `--lookup` values (`[None]`: each method's default).
 fn lookup_choices(a: &BenchArgs) -> Vec<Option<String>> {
-    match &a.lookup {
+    match &a.tree.lookup {
         Some(l) => l.iter().map(|x| Some(x.clone())).collect(),
         None => vec![None],
     }
@@ -275,15 +223,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     a.prompts = kept;
-    let methods = a.methods.iter().map(|m| Method::parse(m.trim())).collect::<Result<Vec<_>>>()?;
-    let options = generate_args(&a).tree_options("--budgets", a.budgets.is_some());
-    if a.no_confidence && !budget_choices(&a)?.contains(&BudgetChoice::Auto) {
+    let methods: Vec<Method> = a.methods.iter().map(|&m| m.into()).collect();
+    let names: Vec<&str> = methods.iter().map(|m| m.name()).collect();
+    let options = a.tree.given("--budgets", a.budgets.is_some(), !a.model.drafter.is_empty());
+    if a.tree.no_confidence && !budget_choices(&a)?.contains(&BudgetChoice::Auto) {
         return Err(Error::Input("--no-confidence is read by `--budgets auto` only: add auto to --budgets, or leave --no-confidence out".into()));
     }
     if a.batch.is_empty() {
-        super::refuse_unused_options(&options, &methods, &format!("--methods {}", a.methods.join(",")))?;
+        super::refuse_unused_options(&options, &methods, &format!("--methods {}", names.join(",")))?;
     } else {
-        super::refuse_unused_options(&options, &methods, &format!("--batch with --methods {}", a.methods.join(",")))?;
+        super::refuse_unused_options(&options, &methods, &format!("--batch with --methods {}", names.join(",")))?;
     }
     // Refuse bad values before loading anything.
     super::refuse_greedy_sampling_options(a.temperature, None, None, a.seed)?;
@@ -291,15 +240,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(&n) = a.batch.iter().find(|&&n| n == 0 || n > 1024) {
         return Err(Error::Input(format!("--batch {n}: expected 1..=1024 sequences per target forward")));
     }
-    if let Some(p) = &a.tree_prep {
-        super::generate::tree_prep(p)?;
-    }
+    a.tree.check_counts()?;
     // Each --lookup value on its own (the drafter policy is checked below, per run).
     for l in lookup_choices(&a) {
         super::generate::lookup_graft(Method::Sparkling, l.as_deref(), None, &sparkling::decode::Platform::HOST)?;
     }
-    if let Some(d) = &a.lookup_drafter {
-        super::generate::lookup_graft(Method::Sparkling, Some("4"), Some(d), &sparkling::decode::Platform::HOST)?;
+    if let Some(d) = a.tree.lookup_drafter {
         // Some run must graft a chain for it to act on (whether one is grafted does not depend
         // on the backend, only its length does).
         let mut chained = false;
@@ -310,7 +256,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         if !chained {
             return Err(Error::Input(format!(
-                "--lookup-drafter {d} is read by drafter runs with a lookup chain, and no run here has one (--lookup off, or no sparkling in --methods): add one, or leave --lookup-drafter out"
+                "--lookup-drafter {} is read by drafter runs with a lookup chain, and no run here has one (--lookup off, or no sparkling in --methods): add one, or leave --lookup-drafter out",
+                d.name()
             )));
         }
     }
@@ -344,14 +291,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut kinds: Vec<_> = methods.iter().filter_map(|m| m.drafter_kind()).collect();
     kinds.sort_by_key(|k| format!("{k:?}"));
     kinds.dedup();
-    let s = select(&a.model)?;
-    match s.backend {
-        AnyBackend::Cpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a, &texts),
-        #[cfg(feature = "wgpu")]
-        AnyBackend::Wgpu(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a, &texts),
-        #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => bench(load(b, &s.target, &a.model, &kinds)?, &methods, &a, &texts),
-    }
+    with_loaded!(&a.model, &kinds, |m| bench(m, &methods, &a, &texts))
 }
 
 /// `bench` on a loaded model, any backend; `texts`: (prompt file, prompt) in run order.
@@ -392,8 +332,14 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
         // `--lookup-drafter` applies to the runs with a chain (`--lookup auto,off` with it
         // compares that policy against the drafter alone).
         let chain = meth.drafter_kind().is_some() && super::generate::lookup_graft(meth, lookup.as_deref(), None, &platform)?.len > 0;
-        let args = GenerateArgs { lookup: lookup.clone(), lookup_drafter: a.lookup_drafter.clone().filter(|_| chain), ..generate_args(a) };
-        let mut params = gen_params(meth, Some(budget), &args, stop.clone(), &platform)?;
+        let tree = TreeArgs { lookup_drafter: a.tree.lookup_drafter.filter(|_| chain), ..a.tree.clone() };
+        let dec = Decoding {
+            sampling: sparkling::core::SampleParams { temperature: a.temperature, top_k: 0, top_p: 1.0 },
+            seed: a.seed,
+            max_new_tokens: a.max_new_tokens,
+            stop: stop.clone(),
+        };
+        let mut params = gen_params(meth, Some(budget), &tree, lookup.as_deref(), dec, &platform)?;
         super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, meth);
         Ok(params)
     };
@@ -540,7 +486,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
         }));
     }
     dash_legend(&mut table);
-    let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "confidence_head": !a.no_confidence, "rows": json_rows});
+    let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "confidence_head": !a.tree.no_confidence, "rows": json_rows});
     super::save_json_then_print(a.json.as_deref(), &v, &table)
 }
 

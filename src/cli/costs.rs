@@ -14,7 +14,7 @@ pub fn cache_path(model: &ModelArgs, target: &Path, backend_name: &str) -> PathB
     let canon = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
     let size = std::fs::metadata(&canon).map(|m| m.len()).unwrap_or(0);
     let threads = rayon::current_num_threads();
-    let key = format!("{}|{size}|{backend_name}|{threads}|{}|{}", canon.display(), model.weights, engine_build());
+    let key = format!("{}|{size}|{backend_name}|{threads}|{}|{}", canon.display(), model.weights.name(), engine_build());
     // FNV-1a: a stable name, no dependency.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in key.bytes() {
@@ -25,7 +25,7 @@ pub fn cache_path(model: &ModelArgs, target: &Path, backend_name: &str) -> PathB
         .map(|s| s.to_string_lossy().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect())
         .unwrap_or_else(|| "target".into());
     let backend: String = backend_name.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
-    sparkling::assets::dir().join("costs").join(format!("{stem}-{backend}-t{threads}-{}-{h:016x}.json", model.weights))
+    sparkling::assets::dir().join("costs").join(format!("{stem}-{backend}-t{threads}-{}-{h:016x}.json", model.weights.name()))
 }
 
 /// This engine's build: version, and the executable's size and modification time (empty parts

@@ -1,9 +1,11 @@
 //! `sparkling generate`: one prompt, streamed output, a stats summary.
 
-use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
+use super::load::{Loaded, ModelArgs};
+use super::options::{lenient, LookupDrafterArg, MethodArg, TreeArgs};
 use clap::Args;
 use sparkling::core::{Backend, SampleParams};
 use sparkling::decode::budget::BudgetChoice;
+use sparkling::decode::lookup::MAX_CHAIN;
 use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{stop_tokens, GenParams, LookupGraft, Method, Platform, RoundView, Stats};
 use sparkling::tokenizer::{TextStream, TextTokenizer};
@@ -27,11 +29,9 @@ pub struct GenerateArgs {
     /// System message for --chat (default: the model family's default, if any).
     #[arg(long)]
     pub system: Option<String>,
-    /// Decoding method: ar, dflash, ddtree, dspark, sparkling, treespark, or lookup (no
-    /// drafter: each round proposes the tokens that followed the most recent earlier occurrence
-    /// of the last 3, 2 or 1 tokens of prompt + answer).
-    #[arg(long, default_value = "sparkling")]
-    pub method: String,
+    /// Decoding method.
+    #[arg(long, default_value = "sparkling", value_parser = lenient::<MethodArg>())]
+    pub method: MethodArg,
     /// Tree budget: `auto` (default) chooses per round the prefix of the tree worth its
     /// measured cost — none at all (a plain AR step, drafter skipped) when drafting does not
     /// pay — from a cost curve measured once per model × backend × threads × weights (cached
@@ -49,46 +49,8 @@ pub struct GenerateArgs {
     /// as the answer goes (else the round goes on as one without a match).
     #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<String>,
-    /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
-    /// node's acceptance from its calibrated path probability alone (the head, where a drafter
-    /// has one, otherwise weighs every node by the product of the predicted acceptance rates
-    /// on its path, taken relative to their running level at that depth).
-    #[arg(long)]
-    pub no_confidence: bool,
-    /// SparklingTree candidates (sparkling only; default 128): top-C
-    /// tokens per depth in the union table (C ≥ vocabulary takes every token; the device table
-    /// costs O(n²) in the union size n ≈ depth·C).
-    #[arg(long, allow_negative_numbers = true)]
-    pub candidates: Option<usize>,
-    /// SparklingTree maximum children per parent (sparkling only; default 64).
-    #[arg(long, allow_negative_numbers = true)]
-    pub max_fanout: Option<usize>,
-    /// TreeSpark children per parent, k (treespark only; default 4).
-    #[arg(long, allow_negative_numbers = true)]
-    pub treespark_k: Option<usize>,
-    /// Where draft candidates are selected (methods with a drafter): `host` (download the
-    /// draft logits), `device` (top-k, the Markov candidate table and — on wgpu and CUDA — the
-    /// whole SparklingTree tree built on the backend; only the selection comes back), or
-    /// `auto` (default: host on the cpu backend, device otherwise).
-    #[arg(long)]
-    pub tree_prep: Option<String>,
-    /// Prompt lookup beside the drafter (methods with a drafter): each round the tokens that
-    /// followed the most recent earlier occurrence of the context's last 3, 2 or 1 tokens are
-    /// grafted onto the drafter's tree as a chain, and the target verifies both at once.
-    /// With k = min(N, 6) (3 when sampling, T > 0): ⌈k·n/3⌉ tokens follow an n-token match
-    /// (n = 1, 2), and a 3-token match gets k tokens, or as many as the match's whole length if
-    /// longer, up to N.
-    /// `auto` (default): sparkling chains of up to 16 tokens on the cpu, 8 elsewhere; the
-    /// published methods (dflash, ddtree, dspark, treespark) none. `off` (or 0), or N: chains
-    /// of up to N tokens (at most 64) for any method with a drafter.
-    #[arg(long, allow_negative_numbers = true)]
-    pub lookup: Option<String>,
-    /// With a lookup chain: `fallback` (a round with a match verifies the chain alone and the
-    /// drafter runs only in the other rounds; the default on the cpu, where the drafter's forward and its extra
-    /// verify rows rarely pay beside a matched chain) or `always` (the default elsewhere: the
-    /// drafter's tree and the chain every round).
-    #[arg(long)]
-    pub lookup_drafter: Option<String>,
+    #[command(flatten)]
+    pub tree: TreeArgs,
     /// Sampling temperature (0 = greedy; every method then emits the target's greedy tokens).
     #[arg(long, allow_negative_numbers = true, default_value_t = 0.0)]
     pub temperature: f32,
@@ -117,24 +79,6 @@ pub struct GenerateArgs {
     /// path + bonus token), then the tree indented by depth, accepted nodes marked `✓`.
     #[arg(long)]
     pub show_tree: bool,
-}
-
-impl GenerateArgs {
-    /// The options [`super::refuse_unused_options`] checks, with whether each was given;
-    /// `budget` names the budget option (`--budget`, bench's `--budgets`).
-    pub fn tree_options<'a>(&self, budget: &'a str, budget_given: bool) -> [(&'a str, bool); 9] {
-        [
-            (budget, budget_given),
-            ("--no-confidence", self.no_confidence),
-            ("--candidates", self.candidates.is_some()),
-            ("--max-fanout", self.max_fanout.is_some()),
-            ("--treespark-k", self.treespark_k.is_some()),
-            ("--tree-prep", self.tree_prep.is_some()),
-            ("--drafter", !self.model.drafter.is_empty()),
-            ("--lookup", self.lookup.is_some()),
-            ("--lookup-drafter", self.lookup_drafter.is_some()),
-        ]
-    }
 }
 
 /// The `--show-tree` text of one round: a summary line, then one line per node, depth first
@@ -180,66 +124,89 @@ pub fn token_label(tok: &TextTokenizer, id: u32) -> String {
     s
 }
 
-/// Parse `--tree-prep`: `auto` (the engine resolves it per backend), `host`, `device`. Errors
-/// name the argument.
-pub fn tree_prep(s: &str) -> Result<TreePrep> {
-    TreePrep::parse(s).ok_or_else(|| Error::Input(format!("--tree-prep `{s}`: expected auto, host or device")))
+/// What a run decodes besides its tree: sampling, seed, length and stop tokens.
+pub struct Decoding {
+    /// Temperature, top-k, top-p.
+    pub sampling: SampleParams,
+    /// RNG seed.
+    pub seed: u64,
+    /// Maximum new tokens.
+    pub max_new_tokens: usize,
+    /// Stop tokens.
+    pub stop: Vec<u32>,
 }
 
-/// Build generation parameters from CLI values (shared with `bench`) over the library's
-/// defaults ([`GenParams::new`]): an option not given keeps the library's value.
-/// `platform`: the backend's [`Platform`], which picks the default budget and lookup graft
-/// (`--tree-prep auto` is resolved by the engine).
-/// Errors: an unknown `--tree-prep`, and [`GenParams::validate`]'s.
-pub fn gen_params(method: Method, budget: Option<BudgetChoice>, a: &GenerateArgs, stop: Vec<u32>, platform: &Platform) -> Result<GenParams> {
+/// Build generation parameters from CLI values (shared with `bench` and `profile`) over the
+/// library's defaults ([`GenParams::new`]): an option not given keeps the library's value.
+/// `lookup`: the one `--lookup` value of this run. `platform`: the backend's [`Platform`],
+/// which picks the default budget and lookup graft (`--tree-prep auto` is resolved by the
+/// engine). Errors name the option: zero counts, a bad `--lookup` or `--lookup-drafter`, a
+/// lookup chain longer than the engine takes; then [`GenParams::validate`]'s.
+pub fn gen_params(
+    method: Method,
+    budget: Option<BudgetChoice>,
+    tree: &TreeArgs,
+    lookup: Option<&str>,
+    dec: Decoding,
+    platform: &Platform,
+) -> Result<GenParams> {
+    tree.check_counts()?;
     let d = GenParams::new(method, platform).with_budget(budget.unwrap_or(BudgetChoice::Auto));
     let t = &d.tree;
-    let prep = a.tree_prep.as_deref().map(tree_prep).transpose()?.unwrap_or(t.prep);
-    let p = GenParams {
+    let mut p = GenParams {
         tree: TreeParams {
             budget: t.budget,
-            candidates: a.candidates.unwrap_or(t.candidates),
-            max_fanout: a.max_fanout.unwrap_or(t.max_fanout),
-            treespark_k: a.treespark_k.unwrap_or(t.treespark_k),
-            prep,
+            candidates: tree.candidates.unwrap_or(t.candidates),
+            max_fanout: tree.max_fanout.unwrap_or(t.max_fanout),
+            treespark_k: tree.treespark_k.unwrap_or(t.treespark_k),
+            prep: tree.tree_prep.map_or(t.prep, TreePrep::from),
         },
-        sampling: SampleParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p },
-        seed: a.seed,
-        max_new_tokens: a.max_new_tokens,
-        stop,
+        sampling: dec.sampling,
+        seed: dec.seed,
+        max_new_tokens: dec.max_new_tokens,
+        stop: dec.stop,
         ..d
     };
-    let mut p = p;
     if let Some(ab) = p.auto_budget.as_mut() {
-        ab.confidence = !a.no_confidence;
+        ab.confidence = !tree.no_confidence;
     }
     if method.drafter_kind().is_some() {
-        p.lookup = lookup_graft(method, a.lookup.as_deref(), a.lookup_drafter.as_deref(), platform)?;
+        p.lookup = lookup_graft(method, lookup, tree.lookup_drafter, platform)?;
+    }
+    if method == Method::Lookup && p.auto_budget.is_none() && p.tree.budget > MAX_CHAIN {
+        return Err(Error::Input(format!("--budget {}: {}", p.tree.budget, chain_limit())));
     }
     p.validate()?;
     Ok(p)
 }
 
+/// What [`MAX_CHAIN`] means, for the errors of the options that set a chain length.
+fn chain_limit() -> String {
+    format!("a lookup chain of at most {MAX_CHAIN} tokens (longer chains repeat one phrase and cost a verify row per token)")
+}
+
 /// The `--lookup` / `--lookup-drafter` choice of a method with a drafter (`None`: the
 /// option's default, [`Platform::lookup_graft`]). Errors name the option and the values
 /// it takes.
-pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<&str>, platform: &Platform) -> Result<LookupGraft> {
+pub fn lookup_graft(method: Method, len: Option<&str>, drafter: Option<LookupDrafterArg>, platform: &Platform) -> Result<LookupGraft> {
     let mut g = platform.lookup_graft(method);
-    match len {
+    match len.map(str::trim) {
         None => {}
         Some(s) if s.eq_ignore_ascii_case("auto") => {}
         Some(s) if s.eq_ignore_ascii_case("off") => g.len = 0,
         Some(s) => {
             let len = s.parse::<usize>().map_err(|_| Error::Input(format!("--lookup `{s}`: expected `auto`, `off` or a chain length in tokens (0 = off)")))?;
+            if len > MAX_CHAIN {
+                return Err(Error::Input(format!("--lookup {len}: {}", chain_limit())));
+            }
             // The backend's drafter policy (fallback on the cpu), also for the methods off by default.
             g = LookupGraft { len, skip_drafter: platform.host_memory };
         }
     }
     match drafter {
         None => {}
-        Some(s) if s.eq_ignore_ascii_case("fallback") => g.skip_drafter = true,
-        Some(s) if s.eq_ignore_ascii_case("always") => g.skip_drafter = false,
-        Some(s) => return Err(Error::Input(format!("--lookup-drafter {s}: expected `fallback` or `always`"))),
+        Some(LookupDrafterArg::Fallback) => g.skip_drafter = true,
+        Some(LookupDrafterArg::Always) => g.skip_drafter = false,
     }
     if drafter.is_some() && g.len == 0 {
         return Err(Error::Input("--lookup-drafter needs a lookup chain: --lookup is off for this method (give --lookup N)".into()));
@@ -308,8 +275,9 @@ pub fn size_histogram(s: &Stats) -> Option<String> {
 
 /// Run `generate` on the backend named by `--backend`.
 pub fn run(a: GenerateArgs) -> Result<()> {
-    let method = Method::parse(&a.method)?;
-    super::refuse_unused_options(&a.tree_options("--budget", a.budget.is_some()), &[method], &format!("--method {}", method.name()))?;
+    let method = Method::from(a.method);
+    let given = a.tree.given("--budget", a.budget.is_some(), !a.model.drafter.is_empty());
+    super::refuse_unused_options(&given, &[method], &format!("--method {}", method.name()))?;
     if let Some(p) = &a.stats_json {
         sparkling::fsio::check_writable(p, "--stats-json")?; // fail before the generation, not after
     }
@@ -319,29 +287,21 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     // Refuse bad values before loading anything.
     super::refuse_greedy_sampling_options(a.temperature, Some(a.top_k), Some(a.top_p), a.seed)?;
-    if let Some(p) = &a.tree_prep {
-        tree_prep(p)?;
-    }
+    a.tree.check_counts()?;
+    let lookup = a.tree.one_lookup()?;
     if let Some(b) = &a.budget {
-        if BudgetChoice::parse(b, "--budget")? != BudgetChoice::Auto && a.no_confidence {
+        if BudgetChoice::parse(b, "--budget")? != BudgetChoice::Auto && a.tree.no_confidence {
             return Err(Error::Input(
                 "--no-confidence is read by --budget auto only: leave --budget out (auto is the default), or leave --no-confidence out".into(),
             ));
         }
     }
     if method.drafter_kind().is_some() {
-        lookup_graft(method, a.lookup.as_deref(), a.lookup_drafter.as_deref(), &Platform::HOST)?;
-        // bad values before loading
+        // Bad values before loading.
+        lookup_graft(method, lookup, a.tree.lookup_drafter, &Platform::HOST)?;
     }
     let kinds: Vec<_> = method.drafter_kind().into_iter().collect();
-    let s = select(&a.model)?;
-    match s.backend {
-        AnyBackend::Cpu(b) => generate(load(b, &s.target, &a.model, &kinds)?, method, &a),
-        #[cfg(feature = "wgpu")]
-        AnyBackend::Wgpu(b) => generate(load(b, &s.target, &a.model, &kinds)?, method, &a),
-        #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => generate(load(b, &s.target, &a.model, &kinds)?, method, &a),
-    }
+    with_loaded!(&a.model, &kinds, |m| generate(m, method, &a))
 }
 
 /// `generate` on a loaded model, any backend.
@@ -366,7 +326,13 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
         stop.clear();
     }
     let budget = a.budget.as_deref().map(|b| BudgetChoice::parse(b, "--budget")).transpose()?;
-    let mut params = gen_params(method, budget, a, stop, &Platform::of(&m.backend))?;
+    let dec = Decoding {
+        sampling: SampleParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p },
+        seed: a.seed,
+        max_new_tokens: a.max_new_tokens,
+        stop,
+    };
+    let mut params = gen_params(method, budget, &a.tree, a.tree.one_lookup()?, dec, &Platform::of(&m.backend))?;
     super::bound_tree(&mut params.tree, m.models.target.cfg.vocab, method);
     let cost_path = super::costs::cache_path(&a.model, &m.target_path, &m.backend.name());
     super::costs::attach(&mut params, &cost_path);

@@ -2,10 +2,11 @@
 //! checkpoints.
 
 use super::load::{target_path, ModelArgs};
+use super::options::{lenient, ArchArg, BackendKind, DrafterKindArg, PresetArg, WeightsArg};
 use clap::Args;
 use sparkling::fsio::check_out_dir;
 use sparkling::loader::gguf_source::GgufSource;
-use sparkling::model::config::{read_json, Arch, DrafterKind, TargetConfig};
+use sparkling::model::config::{read_json, DrafterKind, TargetConfig};
 use sparkling::model::synth::{
     check_drafter_init, default_taps, preset_target_config, write_random_drafter, write_random_target, DrafterInit, StoreDtype, PRESETS,
 };
@@ -18,8 +19,8 @@ pub struct InitDrafterArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Drafter kind: dflash (in-place, borrows embed/lm_head) or dspark (shifted, Markov head).
-    #[arg(long, default_value = "dspark")]
-    pub kind: String,
+    #[arg(long, default_value = "dspark", value_parser = lenient::<DrafterKindArg>())]
+    pub kind: DrafterKindArg,
     /// Output directory (config.json + model.safetensors).
     #[arg(long)]
     pub out: PathBuf,
@@ -53,9 +54,9 @@ pub struct SynthTargetArgs {
     /// Take the geometry from this config.json (or HF directory) …
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// … or use a tiny test geometry of this arch (llama, qwen2, qwen3).
-    #[arg(long, default_value = "qwen3")]
-    pub arch: String,
+    /// … or use a tiny test geometry of this arch.
+    #[arg(long, default_value = "qwen3", value_parser = lenient::<ArchArg>())]
+    pub arch: ArchArg,
     /// Vocabulary of the tiny geometry.
     #[arg(long, allow_negative_numbers = true, default_value_t = 256)]
     pub vocab: usize,
@@ -73,17 +74,9 @@ pub struct SynthTargetArgs {
     pub force: bool,
 }
 
-fn parse_kind(s: &str) -> Result<DrafterKind> {
-    match s {
-        "dflash" => Ok(DrafterKind::DFlash),
-        "dspark" => Ok(DrafterKind::DSpark),
-        _ => Err(Error::Input(format!("--kind `{s}`: expected dflash or dspark"))),
-    }
-}
-
 /// Run `init-drafter`.
 pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
-    let kind = parse_kind(&a.kind)?;
+    let kind = DrafterKind::from(a.kind);
     if kind == DrafterKind::DFlash && a.markov_rank != 64 {
         return Err(Error::Input(format!("--markov-rank {}: a DFlash drafter has no Markov head (only --kind dspark reads it)", a.markov_rank)));
     }
@@ -97,10 +90,10 @@ pub fn run_init_drafter(a: InitDrafterArgs) -> Result<()> {
     for (given, arg) in [
         (!m.drafter.is_empty(), "--drafter"),
         (m.tokenizer.is_some(), "--tokenizer"),
-        (m.backend != "cpu", "--backend"),
+        (m.backend != BackendKind::Cpu, "--backend"),
         (m.adapter.is_some(), "--adapter"),
         (m.threads.is_some(), "--threads"),
-        (m.weights != "auto", "--weights"),
+        (m.weights != WeightsArg::Auto, "--weights"),
     ] {
         if given {
             return Err(Error::Input(format!("init-drafter does not use {arg} (it reads only the geometry of --target)")));
@@ -157,7 +150,7 @@ fn refuse_config_in_out(config: &std::path::Path, out: &std::path::Path) -> Resu
 /// Run `synth-target`.
 pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
     check_out_dir(&a.out, a.force, "--out")?;
-    if a.config.is_some() && (a.arch != "qwen3" || a.vocab != 256) {
+    if a.config.is_some() && (a.arch != ArchArg::Qwen3 || a.vocab != 256) {
         return Err(Error::Input("--config gives the whole geometry: leave out --arch and --vocab (they size a tiny target without --config)".into()));
     }
     let cfg = match &a.config {
@@ -167,7 +160,7 @@ pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
             TargetConfig::from_hf_json(&cp, &v)?
         }
         None => {
-            let arch = Arch::parse(&a.arch).ok_or_else(|| Error::Input(format!("--arch `{}`: expected llama, qwen2 or qwen3", a.arch)))?;
+            let arch = a.arch.into();
             if !(2..=1 << 20).contains(&a.vocab) {
                 return Err(Error::Input(format!("--vocab {} must be in 2..={}", a.vocab, 1 << 20)));
             }
@@ -183,9 +176,9 @@ pub fn run_synth_target(a: SynthTargetArgs) -> Result<()> {
 /// Arguments of `synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// A real geometry: qwen3-4b, qwen3-8b or smollm2-135m …
-    #[arg(long, conflicts_with = "config")]
-    pub preset: Option<String>,
+    /// A real geometry …
+    #[arg(long, conflicts_with = "config", value_parser = lenient::<PresetArg>())]
+    pub preset: Option<PresetArg>,
     /// … or the geometry of this config.json (or HF directory).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -224,7 +217,9 @@ pub struct SynthArgs {
 /// anywhere). Errors: neither or an unknown preset, unreadable config, unwritable directory.
 pub fn run_synth(a: SynthArgs) -> Result<()> {
     let cfg = match (&a.preset, &a.config) {
-        (Some(p), _) => preset_target_config(p).ok_or_else(|| Error::Input(format!("--preset `{p}`: expected one of {}", PRESETS.join(", "))))?,
+        (Some(p), _) => {
+            preset_target_config(p.name()).ok_or_else(|| Error::Input(format!("--preset `{}`: expected one of {}", p.name(), PRESETS.join(", "))))?
+        }
         (None, Some(c)) => {
             let (cp, v) = read_json(c)?;
             refuse_config_in_out(&cp, &a.out.join("target"))?;

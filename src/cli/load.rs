@@ -1,5 +1,6 @@
 //! Loading a target, its tokenizer and drafters for the CLI, with progress bars.
 
+use super::options::{lenient, BackendKind, KvCacheArg, WeightsArg};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sparkling::core::Backend;
@@ -36,8 +37,8 @@ pub struct ModelArgs {
     /// build with `--features wgpu`) or `cuda` (NVIDIA GPUs; needs `--features cuda`, the
     /// driver, libnvrtc and libcublas; `--adapter N` picks device N; weights bf16 by default,
     /// `--weights f32` for f32).
-    #[arg(long, default_value = "cpu")]
-    pub backend: String,
+    #[arg(long, default_value = "cpu", value_parser = lenient::<BackendKind>())]
+    pub backend: BackendKind,
     /// wgpu adapter: an index or a case-insensitive name substring, as listed by
     /// `sparkling adapters` (default: `WGPU_ADAPTER_NAME`, else wgpu's default adapter).
     #[arg(long)]
@@ -50,16 +51,16 @@ pub struct ModelArgs {
     /// other block types become f16), `q8_0` (cpu: quantize float matrices — safetensors, GGUF F16/F32/BF16 — to Q8_0 at load, 1.06 B/weight;
     /// GGUF blocks the cpu runs natively stay as stored), `f16` (2 B), `f32` (4 B), `bf16`
     /// (wgpu only), or `auto`: native for GGUF targets on the cpu (f16 on wgpu), f32 otherwise.
-    #[arg(long, default_value = "auto")]
-    pub weights: String,
+    #[arg(long, default_value = "auto", value_parser = lenient::<WeightsArg>())]
+    pub weights: WeightsArg,
     /// KV cache storage: `f16` (cpu: half the bytes each attention reads — faster at long
     /// contexts and in batches; llama.cpp's default), `q8_0` (cpu: llama.cpp's q8_0 blocks,
     /// 0.56× the bytes of f16: faster `ar` and batch decoding at long contexts; values rounded
     /// to 8 bits, so the text may differ from an f16 cache's after a near-tie), `f32`, or `auto`: f16 on the cpu, f32 on wgpu and cuda (which
     /// store only f32 caches). Every method reads the same cache, so every method still emits
     /// exactly the `ar` tokens.
-    #[arg(long, default_value = "auto")]
-    pub kv_cache: String,
+    #[arg(long, default_value = "auto", value_parser = lenient::<KvCacheArg>())]
+    pub kv_cache: KvCacheArg,
 }
 
 /// The backend named by `--backend`, opened (`--adapter`, `--weights` applied).
@@ -99,39 +100,38 @@ enum Weights {
     Q8_0,
 }
 
-fn weights(arg: &str, is_gguf: bool) -> Result<Weights> {
+fn weights(arg: WeightsArg, is_gguf: bool) -> Weights {
     match (arg, is_gguf) {
-        ("f32", _) | ("auto", false) => Ok(Weights::F32),
-        ("f16", _) => Ok(Weights::F16),
-        ("native", _) | ("auto", true) => Ok(Weights::Native),
-        ("q8_0", _) => Ok(Weights::Q8_0),
-        ("bf16", _) => Ok(Weights::Bf16),
-        (other, _) => Err(Error::Input(format!("--weights `{other}`: expected native, q8_0, f32, f16, bf16 or auto"))),
+        (WeightsArg::F32, _) | (WeightsArg::Auto, false) => Weights::F32,
+        (WeightsArg::F16, _) => Weights::F16,
+        (WeightsArg::Native, _) | (WeightsArg::Auto, true) => Weights::Native,
+        (WeightsArg::Q8_0, _) => Weights::Q8_0,
+        (WeightsArg::Bf16, _) => Weights::Bf16,
     }
 }
 
 /// Open the backend named by `--backend` and resolve the target path (the default asset when
-/// `--target` is absent). Errors: unknown backend, `wgpu` in a build without the feature,
-/// `--adapter` without `--backend wgpu`, bad `--weights` or `--kv-cache` (an f16 / q8_0 cache
-/// off the cpu backend), no matching wgpu adapter.
+/// `--target` is absent). Errors: `wgpu` or `cuda` in a build without the feature,
+/// `--adapter` with `--backend cpu`, a `--weights` or `--kv-cache` the backend does not store
+/// (an f16 / q8_0 cache off the cpu backend), no matching wgpu adapter.
 pub fn select(args: &ModelArgs) -> Result<Selected> {
     let target = target_path(args)?;
-    let w = weights(&args.weights, target.extension().is_some_and(|e| e == "gguf"))?;
-    // The CPU cache storage `--kv-cache` names, checked before the backend.
-    let kv = match args.kv_cache.as_str() {
-        "auto" | "f16" => cpu::KvDtype::F16,
-        "f32" => cpu::KvDtype::F32,
-        "q8_0" => cpu::KvDtype::Q8_0,
-        other => return Err(Error::Input(format!("--kv-cache `{other}`: expected f16, q8_0, f32 or auto"))),
+    let w = weights(args.weights, target.extension().is_some_and(|e| e == "gguf"));
+    // The CPU cache storage `--kv-cache` names.
+    let kv = match args.kv_cache {
+        KvCacheArg::Auto | KvCacheArg::F16 => cpu::KvDtype::F16,
+        KvCacheArg::F32 => cpu::KvDtype::F32,
+        KvCacheArg::Q8_0 => cpu::KvDtype::Q8_0,
     };
-    if args.backend != "cpu" && !matches!(args.kv_cache.as_str(), "auto" | "f32") {
+    if args.backend != BackendKind::Cpu && !matches!(args.kv_cache, KvCacheArg::Auto | KvCacheArg::F32) {
         return Err(Error::Input(format!(
             "--kv-cache `{}` with --backend {}: only the cpu backend stores an f16 or q8_0 cache (expected f32 or auto)",
-            args.kv_cache, args.backend
+            args.kv_cache.name(),
+            args.backend.name()
         )));
     }
-    let backend = match args.backend.as_str() {
-        "cpu" => {
+    let backend = match args.backend {
+        BackendKind::Cpu => {
             if args.adapter.is_some() {
                 return Err(Error::Input("--adapter selects a wgpu adapter: it needs --backend wgpu".into()));
             }
@@ -144,9 +144,8 @@ pub fn select(args: &ModelArgs) -> Result<Selected> {
             };
             AnyBackend::Cpu(CpuBackend::with_weight_dtype(dtype).with_kv_dtype(kv))
         }
-        "wgpu" => open_wgpu(args.adapter.as_deref(), w)?,
-        "cuda" => open_cuda(args.adapter.as_deref(), &args.weights)?,
-        other => return Err(Error::Input(format!("--backend `{other}`: expected cpu, wgpu or cuda"))),
+        BackendKind::Wgpu => open_wgpu(args.adapter.as_deref(), w)?,
+        BackendKind::Cuda => open_cuda(args.adapter.as_deref(), args.weights)?,
     };
     Ok(Selected { backend, target })
 }
@@ -171,22 +170,22 @@ fn open_wgpu(_adapter: Option<&str>, _w: Weights) -> Result<AnyBackend> {
 
 /// The CUDA backend on device `--adapter` (default 0) with `--weights` auto/bf16 (bf16) or f32.
 #[cfg(feature = "cuda")]
-fn open_cuda(adapter: Option<&str>, weights: &str) -> Result<AnyBackend> {
+fn open_cuda(adapter: Option<&str>, weights: WeightsArg) -> Result<AnyBackend> {
     use sparkling::cuda_backend::{CudaBackend, CudaOptions, WeightDtype};
     let device = match adapter {
         None => 0,
         Some(a) => a.parse().map_err(|_| Error::Input(format!("--adapter `{a}`: with --backend cuda this is a CUDA device index (0, 1, …)")))?,
     };
     let weight_dtype = match weights {
-        "auto" | "bf16" => WeightDtype::Bf16,
-        "f32" => WeightDtype::F32,
-        other => return Err(Error::Input(format!("--weights `{other}` with --backend cuda: expected bf16 (the default), f32 or auto"))),
+        WeightsArg::Auto | WeightsArg::Bf16 => WeightDtype::Bf16,
+        WeightsArg::F32 => WeightDtype::F32,
+        other => return Err(Error::Input(format!("--weights `{}` with --backend cuda: expected bf16 (the default), f32 or auto", other.name()))),
     };
     Ok(AnyBackend::Cuda(CudaBackend::with_options(&CudaOptions { device, weight_dtype, ..Default::default() })?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn open_cuda(_adapter: Option<&str>, _weights: &str) -> Result<AnyBackend> {
+fn open_cuda(_adapter: Option<&str>, _weights: WeightsArg) -> Result<AnyBackend> {
     Err(Error::Input("--backend cuda: this sparkling binary was built without the CUDA backend; rebuild with `cargo build --release --features cuda`".into()))
 }
 

@@ -11,15 +11,44 @@ macro_rules! outln {
     };
 }
 
+/// Open the backend `--backend` names (from the [`load::ModelArgs`] `$args`), load the target
+/// and the drafters of the kinds `$kinds` onto it, and evaluate `$body` with `$m` bound to the
+/// [`load::Loaded`] model: the one dispatch from the runtime backend choice to code generic over
+/// [`sparkling::core::Backend`] (the body is compiled once per backend of the build).
+macro_rules! with_loaded {
+    ($args:expr, $kinds:expr, |$m:ident| $body:expr) => {{
+        let args: &$crate::cli::load::ModelArgs = $args;
+        let s = $crate::cli::load::select(args)?;
+        match s.backend {
+            $crate::cli::load::AnyBackend::Cpu(b) => {
+                let $m = $crate::cli::load::load(b, &s.target, args, $kinds)?;
+                $body
+            }
+            #[cfg(feature = "wgpu")]
+            $crate::cli::load::AnyBackend::Wgpu(b) => {
+                let $m = $crate::cli::load::load(b, &s.target, args, $kinds)?;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            $crate::cli::load::AnyBackend::Cuda(b) => {
+                let $m = $crate::cli::load::load(b, &s.target, args, $kinds)?;
+                $body
+            }
+        }
+    }};
+}
+
 mod bench;
 mod bench_batch;
 mod costs;
 mod generate;
 mod init;
 mod load;
+mod options;
 mod plot;
 mod profile;
 mod reduce;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use sparkling::{Error, Result};
@@ -53,6 +82,9 @@ enum Command {
     /// Make a reduced-draft-vocabulary drafter: count the target's generated tokens and keep the
     /// V_d most frequent in the drafter's output layer and Markov head (issue 12).
     ReduceVocab(reduce::ReduceVocabArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions,
+    /// streaming, continuous batching, /metrics).
+    Serve(serve::ServeArgs),
     /// List the wgpu adapters (index: name (backend, type, driver)) for `--adapter`.
     Adapters,
 }
@@ -64,13 +96,18 @@ pub fn run() -> Result<()> {
         // `--help` / `--version` go to stdout through `write_stdout`, so a full disk is an error
         // (clap's own printer ignores write failures and exits 0); usage errors exit 2 as usual.
         Err(e) if !e.use_stderr() => return write_stdout(&e.render().to_string()),
-        Err(e) => e.exit(),
+        // A value outside an option's set: an input error like the others (exit status 1).
+        Err(e) => match options::value_error(&e) {
+            Some(msg) => return Err(Error::Input(msg)),
+            None => e.exit(),
+        },
     };
     let threads = match &cli.cmd {
         Command::Generate(a) => a.model.threads,
         Command::Bench(a) => a.model.threads,
         Command::Profile(a) => a.model.threads,
         Command::ReduceVocab(a) => a.model.threads,
+        Command::Serve(a) => a.model.threads,
         _ => None,
     };
     if let Some(n) = threads {
@@ -89,6 +126,8 @@ pub fn run() -> Result<()> {
         Command::Profile(a) => profile::run(a),
         Command::ReduceVocab(a) => reduce::run(a),
         Command::Adapters => load::list_adapters(),
+        // The server's engine thread and HTTP runtime are its own threads.
+        Command::Serve(a) => serve::run(a),
     })
 }
 
@@ -166,13 +205,17 @@ pub fn refuse_unused_options(given: &[(&str, bool)], methods: &[sparkling::decod
 /// Refuse sampling options at temperature 0 (greedy decoding reads none of them; issue 15:
 /// `--top-k`, `--top-p` and `--seed` were accepted and ignored). `top_k` / `top_p`: `None`
 /// where the command has no such option. Only values other than the defaults (0, 1, 0) count
-/// as given. A negative or non-finite temperature is refused first.
+/// as given. A negative or non-finite temperature is refused first, a top-p outside (0, 1]
+/// when sampling.
 pub fn refuse_greedy_sampling_options(temperature: f32, top_k: Option<usize>, top_p: Option<f32>, seed: u64) -> Result<()> {
     if !(temperature >= 0.0 && temperature.is_finite()) {
         return Err(Error::Input(format!("--temperature {temperature}: expected a finite value ≥ 0 (0 = greedy)")));
     }
     if temperature >= 1e-5 {
-        return Ok(());
+        return match top_p {
+            Some(p) if !(p > 0.0 && p <= 1.0) => Err(Error::Input(format!("--top-p {p}: expected a value in (0, 1] (1 = off)"))),
+            _ => Ok(()),
+        };
     }
     for (given, option) in [(top_k.is_some_and(|k| k != 0), "--top-k"), (top_p.is_some_and(|p| p != 1.0), "--top-p"), (seed != 0, "--seed")] {
         if given {

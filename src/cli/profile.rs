@@ -3,17 +3,22 @@
 //! prefill of P tokens), the verify forward of 1+B real tree nodes, the acceptance argmax, the
 //! drafter forward, the candidate table (device top-k over the draft logits + Markov table +
 //! their read-back), the host heap (`tree::build_sparkling_precompute`) and the KV compaction.
-//! Prints a table; `--json PATH` writes the numbers.
+//! Prints a table; `--json PATH` writes the numbers. Each part is one method of [`Parts`].
 //!
 //! A sync is the read-back of a 1-value tensor: a device→host copy returns only after every
 //! op enqueued before it has finished, on every backend.
 
-use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
+use super::generate::{gen_params, Decoding};
+use super::load::{Loaded, ModelArgs};
+use super::options::TreeArgs;
 use clap::Args;
-use sparkling::core::{AttnMask, Backend};
-use sparkling::decode::{Engine, GenParams, Method};
+use sparkling::core::{AttnMask, Backend, CandidateArgs, ReadBack, SampleParams};
+use sparkling::decode::budget::{BudgetChoice, CostModel};
+use sparkling::decode::{Engine, GenParams, Method, Platform};
 use sparkling::model::config::DrafterKind;
-use sparkling::model::target::LogitRows;
+use sparkling::model::drafter::Drafter;
+use sparkling::model::layer::KvCache;
+use sparkling::model::target::{LogitRows, Target, TargetOutput};
 use sparkling::tree::{build_sparkling_precompute, CandidateTable, DraftTree};
 use sparkling::{Error, Result};
 use std::fmt::Write as _;
@@ -31,12 +36,12 @@ pub struct ProfileArgs {
     /// Tree budget B: the verify forward has 1+B rows (a real tree from the drafter).
     #[arg(long, allow_negative_numbers = true, default_value_t = 64)]
     pub budget: usize,
-    /// Candidates C per depth in the SparklingTree union table.
-    #[arg(long, allow_negative_numbers = true, default_value_t = 128)]
-    pub candidates: usize,
-    /// Maximum children per parent in the table (k = min(max_fanout, budget, n)).
-    #[arg(long, allow_negative_numbers = true, default_value_t = 64)]
-    pub max_fanout: usize,
+    /// The tree options: `--candidates` (C per depth in the union table; default 128) and
+    /// `--max-fanout` (children per parent in the table, k = min(max_fanout, budget, n);
+    /// default 64) shape the timed parts; `--tree-prep`, `--lookup` and `--lookup-drafter` the
+    /// `--check-tokens` generation.
+    #[command(flatten)]
+    pub tree: TreeArgs,
     /// Context rows the drafter consumes per round (accepted tokens of the previous round).
     #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     pub ctx_rows: usize,
@@ -59,14 +64,40 @@ pub struct ProfileArgs {
 
 /// Run `profile` on the backend named by `--backend`.
 pub fn run(a: ProfileArgs) -> Result<()> {
+    check_args(&a)?;
+    if let Some(path) = &a.json {
+        // Fail before minutes of timing, not after: the JSON file must be creatable (checked
+        // without creating it: an interrupted run leaves no empty file).
+        sparkling::fsio::check_writable(path, "--json")?;
+    }
+    with_loaded!(&a.model, &[DrafterKind::DSpark], |m| profile(m, &a))
+}
+
+/// Refuse what profile cannot time or does not read, before loading anything.
+fn check_args(a: &ProfileArgs) -> Result<()> {
     if a.budget == 0 {
         // Worded as generate's and bench's (`BudgetChoice::parse`); profile times fixed trees.
         return Err(Error::Input("--budget `0`: expected a positive tree budget (non-root nodes, ≥ 1); profile times fixed trees, not `auto`".into()));
     }
-    for (v, arg) in [(a.reps, "--reps"), (a.prefill, "--prefill"), (a.candidates, "--candidates"), (a.max_fanout, "--max-fanout"), (a.ctx_rows, "--ctx-rows")] {
+    for (v, arg) in [(a.reps, "--reps"), (a.prefill, "--prefill"), (a.ctx_rows, "--ctx-rows")] {
         if v == 0 {
             return Err(Error::Input(format!("{arg} 0: must be ≥ 1")));
         }
+    }
+    a.tree.check_counts()?;
+    for (option, given) in a.tree.given("--budget", false, false) {
+        match option {
+            "--treespark-k" | "--no-confidence" if given => {
+                return Err(Error::Input(format!("{option} is not used by profile (it times sparkling rounds at a fixed --budget); leave it out")));
+            }
+            "--tree-prep" | "--lookup" | "--lookup-drafter" if given && a.check_tokens == 0 => {
+                return Err(Error::Input(format!("{option} is read by the --check-tokens generation only: give --check-tokens N, or leave {option} out")));
+            }
+            _ => {}
+        }
+    }
+    if a.check_tokens > 0 {
+        super::generate::lookup_graft(Method::Sparkling, a.tree.one_lookup()?, a.tree.lookup_drafter, &Platform::HOST)?;
     }
     // A profile is a few hundred timed forwards: huge counts only hang (or abort allocating).
     if a.reps > 100_000 || a.warmup > 100_000 {
@@ -78,20 +109,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             a.ctx_rows, a.prefill
         )));
     }
-    if let Some(path) = &a.json {
-        // Fail before minutes of timing, not after: the JSON file must be creatable (checked
-        // without creating it: an interrupted run leaves no empty file).
-        sparkling::fsio::check_writable(path, "--json")?;
-    }
-    let s = select(&a.model)?;
-    let kinds = [DrafterKind::DSpark];
-    match s.backend {
-        AnyBackend::Cpu(b) => profile(load(b, &s.target, &a.model, &kinds)?, &a),
-        #[cfg(feature = "wgpu")]
-        AnyBackend::Wgpu(b) => profile(load(b, &s.target, &a.model, &kinds)?, &a),
-        #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => profile(load(b, &s.target, &a.model, &kinds)?, &a),
-    }
+    Ok(())
 }
 
 /// Median and min of `f`'s wall time in ms over `reps` runs after `warmup` runs. `f` returns
@@ -113,283 +131,382 @@ fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
+/// One timed part: its name, what it runs, and (median, min) ms.
+struct Part {
+    name: &'static str,
+    what: String,
+    ms: (f64, f64),
+}
+
+/// The timed parts of a round, one method each, over what they share: the backend, the models,
+/// the tree shape and the repetition counts.
+struct Parts<'a, B: Backend> {
+    b: &'a B,
+    t: &'a Target<B>,
+    d: &'a Drafter<B>,
+    /// Prefill length P: the AR step and the verify run at position P.
+    p: usize,
+    budget: usize,
+    /// `--candidates` and `--max-fanout`, bounded by the vocabulary.
+    candidates: usize,
+    max_fanout: usize,
+    ctx_rows: usize,
+    /// Draft depths one drafter forward proposes at this budget.
+    depth: usize,
+    warmup: usize,
+    reps: usize,
+    /// The target layers the drafter taps.
+    taps: Vec<usize>,
+    /// A 1-value tensor whose read-back is the sync.
+    tiny: B::Tensor,
+}
+
+impl<B: Backend> Parts<'_, B> {
+    /// Time `f` over the warm-up and timed repetitions.
+    fn time(&self, f: impl FnMut() -> Result<f64>) -> Result<(f64, f64)> {
+        time_ms(self.warmup, self.reps, f)
+    }
+
+    /// Wait for every op enqueued so far.
+    fn sync(&self) -> Result<()> {
+        self.b.download(&self.tiny)?;
+        Ok(())
+    }
+
+    /// Prefill `prompt` (untimed but reported): the root token, the tapped context of every
+    /// prompt row and the ms it took.
+    fn prefill(&self, cache: &mut KvCache<B>, prompt: &[u32]) -> Result<(u32, B::Tensor, f64)> {
+        let positions: Vec<u32> = (0..self.p as u32).collect();
+        let t0 = Instant::now();
+        let pre = self.t.forward(self.b, cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &self.taps)?;
+        let root = self.b.argmax(&pre.logits)?[0];
+        let ms = ms_since(t0);
+        let ctx_all = pre.taps.ok_or_else(|| Error::Input("the drafter taps no target layer".into()))?;
+        Ok((root, ctx_all, ms))
+    }
+
+    /// The empty sync: the floor every other number includes once.
+    fn sync_part(&self) -> Result<Part> {
+        let ms = self.time(|| {
+            let t0 = Instant::now();
+            self.sync()?;
+            Ok(ms_since(t0))
+        })?;
+        Ok(Part { name: "sync", what: "1-value read-back".into(), ms })
+    }
+
+    /// The AR step: 1 row at position P, argmax (a read-back), cache cropped back.
+    fn ar_step(&self, cache: &mut KvCache<B>, root: u32) -> Result<Part> {
+        let (b, p) = (self.b, self.p);
+        let ms = self.time(|| {
+            let t0 = Instant::now();
+            let o = self.t.forward(b, cache, &[root], &[p as u32], AttnMask::Causal, LogitRows::Last, &[])?;
+            b.argmax(&o.logits)?;
+            let ms = ms_since(t0);
+            cache.crop(p);
+            Ok(ms)
+        })?;
+        Ok(Part { name: "ar_step", what: format!("1 row at position {p}, + argmax"), ms })
+    }
+
+    /// The drafter forward over the last `ctx_rows` context rows (after one untimed call that
+    /// consumes the rest of the prompt's context, as the steady state sees only a few rows).
+    /// Returns the part and the draft logits of the last repetition.
+    fn draft(&self, ctx_all: &B::Tensor, root: u32) -> Result<(Part, B::Tensor)> {
+        let (b, d, p, lc) = (self.b, self.d, self.p, self.ctx_rows);
+        let bk = d.cfg.block_size;
+        let ctx = b.gather_rows(ctx_all, &(p - lc..p).collect::<Vec<_>>())?;
+        let mut dcache = d.new_cache(b, p + bk + 8)?;
+        if p > lc {
+            let first_ctx = b.gather_rows(ctx_all, &(0..p - lc).collect::<Vec<_>>())?;
+            d.draft(b, self.t, &mut dcache, &first_ctx, root, p - lc, self.budget)?;
+        }
+        let mut logits = None;
+        let ms = self.time(|| {
+            dcache.crop(p - lc);
+            let t0 = Instant::now();
+            let l = d.draft(b, self.t, &mut dcache, &ctx, root, p, self.budget)?;
+            self.sync()?;
+            let ms = ms_since(t0);
+            logits = Some(l);
+            Ok(ms)
+        })?;
+        let what = format!("drafter forward, {lc} context rows + {} of {bk} block rows (depth {})", d.block_rows(self.budget), self.depth);
+        Ok((Part { name: "draft", what, ms }, logits.expect("at least one repetition")))
+    }
+
+    /// The selection arguments over `logits` (draft ids: `droot` is the anchor's draft id).
+    fn selection<'x>(&self, logits: &'x B::Tensor, markov: Option<(&'x B::Tensor, &'x B::Tensor)>, droot: u32) -> CandidateArgs<'x, B::Tensor> {
+        CandidateArgs { base: logits, markov, candidates: self.candidates, anchor: droot, k: self.max_fanout.min(self.budget) }
+    }
+
+    /// The candidate table: top-C per depth, union (+ anchor) and Markov table in one backend
+    /// call (one read-back on device backends), as the decode loop's device tree prep does.
+    fn candidate_table(&self, logits: &B::Tensor, droot: u32) -> Result<(Part, CandidateTable)> {
+        let markov = self.d.markov_device(self.b)?;
+        let mut table = CandidateTable::default();
+        let ms = self.time(|| {
+            let t0 = Instant::now();
+            table = self.b.candidate_table(self.selection(logits, markov, droot))?;
+            Ok(ms_since(t0))
+        })?;
+        let what = format!("topk C={} over [{}, {}] + union + markov_table + read-back", self.candidates, self.depth, self.d.draft_vocab());
+        Ok((Part { name: "candidate_table", what, ms }, table))
+    }
+
+    /// The host heap over the table; returns the tree it builds (in draft ids).
+    fn heap(&self, table: &CandidateTable, root: u32, droot: u32) -> Result<(Part, DraftTree)> {
+        let mut tree = DraftTree::root(root);
+        let ms = self.time(|| {
+            let t0 = Instant::now();
+            tree = build_sparkling_precompute(table, droot, self.budget);
+            Ok(ms_since(t0))
+        })?;
+        Ok((Part { name: "heap", what: format!("build_sparkling_precompute, budget {}, {} candidates", self.budget, table.n()), ms }, tree))
+    }
+
+    /// What the decode loop runs on a host-memory backend (the CPU: `TreePrep::Host`):
+    /// download the draft logits and build the tree with the lazy-row builder.
+    fn host_prep(&self, logits: &B::Tensor, droot: u32) -> Result<Part> {
+        let d = self.d;
+        let ms = self.time(|| {
+            let t0 = Instant::now();
+            let host = self.b.download(logits)?;
+            let lc = sparkling::tree::LazyCandidates::new(&host, self.depth, d.draft_vocab(), d.markov.as_ref(), droot, self.candidates);
+            std::hint::black_box(sparkling::tree::build_sparkling_lazy(&lc, d.markov.as_ref(), droot, self.max_fanout, self.budget));
+            Ok(ms_since(t0))
+        })?;
+        let what = format!("decode's CPU path: download [{}, {}] + build_sparkling_lazy, budget {}", self.depth, d.draft_vocab(), self.budget);
+        Ok(Part { name: "host_prep", what, ms })
+    }
+
+    /// The tree built on the device, where the backend offers it (one read-back of the nodes
+    /// instead of the table; replaces candidate_table + heap in the decode loop).
+    fn device_tree(&self, logits: &B::Tensor, droot: u32) -> Result<Option<Part>> {
+        let markov = self.d.markov_device(self.b)?;
+        let args = self.selection(logits, markov, droot);
+        if self.b.sparkling_tree(args, self.budget)?.is_none() {
+            return Ok(None);
+        }
+        let ms = self.time(|| {
+            let t0 = Instant::now();
+            self.b.sparkling_tree(args, self.budget)?;
+            Ok(ms_since(t0))
+        })?;
+        let what = format!("sparkling_tree: candidate_table + heap on the device, {} nodes read back", self.budget);
+        Ok(Some(Part { name: "device_tree", what, ms }))
+    }
+
+    /// The verify forward of `tree` (taps as the engine requests them), cache cropped back;
+    /// returns the part and the last repetition's output.
+    fn verify(&self, cache: &mut KvCache<B>, tree: &DraftTree) -> Result<(Part, TargetOutput<B>)> {
+        let (b, p) = (self.b, self.p);
+        let tpos: Vec<u32> = tree.depths.iter().map(|&dp| p as u32 + dp).collect();
+        let mut last = None;
+        let ms = self.time(|| {
+            let t0 = Instant::now();
+            let o = self.t.forward(b, cache, &tree.tokens, &tpos, AttnMask::Tree { parents: &tree.parents }, LogitRows::All, &self.taps)?;
+            self.sync()?;
+            let ms = ms_since(t0);
+            cache.crop(p);
+            last = Some(o);
+            Ok(ms)
+        })?;
+        let n = tree.len();
+        Ok((Part { name: "verify", what: format!("{n} tree rows (1+{}), tree attention, taps", n - 1), ms }, last.expect("at least one repetition")))
+    }
+
+    /// The acceptance argmax over the verify logits (`n` rows) and its read-back.
+    fn accept(&self, logits: &B::Tensor, n: usize) -> Result<Part> {
+        let ms = self.time(|| {
+            let t0 = Instant::now();
+            self.b.argmax(logits)?;
+            Ok(ms_since(t0))
+        })?;
+        Ok(Part { name: "accept", what: format!("argmax of {n} rows + read-back"), ms })
+    }
+
+    /// KV compaction to a real root-to-leaf path of `tree` (≤ 8 rows) + the taps gather of
+    /// the accepted rows.
+    fn compaction(&self, cache: &mut KvCache<B>, tree: &DraftTree, ver_taps: &B::Tensor) -> Result<Part> {
+        let (b, p) = (self.b, self.p);
+        let mut keep = vec![0usize];
+        let cm = tree.child_map();
+        while let Some(&c) = cm.children(*keep.last().expect("root")).first() {
+            keep.push(c as usize);
+            if keep.len() >= 8 {
+                break;
+            }
+        }
+        let ms = self.time(|| {
+            // Re-create the verify rows' cache state (untimed), then compact.
+            cache.crop(p);
+            cache.len = p + tree.len();
+            self.sync()?;
+            let t0 = Instant::now();
+            cache.compact(b, p, &keep)?;
+            let g = b.gather_rows(ver_taps, &keep)?;
+            self.sync()?;
+            let ms = ms_since(t0);
+            drop(g);
+            cache.crop(p);
+            Ok(ms)
+        })?;
+        Ok(Part { name: "compaction", what: format!("KV compaction of {} layers to a {}-row path + taps gather", self.t.cfg.layers, keep.len()), ms })
+    }
+
+    /// The `--budget auto` cost curve on this cache (context P): the verify forward + argmax
+    /// of r rows at the points the engine measures, N_max = B, and one drafter forward.
+    fn cost_curve(&self, cache: &mut KvCache<B>, root: u32, ctx_all: &B::Tensor) -> Result<CostModel> {
+        let ctx4 = self.b.gather_rows(ctx_all, &(self.p.saturating_sub(4)..self.p).collect::<Vec<_>>())?;
+        pollster::block_on(CostModel::measure(self.b, self.t, cache, root, self.budget, &self.taps, Some((self.d, &ctx4))))
+    }
+}
+
+/// The parameters of the `--check-tokens` generation by `method`: greedy, budget B, the
+/// profiled candidates and fan-out, and the tree options given (as `generate` reads them).
+fn check_params(a: &ProfileArgs, parts_tree: (usize, usize), method: Method, platform: &Platform) -> Result<GenParams> {
+    let (candidates, max_fanout) = parts_tree;
+    let tree = TreeArgs { candidates: Some(candidates), max_fanout: Some(max_fanout), ..a.tree.clone() };
+    let dec = Decoding { sampling: SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 }, seed: 0, max_new_tokens: a.check_tokens, stop: vec![] };
+    gen_params(method, Some(BudgetChoice::Fixed(a.budget)), &tree, a.tree.one_lookup()?, dec, platform)
+}
+
+/// Refuse a `--check-tokens` generation that cannot run after the `p`-token prompt, with the
+/// engine's own check (prompt, new tokens, the rows a round writes), before any timing.
+fn precheck<B: Backend>(a: &ProfileArgs, params: &[GenParams; 2], b: &B, t: &Target<B>, d: &Drafter<B>, p: usize) -> Result<()> {
+    let zeros = vec![0u32; p];
+    for (params, drafter) in params.iter().zip([None, Some(d)]) {
+        if let Err(e) = (Engine { backend: b, target: t, drafter }).check(&zeros, params) {
+            return Err(Error::Input(format!(
+                "--check-tokens {} after the {p}-token prompt (--prefill) cannot run, so nothing was timed: {e}",
+                a.check_tokens
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Greedy exactness on these shapes: `ar` and `sparkling` after `prompt`. Returns the report
+/// line and the JSON of the check.
+fn check_exactness<B: Backend>(params: &[GenParams; 2], b: &B, t: &Target<B>, d: &Drafter<B>, prompt: &[u32]) -> Result<(String, serde_json::Value)> {
+    let ar = Engine { backend: b, target: t, drafter: None }.generate(prompt, &params[0], &mut |_| {})?;
+    let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(prompt, &params[1], &mut |_| {})?;
+    let equal = ar.tokens == sp.tokens;
+    let (n, p) = (params[0].max_new_tokens, prompt.len());
+    let line = format!(
+        "check: {n} greedy tokens after the {p}-token prompt, sparkling {} ar (τ = {:.2}; ar {:.1} tok/s, sparkling {:.1} tok/s)\n",
+        if equal { "EQUAL to" } else { "DIFFER from" },
+        sp.stats.tau(),
+        ar.stats.tokens_per_s(),
+        sp.stats.tokens_per_s()
+    );
+    let json = serde_json::json!({"tokens": n, "prompt_tokens": p, "equal": equal, "tau": sp.stats.tau(), "ar_tokens_per_s": ar.stats.tokens_per_s(), "sparkling_tokens_per_s": sp.stats.tokens_per_s()});
+    Ok((line, json))
+}
+
 fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     let b = &m.backend;
     let t = &m.models.target;
     let d = m.models.drafter(DrafterKind::DSpark).ok_or_else(|| Error::Input("profile needs a DSpark drafter (--drafter DIR)".into()))?;
     let tc = &t.cfg;
-    let mut bounded = a.clone();
-    super::clamp("--candidates", &mut bounded.candidates, tc.vocab, "the vocabulary size");
-    super::clamp("--max-fanout", &mut bounded.max_fanout, bounded.candidates, "--candidates");
-    let a = &bounded;
+    let platform = Platform::of(b);
+    let defaults = GenParams::new(Method::Sparkling, &platform).tree;
+    let mut candidates = a.tree.candidates.unwrap_or(defaults.candidates);
+    let mut max_fanout = a.tree.max_fanout.unwrap_or(defaults.max_fanout);
+    super::clamp("--candidates", &mut candidates, tc.vocab, "the vocabulary size");
+    super::clamp("--max-fanout", &mut max_fanout, candidates, "--candidates");
     let p = a.prefill;
     let bk = d.cfg.block_size;
-    let depth = d.cfg.draft_depth().min(a.budget.max(1));
     if p.saturating_add(a.budget).saturating_add(bk + 4) > tc.max_positions {
         return Err(Error::Input(format!("--prefill {p} + --budget {} exceeds the target context of {}", a.budget, tc.max_positions)));
     }
-    // The exactness check runs after the timing: refuse what it cannot run before timing, with
-    // the engine's own check of the two generations it will run (prompt, new tokens, the rows
-    // a round writes: tree, drafter block, lookup chain).
-    let check_params = |method: Method| GenParams {
-        method,
-        tree: sparkling::decode::propose::TreeParams {
-            budget: a.budget,
-            candidates: a.candidates,
-            max_fanout: a.max_fanout,
-            treespark_k: 4,
-            // As `generate --tree-prep auto`: the engine picks host or device selection.
-            prep: sparkling::decode::propose::TreePrep::Auto,
-        },
-        sampling: sparkling::core::SampleParams { temperature: 0.0, top_k: 0, top_p: 1.0 },
-        seed: 0,
-        max_new_tokens: a.check_tokens,
-        stop: vec![],
-        auto_budget: None,
-        // As `generate`: sparkling with its default lookup graft.
-        lookup: sparkling::decode::Platform::of(b).lookup_graft(method),
+    // The exactness check runs after the timing: refuse what it cannot run before timing.
+    let check = if a.check_tokens > 0 {
+        let params =
+            [check_params(a, (candidates, max_fanout), Method::Ar, &platform)?, check_params(a, (candidates, max_fanout), Method::Sparkling, &platform)?];
+        precheck(a, &params, b, t, d, p)?;
+        Some(params)
+    } else {
+        None
     };
-    if a.check_tokens > 0 {
-        let zeros = vec![0u32; p];
-        for (method, drafter) in [(Method::Ar, None), (Method::Sparkling, Some(d))] {
-            if let Err(e) = (Engine { backend: b, target: t, drafter }).check(&zeros, &check_params(method)) {
-                return Err(Error::Input(format!(
-                    "--check-tokens {} after the {p}-token prompt (--prefill) cannot run, so nothing was timed: {e}",
-                    a.check_tokens
-                )));
-            }
-        }
-    }
-    let taps = d.cfg.target_layer_ids.clone();
-    let tiny = b.upload(&[0.0], 1, 1)?;
-    let sync = || -> Result<()> {
-        b.download(&tiny)?;
-        Ok(())
+    let parts = Parts {
+        b,
+        t,
+        d,
+        p,
+        budget: a.budget,
+        candidates,
+        max_fanout,
+        ctx_rows: a.ctx_rows,
+        depth: d.cfg.draft_depth().min(a.budget.max(1)),
+        warmup: a.warmup,
+        reps: a.reps,
+        taps: d.cfg.target_layer_ids.clone(),
+        tiny: b.upload(&[0.0], 1, 1)?,
     };
     let vocab = tc.vocab as u64;
     let prompt: Vec<u32> = (0..p as u64).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
-    let positions: Vec<u32> = (0..p as u32).collect();
     let mut cache = t.new_cache(b, p + a.budget.max(bk) + 8)?;
-    let t0 = Instant::now();
-    let pre = t.forward(b, &mut cache, &prompt, &positions, AttnMask::Causal, LogitRows::Last, &taps)?;
-    let root = b.argmax(&pre.logits)?[0];
-    let prefill_ms = ms_since(t0);
-    let ctx_all = pre.taps.ok_or_else(|| Error::Input("the drafter taps no target layer".into()))?;
+    let (root, ctx_all, prefill_ms) = parts.prefill(&mut cache, &prompt)?;
     eprintln!("prefilled {p} tokens in {prefill_ms:.1} ms on {}", b.name());
 
-    let mut rows: Vec<(&str, String, (f64, f64))> = Vec::new();
-    let (w, r) = (a.warmup, a.reps);
-
-    // Empty sync (the floor every other number includes once).
-    rows.push((
-        "sync",
-        "1-value read-back".into(),
-        time_ms(w, r, || {
-            let t0 = Instant::now();
-            sync()?;
-            Ok(ms_since(t0))
-        })?,
-    ));
-
-    // AR step: 1 row at position P, argmax (a read-back), cache cropped back.
-    rows.push((
-        "ar_step",
-        format!("1 row at position {p}, + argmax"),
-        time_ms(w, r, || {
-            let t0 = Instant::now();
-            let o = t.forward(b, &mut cache, &[root], &[p as u32], AttnMask::Causal, LogitRows::Last, &[])?;
-            b.argmax(&o.logits)?;
-            let ms = ms_since(t0);
-            cache.crop(p);
-            Ok(ms)
-        })?,
-    ));
-
-    // Drafter forward over the last ctx_rows context rows.
-    let lc = a.ctx_rows;
-    let ctx_rows: Vec<usize> = (p - lc..p).collect();
-    let ctx = b.gather_rows(&ctx_all, &ctx_rows)?;
-    let mut dcache = d.new_cache(b, p + bk + 8)?;
-    // First call consumes the whole prompt's context (the steady state sees only a few rows).
-    let first_ctx = b.gather_rows(&ctx_all, &(0..p - lc).collect::<Vec<_>>())?;
-    if p > lc {
-        d.draft(b, t, &mut dcache, &first_ctx, root, p - lc, a.budget)?;
-    }
-    let mut logits = None;
-    rows.push((
-        "draft",
-        format!("drafter forward, {lc} context rows + {} of {bk} block rows (depth {})", d.block_rows(a.budget), a.budget.min(d.cfg.draft_depth())),
-        time_ms(w, r, || {
-            dcache.crop(p - lc);
-            let t0 = Instant::now();
-            let l = d.draft(b, t, &mut dcache, &ctx, root, p, a.budget)?;
-            sync()?;
-            let ms = ms_since(t0);
-            logits = Some(l);
-            Ok(ms)
-        })?,
-    ));
-    let logits = logits.expect("at least one repetition");
-
-    // Candidate table: top-C per depth, union (+ anchor) and Markov table in one backend call
-    // (one read-back on device backends), as the decode loop's device tree prep does.
-    let markov = d.markov_device(b)?;
+    let mut rows = vec![parts.sync_part()?, parts.ar_step(&mut cache, root)?];
+    let (draft, logits) = parts.draft(&ctx_all, root)?;
+    rows.push(draft);
     // The device ops work in draft ids (a reduced draft vocabulary: the anchor's draft id, or
     // draft id 0 when it has none; the tree's tokens are then mapped back below).
     let droot = d.vocab_map.as_ref().map_or(root, |m| m.draft_id(root).unwrap_or(0));
-    let mut table = CandidateTable::default();
-    rows.push((
-        "candidate_table",
-        format!("topk C={} over [{depth}, {}] + union + markov_table + read-back", a.candidates, d.draft_vocab()),
-        time_ms(w, r, || {
-            let t0 = Instant::now();
-            let k = a.max_fanout.min(a.budget);
-            table = b.candidate_table(&logits, markov, a.candidates, droot, k)?;
-            Ok(ms_since(t0))
-        })?,
-    ));
-
-    // Host heap over the table.
-    let mut tree = DraftTree::root(root);
-    rows.push((
-        "heap",
-        format!("build_sparkling_precompute, budget {}, {} candidates", a.budget, table.n()),
-        time_ms(w, r, || {
-            let t0 = Instant::now();
-            tree = build_sparkling_precompute(&table, droot, a.budget);
-            Ok(ms_since(t0))
-        })?,
-    ));
-    // What the decode loop runs on a host-memory backend (the CPU: `TreePrep::Host`): download
-    // the draft logits and build the tree with the lazy-row builder. The two rows above are the
-    // device-style path, which decode uses only on device backends.
-    if sparkling::decode::Platform::of(b).host_memory {
-        rows.push((
-            "host_prep",
-            format!("decode's CPU path: download [{depth}, {}] + build_sparkling_lazy, budget {}", d.draft_vocab(), a.budget),
-            time_ms(w, r, || {
-                let t0 = Instant::now();
-                let host = b.download(&logits)?;
-                let lc = sparkling::tree::LazyCandidates::new(&host, depth, d.draft_vocab(), d.markov.as_ref(), droot, a.candidates);
-                let built = sparkling::tree::build_sparkling_lazy(&lc, d.markov.as_ref(), droot, a.max_fanout, a.budget);
-                std::hint::black_box(built);
-                Ok(ms_since(t0))
-            })?,
-        ));
+    let (table_part, table) = parts.candidate_table(&logits, droot)?;
+    rows.push(table_part);
+    let (heap, mut tree) = parts.heap(&table, root, droot)?;
+    rows.push(heap);
+    // The two rows above are the device-style path, which decode uses only on device backends.
+    if platform.host_memory {
+        rows.push(parts.host_prep(&logits, droot)?);
     }
     if let Some(m) = &d.vocab_map {
         tree = m.map_tree(&tree, root);
     }
-    let n_nodes = tree.len();
-
-    // The same tree built on the device, where the backend offers it (one read-back of the
-    // nodes instead of the table; replaces candidate_table + heap in the decode loop).
-    if b.sparkling_tree(&logits, markov, a.candidates, droot, a.max_fanout.min(a.budget), a.budget)?.is_some() {
-        rows.push((
-            "device_tree",
-            format!("sparkling_tree: candidate_table + heap on the device, {} nodes read back", a.budget),
-            time_ms(w, r, || {
-                let t0 = Instant::now();
-                b.sparkling_tree(&logits, markov, a.candidates, droot, a.max_fanout.min(a.budget), a.budget)?;
-                Ok(ms_since(t0))
-            })?,
-        ));
-    }
-
-    // Verify forward of the real tree (taps as the engine requests them), cache cropped back.
-    let tpos: Vec<u32> = tree.depths.iter().map(|&dp| p as u32 + dp).collect();
-    let mut last_verify = None;
-    rows.push((
-        "verify",
-        format!("{n_nodes} tree rows (1+{}), tree attention, taps", n_nodes - 1),
-        time_ms(w, r, || {
-            let t0 = Instant::now();
-            let o = t.forward(b, &mut cache, &tree.tokens, &tpos, AttnMask::Tree { parents: &tree.parents }, LogitRows::All, &taps)?;
-            sync()?;
-            let ms = ms_since(t0);
-            cache.crop(p);
-            last_verify = Some(o);
-            Ok(ms)
-        })?,
-    ));
-    let ver = last_verify.expect("at least one repetition");
-    rows.push((
-        "accept",
-        format!("argmax of {n_nodes} rows + read-back"),
-        time_ms(w, r, || {
-            let t0 = Instant::now();
-            b.argmax(&ver.logits)?;
-            Ok(ms_since(t0))
-        })?,
-    ));
-
-    // KV compaction to a real root-to-leaf path (+ the taps gather of the accepted rows).
-    let mut keep = vec![0usize];
-    let mut cur = 0usize;
-    let cm = tree.child_map();
-    while let Some(&c) = cm.children(cur).first() {
-        keep.push(c as usize);
-        cur = c as usize;
-        if keep.len() >= 8 {
-            break;
-        }
-    }
+    rows.extend(parts.device_tree(&logits, droot)?);
+    let (verify, ver) = parts.verify(&mut cache, &tree)?;
+    rows.push(verify);
+    rows.push(parts.accept(&ver.logits, tree.len())?);
     let ver_taps = ver.taps.as_ref().ok_or_else(|| Error::Input("verify produced no taps".into()))?;
-    rows.push((
-        "compaction",
-        format!("KV compaction of {} layers to a {}-row path + taps gather", tc.layers, keep.len()),
-        time_ms(w, r, || {
-            // Re-create the verify rows' cache state (untimed), then compact.
-            cache.crop(p);
-            cache.len = p + n_nodes;
-            sync()?;
-            let t0 = Instant::now();
-            cache.compact(b, p, &keep)?;
-            let g = b.gather_rows(ver_taps, &keep)?;
-            sync()?;
-            let ms = ms_since(t0);
-            drop(g);
-            cache.crop(p);
-            Ok(ms)
-        })?,
-    ));
-
-    // The `--budget auto` cost curve on this cache (context P): the verify forward + argmax of
-    // r rows at the points the engine measures, N_max = B, and one drafter forward.
-    let ctx4 = b.gather_rows(&ctx_all, &(p.saturating_sub(4)..p).collect::<Vec<_>>())?;
-    let curve = pollster::block_on(sparkling::decode::budget::CostModel::measure(b, t, &mut cache, root, a.budget, &taps, Some((d, &ctx4))))?;
-    let cost_path = super::costs::cache_path(&a.model, &m.target_path, &b.name());
-
-    // Greedy exactness on these shapes (optional).
-    // The check's line goes under the timing report (it runs last).
-    let mut check_line = String::new();
-    let check = if a.check_tokens > 0 {
-        let ar = Engine { backend: b, target: t, drafter: None }.generate(&prompt, &check_params(Method::Ar), &mut |_| {})?;
-        let sp = Engine { backend: b, target: t, drafter: Some(d) }.generate(&prompt, &check_params(Method::Sparkling), &mut |_| {})?;
-        let equal = ar.tokens == sp.tokens;
-        let _ = writeln!(
-            check_line,
-            "check: {} greedy tokens after the {p}-token prompt, sparkling {} ar (τ = {:.2}; ar {:.1} tok/s, sparkling {:.1} tok/s)",
-            a.check_tokens,
-            if equal { "EQUAL to" } else { "DIFFER from" },
-            sp.stats.tau(),
-            ar.stats.tokens_per_s(),
-            sp.stats.tokens_per_s()
-        );
-        Some(
-            serde_json::json!({"tokens": a.check_tokens, "prompt_tokens": p, "equal": equal, "tau": sp.stats.tau(), "ar_tokens_per_s": ar.stats.tokens_per_s(), "sparkling_tokens_per_s": sp.stats.tokens_per_s()}),
-        )
-    } else {
-        None
+    rows.push(parts.compaction(&mut cache, &tree, ver_taps)?);
+    let curve = parts.cost_curve(&mut cache, root, &ctx_all)?;
+    let check = match &check {
+        Some(params) => Some(check_exactness(params, b, t, d, &prompt)?),
+        None => None,
     };
+    let timing = Timing { prefill_ms, tree_nodes: tree.len(), table: &table, rows: &rows, curve: &curve };
+    report(&m, &parts, a, &timing, check.as_ref())?;
+    if check.as_ref().is_some_and(|c| c.1["equal"] == false) {
+        return Err(Error::Input("profile --check-tokens: sparkling's greedy tokens differ from ar's (the engine invariant is broken on this backend)".into()));
+    }
+    Ok(())
+}
 
-    let mut report = String::new();
-    // Report.
-    let get = |name: &str| rows.iter().find(|r| r.0 == name).map(|r| r.2 .0).unwrap_or(f64::NAN);
+/// What the timing measured, for [`report`].
+struct Timing<'a> {
+    prefill_ms: f64,
+    tree_nodes: usize,
+    table: &'a CandidateTable,
+    rows: &'a [Part],
+    curve: &'a CostModel,
+}
+
+/// Print the table (and the check's line, which runs last) and write `--json`.
+fn report<B: Backend>(m: &Loaded<B>, parts: &Parts<'_, B>, a: &ProfileArgs, timing: &Timing<'_>, check: Option<&(String, serde_json::Value)>) -> Result<()> {
+    let (b, t, d, p) = (parts.b, parts.t, parts.d, parts.p);
+    let tc = &t.cfg;
+    let (rows, curve) = (timing.rows, timing.curve);
+    let cost_path = super::costs::cache_path(&a.model, &m.target_path, &b.name());
+    let get = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.ms.0).unwrap_or(f64::NAN);
     // Tree prep as decode runs it: the host lazy builder on the CPU, else the device-style path.
-    let (prep, prep_parts) = if sparkling::decode::Platform::of(b).host_memory {
+    let (prep, prep_parts) = if Platform::of(b).host_memory {
         (get("host_prep"), "host_prep")
-    } else if rows.iter().any(|r| r.0 == "device_tree") {
+    } else if rows.iter().any(|r| r.name == "device_tree") {
         (get("device_tree"), "device_tree")
     } else {
         (get("candidate_table") + get("heap"), "candidate_table + heap")
@@ -398,21 +515,23 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
     // The weights as stored (Q4_1 blocks stay Q4_1 on the cpu: ≈ 0.6 B per weight).
     let weight_bytes = t.decode_weight_bytes(b);
     let gb = weight_bytes as f64 / 1e9;
+    let mut report = String::new();
     let _ = writeln!(
         report,
-        "backend {}; target {} layers, hidden {}, vocab {}; drafter block {bk}, markov rank {}, draft vocabulary {}",
+        "backend {}; target {} layers, hidden {}, vocab {}; drafter block {}, markov rank {}, draft vocabulary {}",
         b.name(),
         tc.layers,
         tc.hidden,
         tc.vocab,
+        d.cfg.block_size,
         d.cfg.markov_rank,
         d.draft_vocab()
     );
     let _ = writeln!(report, "target matmul kernels: {}", t.kernel_paths(b));
-    let _ = writeln!(report, "prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", a.budget, a.candidates, r);
+    let _ = writeln!(report, "prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", parts.budget, parts.candidates, parts.reps);
     let _ = writeln!(report, "| part | what | median ms | min ms |");
     let _ = writeln!(report, "|---|---|---|---|");
-    for (name, what, (med, min)) in &rows {
+    for Part { name, what, ms: (med, min) } in rows {
         let _ = writeln!(report, "| {name} | {what} | {med:.3} | {min:.3} |");
     }
     let _ = writeln!(report, "| outside forwards | accept + {prep_parts} + compaction (the tree prep decode runs here) | {outside:.3} | |");
@@ -442,29 +561,26 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         t.kernel_paths(b),
         gb / (get("ar_step") / 1e3)
     );
-    {
-        let parts: serde_json::Map<String, serde_json::Value> =
-            rows.iter().map(|(n, what, (med, min))| (n.to_string(), serde_json::json!({"what": what, "median_ms": med, "min_ms": min}))).collect();
-        let v = serde_json::json!({
-            "backend": b.name(),
-            "kernels": t.kernel_paths(b),
-            "target": {"layers": tc.layers, "hidden": tc.hidden, "vocab": tc.vocab, "heads": tc.n_heads, "kv_heads": tc.n_kv_heads, "head_dim": tc.head_dim, "intermediate": tc.intermediate},
-            "drafter": {"block_size": bk, "markov_rank": d.cfg.markov_rank, "layers": d.cfg.layers},
-            "prefill": p, "budget": a.budget, "candidates": a.candidates, "max_fanout": a.max_fanout, "ctx_rows": lc,
-            "reps": r, "warmup": w, "prefill_ms": prefill_ms, "tree_nodes": n_nodes, "table_candidates": table.n(), "table_k": table.k,
-            "parts": parts,
-            "outside_forwards_ms": outside,
-            "verify_over_ar_step": get("verify") / get("ar_step"),
-            "decode_weight_bytes": weight_bytes,
-            "ar_step_effective_gb_per_s": gb / (get("ar_step") / 1e3),
-            "check": check,
-            "budget_auto_cost_curve": curve,
-        });
-        report.push_str(&check_line);
-        super::save_json_then_print(a.json.as_deref(), &v, &report)?;
+    let json_parts: serde_json::Map<String, serde_json::Value> =
+        rows.iter().map(|r| (r.name.to_string(), serde_json::json!({"what": r.what, "median_ms": r.ms.0, "min_ms": r.ms.1}))).collect();
+    let v = serde_json::json!({
+        "backend": b.name(),
+        "kernels": t.kernel_paths(b),
+        "target": {"layers": tc.layers, "hidden": tc.hidden, "vocab": tc.vocab, "heads": tc.n_heads, "kv_heads": tc.n_kv_heads, "head_dim": tc.head_dim, "intermediate": tc.intermediate},
+        "drafter": {"block_size": d.cfg.block_size, "markov_rank": d.cfg.markov_rank, "layers": d.cfg.layers},
+        "prefill": p, "budget": parts.budget, "candidates": parts.candidates, "max_fanout": parts.max_fanout, "ctx_rows": parts.ctx_rows,
+        "reps": parts.reps, "warmup": parts.warmup, "prefill_ms": timing.prefill_ms, "tree_nodes": timing.tree_nodes,
+        "table_candidates": timing.table.n(), "table_k": timing.table.k,
+        "parts": json_parts,
+        "outside_forwards_ms": outside,
+        "verify_over_ar_step": get("verify") / get("ar_step"),
+        "decode_weight_bytes": weight_bytes,
+        "ar_step_effective_gb_per_s": gb / (get("ar_step") / 1e3),
+        "check": check.map(|c| &c.1),
+        "budget_auto_cost_curve": curve,
+    });
+    if let Some((line, _)) = check {
+        report.push_str(line);
     }
-    if check.as_ref().is_some_and(|c| c["equal"] == false) {
-        return Err(Error::Input("profile --check-tokens: sparkling's greedy tokens differ from ar's (the engine invariant is broken on this backend)".into()));
-    }
-    Ok(())
+    super::save_json_then_print(a.json.as_deref(), &v, &report)
 }

@@ -9,7 +9,8 @@
 //! - `--cache DIR`: a `sparkling-train gen-data` cache (its answer tokens; no target run);
 //! - `--counts FILE`: counts saved by an earlier run with `--save-counts`.
 
-use super::load::{load, select, AnyBackend, Loaded, ModelArgs};
+use super::load::{Loaded, ModelArgs};
+use super::options::{lenient, DtypeArg};
 use clap::Args;
 use sparkling::core::Backend;
 use sparkling::decode::{Engine, GenParams, Method};
@@ -64,9 +65,9 @@ pub struct ReduceVocabArgs {
     /// chosen draft vocabulary covers (repeatable).
     #[arg(long)]
     pub coverage_of: Vec<PathBuf>,
-    /// Tensor storage of the written drafter: bf16 or f32.
-    #[arg(long, default_value = "bf16")]
-    pub dtype: String,
+    /// Tensor storage of the written drafter.
+    #[arg(long, default_value = "bf16", value_parser = lenient::<DtypeArg>())]
+    pub dtype: DtypeArg,
     /// Replace the files of a checkpoint already in the output directory.
     #[arg(long)]
     pub force: bool,
@@ -194,17 +195,13 @@ fn check_not_eval(path: &Path) -> Result<()> {
 
 /// Run `reduce-vocab`.
 pub fn run(a: ReduceVocabArgs) -> Result<()> {
-    let dtype = match a.dtype.as_str() {
-        "bf16" => StoreDtype::Bf16,
-        "f32" => StoreDtype::F32,
-        o => return Err(Error::Input(format!("--dtype `{o}`: expected bf16 or f32"))),
-    };
+    let dtype = StoreDtype::from(a.dtype);
     if a.count_only {
         // Nothing is written with --count-only: the writing options would be ignored.
         for (given, arg) in [
             (a.from.is_some(), "--from"),
             (a.out.is_some(), "--out"),
-            (a.dtype != "bf16", "--dtype"),
+            (a.dtype != DtypeArg::Bf16, "--dtype"),
             (a.force, "--force"),
             (!a.model.drafter.is_empty(), "--drafter"),
         ] {
@@ -251,14 +248,7 @@ pub fn run(a: ReduceVocabArgs) -> Result<()> {
             return Err(Error::Input(format!("--save-counts {} is inside the input directory {}; choose another place", s.display(), d.display())));
         }
     }
-    let s = select(&a.model)?;
-    match s.backend {
-        AnyBackend::Cpu(b) => reduce(load(b, &s.target, &a.model, &[])?, &a, dtype),
-        #[cfg(feature = "wgpu")]
-        AnyBackend::Wgpu(b) => reduce(load(b, &s.target, &a.model, &[])?, &a, dtype),
-        #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => reduce(load(b, &s.target, &a.model, &[])?, &a, dtype),
-    }
+    with_loaded!(&a.model, &[], |m| reduce(m, &a, dtype))
 }
 
 fn reduce<B: Backend>(m: Loaded<B>, a: &ReduceVocabArgs, dtype: StoreDtype) -> Result<()> {

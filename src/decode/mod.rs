@@ -154,23 +154,25 @@ impl GenParams {
     /// Check the values no caller may pass: a temperature that is negative or not finite,
     /// top-p outside (0, 1], zero candidates, fan-out or TreeSpark k, a tree budget of 0 for a
     /// method with a drafter (`ar` reads no budget), a lookup graft for a method without one.
-    /// Errors: [`Error::Input`] naming the parameter.
+    /// Errors: [`Error::Input`] naming the parameter as this struct spells it (`tree.budget`,
+    /// `lookup.len`); front-ends check their own options first, so that theirs name the option.
     pub fn validate(&self) -> Result<()> {
         let s = &self.sampling;
         if !(s.temperature >= 0.0 && s.temperature.is_finite()) {
-            return Err(Error::Input(format!("temperature {} must be finite and ≥ 0", s.temperature)));
+            return Err(Error::Input(format!("sampling.temperature {} must be finite and ≥ 0", s.temperature)));
         }
         if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return Err(Error::Input(format!("top-p {} must be in (0, 1]", s.top_p)));
+            return Err(Error::Input(format!("sampling.top_p {} must be in (0, 1]", s.top_p)));
         }
         let t = &self.tree;
-        for (v, arg) in [(t.candidates, "candidates"), (t.max_fanout, "max-fanout"), (t.treespark_k, "treespark-k")] {
+        for (v, arg) in [(t.candidates, "tree.candidates"), (t.max_fanout, "tree.max_fanout"), (t.treespark_k, "tree.treespark_k")] {
             if v == 0 {
                 return Err(Error::Input(format!("{arg} 0: must be ≥ 1")));
             }
         }
         if self.lookup.len > lookup::MAX_CHAIN || (self.method == Method::Lookup && self.auto_budget.is_none() && t.budget > lookup::MAX_CHAIN) {
-            let (what, n) = if self.method == Method::Lookup { ("--budget", t.budget) } else { ("--lookup", self.lookup.len) };
+            let (what, n) =
+                if self.method == Method::Lookup { ("tree.budget (method `lookup`'s chain length)", t.budget) } else { ("lookup.len", self.lookup.len) };
             return Err(Error::Input(format!(
                 "{what} {n}: a lookup chain of at most {} tokens (longer chains repeat one phrase and cost a verify row per token)",
                 lookup::MAX_CHAIN
@@ -178,7 +180,7 @@ impl GenParams {
         }
         if self.lookup.len > 0 && self.method.drafter_kind().is_none() {
             return Err(Error::Input(format!(
-                "a lookup chain grafted onto the tree (--lookup {}) needs a method with a drafter, not `{}`; method `lookup` takes its chain length from --budget",
+                "a lookup chain grafted onto the tree (lookup.len {}) needs a method with a drafter, not `{}`; method `lookup` takes its chain length from tree.budget",
                 self.lookup.len,
                 self.method.name()
             )));
@@ -293,7 +295,7 @@ impl<B: Backend> Models<B> {
             Some(kind) => Some(self.drafter(kind).ok_or_else(|| {
                 let have: Vec<String> = self.drafters.iter().map(|d| format!("{:?}", d.cfg.kind)).collect();
                 Error::Input(format!(
-                    "method `{}` needs a {kind:?} drafter; loaded: [{}] (load one: `--drafter` in the CLI, `add_drafter` in the browser)",
+                    "method `{}` needs a {kind:?} drafter; loaded: [{}] (load one with `Models::add_drafter`)",
                     method.name(),
                     have.join(", ")
                 ))
@@ -408,9 +410,8 @@ impl<'a, B: Backend> Engine<'a, B> {
         let drafter = match p.method.drafter_kind() {
             None => None,
             Some(kind) => {
-                let d = self.drafter.ok_or_else(|| {
-                    Error::Input(format!("method `{}` needs a {kind:?} drafter (pass --drafter, or create one with `sparkling init-drafter`)", p.method.name()))
-                })?;
+                let d =
+                    self.drafter.ok_or_else(|| Error::Input(format!("method `{}` needs a {kind:?} drafter (`Engine::drafter` is none)", p.method.name())))?;
                 if d.cfg.kind != kind {
                     return Err(Error::Input(format!("method `{}` needs a {kind:?} drafter but the drafter is {:?}", p.method.name(), d.cfg.kind)));
                 }

@@ -36,14 +36,15 @@ impl Arch {
     }
 }
 
-/// Geometry and numerics of a target decoder (reference §1.1).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TargetConfig {
-    /// Decoder family.
-    pub arch: Arch,
-    /// Vocabulary rows of the embedding / lm_head.
+/// The decoder geometry and numerics a target and a drafter share: both configs hold one
+/// ([`TargetConfig::geometry`], [`DrafterConfig::geometry`]) and read its fields as their own
+/// through `Deref` (`cfg.hidden`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelGeometry {
+    /// Vocabulary size (the target's embedding / lm_head rows; a drafter's input ids, the
+    /// anchor and the mask token).
     pub vocab: usize,
-    /// Hidden size H.
+    /// Hidden size H (a drafter's must equal its target's).
     pub hidden: usize,
     /// Decoder layers.
     pub layers: usize,
@@ -57,8 +58,45 @@ pub struct TargetConfig {
     pub intermediate: usize,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
-    /// RoPE base θ.
+    /// RoPE base θ (`rope_theta` or `rope_parameters.rope_theta`).
     pub rope_theta: f32,
+}
+
+impl ModelGeometry {
+    /// Every value that sizes something: positive, in range, consistent (`derived_head_dim`:
+    /// head_dim was not given, so the heads must divide the hidden size).
+    fn validate(&self, c: &Check<'_>, derived_head_dim: bool) -> Result<()> {
+        c.count("vocab_size", self.vocab, MAX_DIM)?;
+        c.count("num_hidden_layers", self.layers, u32::MAX as usize)?;
+        c.attention(self, derived_head_dim)
+    }
+
+    /// The HF `config.json` keys of the geometry (RoPE aside: its spelling depends on the
+    /// checkpoint kind).
+    fn hf_json(&self) -> serde_json::Map<String, Value> {
+        [
+            ("vocab_size", serde_json::json!(self.vocab)),
+            ("hidden_size", serde_json::json!(self.hidden)),
+            ("num_hidden_layers", serde_json::json!(self.layers)),
+            ("num_attention_heads", serde_json::json!(self.n_heads)),
+            ("num_key_value_heads", serde_json::json!(self.n_kv_heads)),
+            ("head_dim", serde_json::json!(self.head_dim)),
+            ("intermediate_size", serde_json::json!(self.intermediate)),
+            ("rms_norm_eps", serde_json::json!(self.rms_eps)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// Geometry and numerics of a target decoder (reference §1.1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetConfig {
+    /// Decoder family.
+    pub arch: Arch,
+    /// Vocabulary, hidden size, layers, heads, head size, MLP size, RMSNorm ε, RoPE θ.
+    pub geometry: ModelGeometry,
     /// lm_head tied to the embedding.
     pub tie_embeddings: bool,
     /// q/k/v projections carry biases (Qwen2).
@@ -89,24 +127,9 @@ pub enum DrafterKind {
 pub struct DrafterConfig {
     /// Convention.
     pub kind: DrafterKind,
-    /// Hidden size (must equal the target's).
-    pub hidden: usize,
-    /// Draft layers.
-    pub layers: usize,
-    /// Query heads.
-    pub n_heads: usize,
-    /// KV heads.
-    pub n_kv_heads: usize,
-    /// Head dimension.
-    pub head_dim: usize,
-    /// SwiGLU intermediate size.
-    pub intermediate: usize,
-    /// RMSNorm epsilon.
-    pub rms_eps: f32,
-    /// RoPE base θ (`rope_theta` or `rope_parameters.rope_theta`).
-    pub rope_theta: f32,
-    /// Vocabulary size (the target's: input ids, the anchor, the mask token).
-    pub vocab: usize,
+    /// Vocabulary (the target's), hidden size (the target's), draft layers, heads, head size,
+    /// MLP size, RMSNorm ε, RoPE θ.
+    pub geometry: ModelGeometry,
     /// Draft vocabulary size V_d (`draft_vocab_size`; `vocab` when absent): the rows of the
     /// drafter's output layer and of the Markov head's `W2`. Below `vocab` the checkpoint
     /// carries the draft → target id map `draft_to_target` (see `models/README.md`).
@@ -123,6 +146,32 @@ pub struct DrafterConfig {
     pub confidence_head: bool,
     /// `draft_vocab_size` was given ([`DrafterConfig::is_reduced`]).
     pub reduced: bool,
+}
+
+impl std::ops::Deref for TargetConfig {
+    type Target = ModelGeometry;
+    fn deref(&self) -> &ModelGeometry {
+        &self.geometry
+    }
+}
+
+impl std::ops::DerefMut for TargetConfig {
+    fn deref_mut(&mut self) -> &mut ModelGeometry {
+        &mut self.geometry
+    }
+}
+
+impl std::ops::Deref for DrafterConfig {
+    type Target = ModelGeometry;
+    fn deref(&self) -> &ModelGeometry {
+        &self.geometry
+    }
+}
+
+impl std::ops::DerefMut for DrafterConfig {
+    fn deref_mut(&mut self) -> &mut ModelGeometry {
+        &mut self.geometry
+    }
 }
 
 impl DrafterConfig {
@@ -197,18 +246,8 @@ impl Check<'_> {
     }
     /// The attention geometry: positive counts, KV heads dividing the query heads, an even head
     /// size; `derived_head_dim`: head_dim was not given, so the heads must divide the hidden size.
-    #[allow(clippy::too_many_arguments)]
-    fn geometry(
-        &self,
-        hidden: usize,
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        derived_head_dim: bool,
-        intermediate: usize,
-        rms_eps: f32,
-        rope_theta: f32,
-    ) -> Result<()> {
+    fn attention(&self, g: &ModelGeometry, derived_head_dim: bool) -> Result<()> {
+        let ModelGeometry { hidden, n_heads, n_kv_heads, head_dim, intermediate, rms_eps, rope_theta, .. } = *g;
         self.count("hidden_size", hidden, MAX_DIM)?;
         self.count("num_attention_heads", n_heads, MAX_DIM)?;
         if derived_head_dim && !hidden.is_multiple_of(n_heads) {
@@ -369,15 +408,17 @@ impl TargetConfig {
         let derived_head_dim = v.get("head_dim").is_none_or(Value::is_null);
         let cfg = TargetConfig {
             arch,
-            vocab: k.usize("vocab_size")?,
-            hidden,
-            layers: k.usize("num_hidden_layers")?,
-            n_heads,
-            n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
-            head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
-            intermediate: k.usize("intermediate_size")?,
-            rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
-            rope_theta: k.rope_theta()?,
+            geometry: ModelGeometry {
+                vocab: k.usize("vocab_size")?,
+                hidden,
+                layers: k.usize("num_hidden_layers")?,
+                n_heads,
+                n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
+                head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
+                intermediate: k.usize("intermediate_size")?,
+                rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
+                rope_theta: k.rope_theta()?,
+            },
             tie_embeddings: k.bool_or("tie_word_embeddings", false)?,
             qkv_bias: k.bool_or("attention_bias", arch == Arch::Qwen2)?,
             qk_norm: arch == Arch::Qwen3,
@@ -422,15 +463,17 @@ impl TargetConfig {
         }
         let cfg = TargetConfig {
             arch,
-            vocab,
-            hidden,
-            layers: g.get_u64(&key("block_count")).map_err(ge)? as usize,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            intermediate: g.get_u64(&key("feed_forward_length")).map_err(ge)? as usize,
-            rms_eps: g.get_f64(&key("attention.layer_norm_rms_epsilon")).map_err(ge)? as f32,
-            rope_theta: g.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
+            geometry: ModelGeometry {
+                vocab,
+                hidden,
+                layers: g.get_u64(&key("block_count")).map_err(ge)? as usize,
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                intermediate: g.get_u64(&key("feed_forward_length")).map_err(ge)? as usize,
+                rms_eps: g.get_f64(&key("attention.layer_norm_rms_epsilon")).map_err(ge)? as f32,
+                rope_theta: g.get_f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
+            },
             tie_embeddings: g.tensor("output.weight").is_none(),
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
             qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
@@ -463,10 +506,8 @@ impl TargetConfig {
 
     /// Every value that sizes something: positive, in range, consistent.
     fn validate(&self, c: &Check<'_>, derived_head_dim: bool) -> Result<()> {
-        c.count("vocab_size", self.vocab, MAX_DIM)?;
-        c.count("num_hidden_layers", self.layers, u32::MAX as usize)?;
+        self.geometry.validate(c, derived_head_dim)?;
         c.count("max_position_embeddings", self.max_positions, MAX_POSITIONS)?;
-        c.geometry(self.hidden, self.n_heads, self.n_kv_heads, self.head_dim, derived_head_dim, self.intermediate, self.rms_eps, self.rope_theta)?;
         if let Some(&id) = self.eos.iter().find(|&&id| id as usize >= self.vocab) {
             return Err(c.err("eos_token_id", format!("{id} is outside the vocabulary of {}", self.vocab)));
         }
@@ -478,25 +519,29 @@ impl TargetConfig {
 
     /// The HF `config.json` for this target (used by `synth` / tests writing random models).
     pub fn to_hf_json(&self) -> Value {
-        serde_json::json!({
-            "architectures": [match self.arch { Arch::Llama => "LlamaForCausalLM", Arch::Qwen2 => "Qwen2ForCausalLM", Arch::Qwen3 => "Qwen3ForCausalLM" }],
-            "model_type": self.arch.name(),
-            "vocab_size": self.vocab,
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate,
-            "rms_norm_eps": self.rms_eps,
-            "rope_theta": self.rope_theta,
-            "tie_word_embeddings": self.tie_embeddings,
-            "attention_bias": self.qkv_bias,
-            "max_position_embeddings": self.max_positions,
-            "bos_token_id": self.bos,
-            "eos_token_id": self.eos,
-            "hidden_act": "silu",
-        })
+        let mut o = self.geometry.hf_json();
+        o.extend(
+            [
+                (
+                    "architectures",
+                    serde_json::json!([match self.arch {
+                        Arch::Llama => "LlamaForCausalLM",
+                        Arch::Qwen2 => "Qwen2ForCausalLM",
+                        Arch::Qwen3 => "Qwen3ForCausalLM",
+                    }]),
+                ),
+                ("model_type", serde_json::json!(self.arch.name())),
+                ("rope_theta", serde_json::json!(self.rope_theta)),
+                ("tie_word_embeddings", serde_json::json!(self.tie_embeddings)),
+                ("attention_bias", serde_json::json!(self.qkv_bias)),
+                ("max_position_embeddings", serde_json::json!(self.max_positions)),
+                ("bos_token_id", serde_json::json!(self.bos)),
+                ("eos_token_id", serde_json::json!(self.eos)),
+                ("hidden_act", serde_json::json!("silu")),
+            ]
+            .map(|(k, v)| (k.to_string(), v)),
+        );
+        Value::Object(o)
     }
 }
 
@@ -563,15 +608,17 @@ impl DrafterConfig {
         let derived_head_dim = v.get("head_dim").is_none_or(Value::is_null);
         let cfg = DrafterConfig {
             kind,
-            hidden,
-            layers,
-            n_heads,
-            n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
-            head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
-            intermediate: k.usize("intermediate_size")?,
-            rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
-            rope_theta: k.rope_theta()?,
-            vocab: k.usize("vocab_size")?,
+            geometry: ModelGeometry {
+                hidden,
+                layers,
+                n_heads,
+                n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
+                head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
+                intermediate: k.usize("intermediate_size")?,
+                rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
+                rope_theta: k.rope_theta()?,
+                vocab: k.usize("vocab_size")?,
+            },
             draft_vocab: match v.get("draft_vocab_size") {
                 None | Some(Value::Null) => k.usize("vocab_size")?,
                 Some(_) => k.usize("draft_vocab_size")?,
@@ -584,10 +631,8 @@ impl DrafterConfig {
             reduced: v.get("draft_vocab_size").is_some_and(|x| !x.is_null()),
         };
         let c = Check { path, key: &|k| k.to_string() };
-        c.count("num_hidden_layers", cfg.layers, u32::MAX as usize)?;
-        c.count("vocab_size", cfg.vocab, MAX_DIM)?;
+        cfg.geometry.validate(&c, derived_head_dim)?;
         c.count("draft_vocab_size", cfg.draft_vocab, cfg.vocab)?;
-        c.geometry(cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, derived_head_dim, cfg.intermediate, cfg.rms_eps, cfg.rope_theta)?;
         if cfg.markov_rank > MAX_DIM {
             return Err(c.err("markov_rank", format!("{}: expected ≤ {MAX_DIM}", cfg.markov_rank)));
         }
@@ -599,23 +644,18 @@ impl DrafterConfig {
 
     /// The HF `config.json` of this drafter, in the spelling its kind uses.
     pub fn to_hf_json(&self, num_target_layers: usize) -> Value {
-        let mut v = serde_json::json!({
-            "model_type": "qwen3",
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate,
-            "rms_norm_eps": self.rms_eps,
-            "vocab_size": self.vocab,
-            "block_size": self.block_size,
-            "num_target_layers": num_target_layers,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "max_position_embeddings": 32768,
-        });
-        let o = v.as_object_mut().expect("json object literal");
+        let mut o = self.geometry.hf_json();
+        o.extend(
+            [
+                ("model_type", serde_json::json!("qwen3")),
+                ("block_size", serde_json::json!(self.block_size)),
+                ("num_target_layers", serde_json::json!(num_target_layers)),
+                ("hidden_act", serde_json::json!("silu")),
+                ("attention_bias", serde_json::json!(false)),
+                ("max_position_embeddings", serde_json::json!(32768)),
+            ]
+            .map(|(k, v)| (k.to_string(), v)),
+        );
         if self.is_reduced() {
             o.insert("draft_vocab_size".into(), serde_json::json!(self.draft_vocab));
         }
@@ -636,7 +676,7 @@ impl DrafterConfig {
                 o.insert("confidence_head_with_markov".into(), serde_json::json!(self.confidence_head));
             }
         }
-        v
+        Value::Object(o)
     }
 }
 

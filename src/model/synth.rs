@@ -2,7 +2,7 @@
 //! supported arch for tests and timing, and untrained DFlash / DSpark drafters sized for a
 //! target (`sparkling init-drafter`), so every method runs before any drafter is trained.
 
-use super::config::{default_target_layer_ids, Arch, DrafterConfig, DrafterKind, TargetConfig};
+use super::config::{default_target_layer_ids, Arch, DrafterConfig, DrafterKind, ModelGeometry, TargetConfig};
 use crate::decode::rng::splitmix64;
 use crate::error::{Error, Result};
 use safetensors::tensor::{Dtype, TensorView};
@@ -170,15 +170,17 @@ fn random_target_tensors(cfg: &TargetConfig, seed: u64) -> Pending {
 pub fn tiny_target_config(arch: Arch, vocab: usize) -> TargetConfig {
     TargetConfig {
         arch,
-        vocab,
-        hidden: 64,
-        layers: 4,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 16,
-        intermediate: 128,
-        rms_eps: 1e-6,
-        rope_theta: 10000.0,
+        geometry: ModelGeometry {
+            vocab,
+            hidden: 64,
+            layers: 4,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            intermediate: 128,
+            rms_eps: 1e-6,
+            rope_theta: 10000.0,
+        },
         tie_embeddings: arch == Arch::Llama,
         qkv_bias: arch == Arch::Qwen2,
         qk_norm: arch == Arch::Qwen3,
@@ -197,15 +199,17 @@ pub const PRESETS: [&str; 3] = ["qwen3-4b", "qwen3-8b", "smollm2-135m"];
 pub fn preset_target_config(name: &str) -> Option<TargetConfig> {
     let qwen3 = |hidden, layers, intermediate, tie| TargetConfig {
         arch: Arch::Qwen3,
-        vocab: 151_936,
-        hidden,
-        layers,
-        n_heads: 32,
-        n_kv_heads: 8,
-        head_dim: 128,
-        intermediate,
-        rms_eps: 1e-6,
-        rope_theta: 1_000_000.0,
+        geometry: ModelGeometry {
+            vocab: 151_936,
+            hidden,
+            layers,
+            n_heads: 32,
+            n_kv_heads: 8,
+            head_dim: 128,
+            intermediate,
+            rms_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+        },
         tie_embeddings: tie,
         qkv_bias: false,
         qk_norm: true,
@@ -218,15 +222,17 @@ pub fn preset_target_config(name: &str) -> Option<TargetConfig> {
         "qwen3-8b" => qwen3(4096, 36, 12288, false),
         "smollm2-135m" => TargetConfig {
             arch: Arch::Llama,
-            vocab: 49_152,
-            hidden: 576,
-            layers: 30,
-            n_heads: 9,
-            n_kv_heads: 3,
-            head_dim: 64,
-            intermediate: 1536,
-            rms_eps: 1e-5,
-            rope_theta: 100_000.0,
+            geometry: ModelGeometry {
+                vocab: 49_152,
+                hidden: 576,
+                layers: 30,
+                n_heads: 9,
+                n_kv_heads: 3,
+                head_dim: 64,
+                intermediate: 1536,
+                rms_eps: 1e-5,
+                rope_theta: 100_000.0,
+            },
             tie_embeddings: true,
             qkv_bias: false,
             qk_norm: false,
@@ -307,15 +313,8 @@ pub fn check_drafter_init(target: &TargetConfig, init: &DrafterInit) -> Result<(
 pub fn drafter_config(target: &TargetConfig, init: &DrafterInit) -> DrafterConfig {
     DrafterConfig {
         kind: init.kind,
-        hidden: target.hidden,
-        layers: init.layers,
-        n_heads: target.n_heads,
-        n_kv_heads: target.n_kv_heads,
-        head_dim: target.head_dim,
-        intermediate: target.intermediate,
-        rms_eps: target.rms_eps,
-        rope_theta: target.rope_theta,
-        vocab: target.vocab,
+        // The target's geometry, with the drafter's own layer count.
+        geometry: ModelGeometry { layers: init.layers, ..target.geometry },
         draft_vocab: target.vocab,
         block_size: init.block_size,
         mask_token_id: init.mask_token_id.unwrap_or(target.vocab as u32 - 1),
