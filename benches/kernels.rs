@@ -23,7 +23,7 @@
 //! only the CPU rows run.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use sparkling::core::{AttnMask, AttnShape, Backend, SampleParams, NO_PARENT};
+use sparkling::core::{AttnMask, AttnShape, Backend, ReadBack, SampleParams, NO_PARENT};
 use sparkling::cpu::CpuBackend;
 use sparkling::wgpu_backend::{Subgroups, WgpuBackend, WgpuOptions};
 use std::hint::black_box;

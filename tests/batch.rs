@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use sparkling::core::{AttnMask, AttnShape, Backend, RaggedSeq, NO_PARENT};
+use sparkling::core::{AttnMask, AttnShape, Backend, RaggedSeq, ReadBack, NO_PARENT};
 use sparkling::cpu::{CpuBackend, KvDtype, WeightDtype};
 use sparkling::decode::batch::{Batch, BatchOptions, SeqId};
 use sparkling::decode::propose::{TreeParams, TreePrep};

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use sparkling::core::{AttnMask, Backend};
+use sparkling::core::{AttnMask, ReadBack};
 use sparkling::cpu::{CpuBackend, KvDtype};
 use sparkling::decode::{Engine, Method};
 use sparkling::model::config::{Arch, DrafterKind};

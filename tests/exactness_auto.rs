@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use sparkling::core::Backend;
+use sparkling::core::{Backend, ReadBack};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::budget::{AutoBudget, CostModel};
 use sparkling::decode::{Engine, GenParams, Method, Stats};

@@ -9,7 +9,7 @@ mod common;
 use common::conformance::{reduced_vocab_methods_match_ar, write_reduced_drafter, Prompts};
 use common::*;
 use safetensors::tensor::{Dtype, TensorView};
-use sparkling::core::Backend;
+use sparkling::core::{Backend, ReadBack};
 use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::decode::propose::{propose, DraftLogits, TreeParams, TreePrep, VIRTUAL_LOGIT};
 use sparkling::decode::{Engine, Method};

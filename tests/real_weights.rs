@@ -22,7 +22,7 @@ use std::path::PathBuf;
 /// Our logit of token `ours` minus that of `theirs` after `prompt` + `before`, from one causal
 /// forward over both (where our greedy tokens and llama.cpp's first differ).
 fn margin_at(b: &CpuBackend, target: &Target<CpuBackend>, prompt: &[u32], before: &[u32], ours: u32, theirs: u32) -> f32 {
-    use sparkling::core::{AttnMask, Backend};
+    use sparkling::core::{AttnMask, ReadBack};
     use sparkling::model::target::LogitRows;
     let ids: Vec<u32> = prompt.iter().chain(before).copied().collect();
     let mut cache = target.new_cache(b, ids.len() + 1).unwrap();

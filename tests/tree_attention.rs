@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use sparkling::core::{AttnMask, Backend, NO_PARENT};
+use sparkling::core::{AttnMask, Backend, ReadBack, NO_PARENT};
 use sparkling::cpu::CpuBackend;
 use sparkling::model::config::Arch;
 use sparkling::model::target::LogitRows;

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use sparkling::core::Backend;
+use sparkling::core::{Backend, ReadBack};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::propose::{propose, DraftLogits, TreePrep};
 use sparkling::decode::{Engine, Method};

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::model::draft_vocab::DraftVocab;
 use crate::model::drafter::Drafter;
 use crate::tree::{self, DraftTree, MarkovHead};
-use sparkling_core::Backend;
+use sparkling_core::{Backend, CandidateArgs};
 use web_time::Instant;
 
 /// Where the draft logits are turned into the inputs of the tree heap (design §1, §3).
@@ -264,12 +264,13 @@ async fn propose_ids<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, 
             }
             // The whole tree on the device where the backend offers it (wgpu, CUDA: only the
             // tree comes back; the heap time is part of prep).
-            if let Some(tree) = b.sparkling_tree_async(d.logits, d.markov_dev, p.candidates.max(1), anchor, k, p.budget).await? {
+            let args = CandidateArgs { base: d.logits, markov: d.markov_dev, candidates: p.candidates.max(1), anchor, k };
+            if let Some(tree) = b.sparkling_tree_async(args, p.budget).await? {
                 return Ok(Proposal { tree, prep_ms: ms(t0), ..Proposal::default() });
             }
             // Else top-C per depth → union with the anchor → Markov table, one Backend op (one
             // read-back on a device; topk + markov_table with the default), heap on the host.
-            let table = b.candidate_table_async(d.logits, d.markov_dev, p.candidates.max(1), anchor, k).await?;
+            let table = b.candidate_table_async(args).await?;
             let prep_ms = ms(t0);
             let t1 = Instant::now();
             let tree = tree::build_sparkling_precompute(&table, anchor, p.budget);

@@ -10,6 +10,8 @@ use super::target::Target;
 use crate::error::{Error, Result};
 use crate::loader::TensorSource;
 use crate::tree::MarkovHead;
+#[cfg(not(target_arch = "wasm32"))]
+use sparkling_core::ReadBack;
 use sparkling_core::{AttnMask, AttnShape, Backend, DraftTree, RaggedSeq};
 
 /// The fewest block rows a drafter forward runs ([`Drafter::block_rows`]).
@@ -236,8 +238,9 @@ impl<B: Backend> Drafter<B> {
 
     /// The output layer of the draft logits, `[V_d, H]`: the drafter's own `lm_head`, else the
     /// target's, or for a reduced drafter that borrows it, the target's rows `draft_to_target`
-    /// (gathered once, on first call, with [`Backend::gather_weight_rows`]: stored rows as they
-    /// are on the CPU backend, the backend's weight precision elsewhere).
+    /// (gathered once, on first call, with [`Backend::gather_weight_rows_async`]: stored rows as
+    /// they are on the CPU backend, the backend's weight precision elsewhere; in a browser a
+    /// device backend's rows must have been gathered by [`Drafter::prepare_output_head_async`]).
     /// Errors: the gather's backend failure.
     pub fn output_head<'s>(&'s self, b: &B, target: &'s Target<B>) -> Result<&'s B::Weight> {
         if let Some(h) = &self.lm_head {
@@ -245,7 +248,13 @@ impl<B: Backend> Drafter<B> {
         }
         let Some(m) = &self.vocab_map else { return Ok(target.lm_head()) };
         if self.head_dev.get().is_none() {
+            #[cfg(not(target_arch = "wasm32"))]
             let w = b.gather_weight_rows(target.lm_head(), m.draft_to_target())?;
+            // A page cannot block: a host-memory backend's gather is ready at once, a device's
+            // must have been awaited by `prepare_output_head_async`.
+            #[cfg(target_arch = "wasm32")]
+            let w = ready_now(b.gather_weight_rows_async(target.lm_head(), m.draft_to_target()))
+                .ok_or_else(|| Error::Input("drafter output layer: not gathered yet (await prepare_output_head_async first)".into()))??;
             // A concurrent first call may have won the race; either copy is identical.
             let _ = self.head_dev.set(w);
         }
@@ -476,6 +485,16 @@ impl<B: Backend> Drafter<B> {
     }
 }
 
+/// The output of `f` if it is ready on its first poll (a host-memory backend's read-back), else
+/// `None`: the browser's stand-in for blocking, which a page cannot do.
+#[cfg(target_arch = "wasm32")]
+fn ready_now<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;

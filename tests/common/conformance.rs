@@ -22,7 +22,7 @@
 #![allow(dead_code)]
 
 use super::{assert_bits, assert_close, load_drafter, load_target, params, tmpdir, write_drafter, Rng, ARCHS};
-use sparkling::core::{AttnMask, AttnShape, Backend, Error, SampleParams, NO_PARENT};
+use sparkling::core::{AttnMask, AttnShape, Backend, CandidateArgs, Error, ReadBack, SampleParams, NO_PARENT};
 use sparkling::cpu::{CpuBackend, WeightDtype as CpuDtype};
 use sparkling::decode::{Engine, Method};
 use sparkling::model::config::{DrafterKind, TargetConfig};
@@ -532,8 +532,8 @@ pub fn candidate_table_matches_cpu<B: Backend>(g: &B) {
         let (gw1, gw2) = (g.upload(&w1, vocab, rank).unwrap(), g.upload(&w2, vocab, rank).unwrap());
         let cb = cpu.upload(&base, ld, vocab).unwrap();
         let (cw1, cw2) = (cpu.upload(&w1, vocab, rank).unwrap(), cpu.upload(&w2, vocab, rank).unwrap());
-        let got = g.candidate_table(&gb, head.then_some((&gw1, &gw2)), c, anchor, k).unwrap();
-        let want = cpu.candidate_table(&cb, head.then_some((&cw1, &cw2)), c, anchor, k).unwrap();
+        let got = g.candidate_table(CandidateArgs { base: &gb, markov: head.then_some((&gw1, &gw2)), candidates: c, anchor, k }).unwrap();
+        let want = cpu.candidate_table(CandidateArgs { base: &cb, markov: head.then_some((&cw1, &cw2)), candidates: c, anchor, k }).unwrap();
         let what = format!("candidate_table ld {ld} V {vocab} C {c} k {k} head {head} anchor {anchor}");
         assert_eq!(got.cand, want.cand, "{what}: candidates");
         assert!(want.cand.binary_search(&anchor).is_ok(), "{what}: anchor in the union");
@@ -542,9 +542,12 @@ pub fn candidate_table_matches_cpu<B: Backend>(g: &B) {
         assert_close(&format!("{what}: vals (n {})", want.cand.len()), &got.vals, &want.vals, 1e-5, 0.0);
     }
     let gb = g.upload(&[0.0; 20], 2, 10).unwrap();
-    assert!(matches!(g.candidate_table(&gb, None, 3, 1, 0), Err(Error::Invalid(_))), "k = 0");
-    assert!(matches!(g.candidate_table(&gb, None, 0, 1, 2), Err(Error::Invalid(_))), "candidates = 0");
-    assert!(matches!(g.candidate_table(&gb, None, 3, 10, 2), Err(Error::Invalid(_))), "anchor outside the vocabulary");
+    assert!(matches!(g.candidate_table(CandidateArgs { base: &gb, markov: None, candidates: 3, anchor: 1, k: 0 }), Err(Error::Invalid(_))), "k = 0");
+    assert!(matches!(g.candidate_table(CandidateArgs { base: &gb, markov: None, candidates: 0, anchor: 1, k: 2 }), Err(Error::Invalid(_))), "candidates = 0");
+    assert!(
+        matches!(g.candidate_table(CandidateArgs { base: &gb, markov: None, candidates: 3, anchor: 10, k: 2 }), Err(Error::Invalid(_))),
+        "anchor outside the vocabulary"
+    );
 }
 
 /// Absolute part of the logit tolerance (f32 accumulation-order differences through 4 layers).
@@ -796,11 +799,11 @@ pub fn sparkling_tree_matches_host_heap<B: Backend>(g: &B) -> bool {
         let (gw1, gw2) = (g.upload(&w1, vocab, rank).unwrap(), g.upload(&w2, vocab, rank).unwrap());
         let m = head.then_some((&gw1, &gw2));
         let what = format!("sparkling_tree ld {ld} V {vocab} C {c} k {k} budget {budget} head {head}");
-        let Some(dev) = g.sparkling_tree(&gb, m, c, anchor, k, budget).unwrap() else {
+        let Some(dev) = g.sparkling_tree(CandidateArgs { base: &gb, markov: m, candidates: c, anchor, k }, budget).unwrap() else {
             eprintln!("{}: sparkling_tree not offered (host heap used); skipped", g.name());
             return false;
         };
-        let table = g.candidate_table(&gb, m, c, anchor, k).unwrap();
+        let table = g.candidate_table(CandidateArgs { base: &gb, markov: m, candidates: c, anchor, k }).unwrap();
         let host = build_sparkling_precompute(&table, anchor, budget);
         let n = dev.num_nodes();
         assert_eq!(n, host.num_nodes(), "{what}: node count");

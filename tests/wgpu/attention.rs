@@ -8,7 +8,7 @@
 //! 64-key chunk where the CPU uses one global max; outputs are convex combinations of values
 //! in [-1, 1].
 use crate::common::*;
-use sparkling_core::{AttnMask, AttnShape, Backend, Error, NO_PARENT};
+use sparkling_core::{AttnMask, AttnShape, Backend, Error, ReadBack, NO_PARENT};
 use sparkling_cpu::CpuBackend;
 use sparkling_wgpu::WgpuBackend;
 

@@ -4,7 +4,7 @@
 //! change at all (exact equality with the unsplit backend).
 use crate::common::*;
 use crate::open;
-use sparkling_core::{AttnMask, AttnShape, Backend, Error, NO_PARENT};
+use sparkling_core::{AttnMask, AttnShape, Backend, Error, ReadBack, NO_PARENT};
 use sparkling_wgpu::{list_adapters, Subgroups, WeightDtype, WgpuBackend, WgpuOptions};
 
 /// A backend with 4 KiB bindings and at most 3 workgroups per grid dimension.

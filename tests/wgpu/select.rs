@@ -28,7 +28,7 @@
 //! Without an adapter every test skips loudly (fails with `SPARKLING_REQUIRE_GPU=1`).
 use crate::common::*;
 use crate::open;
-use sparkling_core::{Backend, Error, SampleParams};
+use sparkling_core::{Backend, CandidateArgs, Error, ReadBack, SampleParams};
 use sparkling_cpu::CpuBackend;
 use sparkling_wgpu::{Subgroups, WgpuBackend, WgpuOptions};
 use std::sync::OnceLock;
@@ -352,10 +352,10 @@ fn check_union(g: &WgpuBackend, label: &str, c: &UnionCase, seed: u64) -> (f32, 
         }
     };
     let (cb, c1, c2) = (cpu.upload(&base, c.ld, c.vocab).unwrap(), cpu.upload(&w1, c.vocab, rank).unwrap(), cpu.upload(&w2, c.vocab, rank).unwrap());
-    let want = cpu.candidate_table(&cb, c.markov.then_some((&c1, &c2)), c.c, anchor, c.k).unwrap();
+    let want = cpu.candidate_table(CandidateArgs { base: &cb, markov: c.markov.then_some((&c1, &c2)), candidates: c.c, anchor, k: c.k }).unwrap();
     let (gb, g1, g2) = (g.upload(&base, c.ld, c.vocab).unwrap(), g.upload(&w1, c.vocab, rank).unwrap(), g.upload(&w2, c.vocab, rank).unwrap());
     // (The one-sync property is tests/wgpu/syncs.rs's: these backends are shared by parallel tests.)
-    let got = g.candidate_table(&gb, c.markov.then_some((&g1, &g2)), c.c, anchor, c.k).unwrap();
+    let got = g.candidate_table(CandidateArgs { base: &gb, markov: c.markov.then_some((&g1, &g2)), candidates: c.c, anchor, k: c.k }).unwrap();
     let what = format!("candidate_table V={} ld={} C={} k={} r={} markov={} anchor {anchor} {:?} ({label})", c.vocab, c.ld, c.c, c.k, rank, c.markov, c.anchor);
     assert_eq!(got.cand, want.cand, "{what}: candidates");
     assert!(got.cand.binary_search(&anchor).is_ok(), "{what}: anchor missing");
@@ -439,15 +439,15 @@ fn candidate_table_splits_parents_across_small_bindings() {
     let mut r = Rng(79);
     let row = logits(&mut r, 700, 6.0);
     let base: Vec<f32> = (0..6).flat_map(|_| row.iter().copied()).collect();
-    let got = g.candidate_table(&g.upload(&base, 6, 700).unwrap(), None, 40, 3, 4).unwrap();
-    let want = cpu.candidate_table(&cpu.upload(&base, 6, 700).unwrap(), None, 40, 3, 4).unwrap();
+    let got = g.candidate_table(CandidateArgs { base: &g.upload(&base, 6, 700).unwrap(), markov: None, candidates: 40, anchor: 3, k: 4 }).unwrap();
+    let want = cpu.candidate_table(CandidateArgs { base: &cpu.upload(&base, 6, 700).unwrap(), markov: None, candidates: 40, anchor: 3, k: 4 }).unwrap();
     assert!(want.cand.len() <= 41);
     assert_eq!(got.cand, want.cand);
     assert_eq!(got.slots, want.slots);
     assert_close_vals("candidate_table overlapping rows", &got.vals, &want.vals);
     // A table that cannot fit is a clear error, not a panic.
     let base = g.upload(&vec![0.0; 2 * 700], 2, 700).unwrap();
-    let err = g.candidate_table(&base, None, 600, 0, 64).unwrap_err();
+    let err = g.candidate_table(CandidateArgs { base: &base, markov: None, candidates: 600, anchor: 0, k: 64 }).unwrap_err();
     assert!(matches!(err, Error::Device(ref m) if m.contains("candidate_table")), "{err}");
 }
 
@@ -496,16 +496,19 @@ fn candidate_table_bad_input_is_an_error() {
             Err(Error::Invalid(m)) => assert!(m.contains(arg), "{m} should name {arg}"),
             other => panic!("expected Error::Invalid naming {arg}, got {other:?}"),
         };
-        invalid(g.candidate_table(&base, None, 3, 1, 0), "k");
-        invalid(g.candidate_table(&base, None, 0, 1, 2), "candidates");
-        invalid(g.candidate_table(&base, None, 3, 10, 2), "anchor");
-        invalid(g.candidate_table(&base, None, 30, 10, 2), "anchor");
-        assert!(matches!(g.candidate_table(&base, Some((&w, &w_bad)), 3, 1, 2), Err(Error::Shape { .. })));
+        invalid(g.candidate_table(CandidateArgs { base: &base, markov: None, candidates: 3, anchor: 1, k: 0 }), "k");
+        invalid(g.candidate_table(CandidateArgs { base: &base, markov: None, candidates: 0, anchor: 1, k: 2 }), "candidates");
+        invalid(g.candidate_table(CandidateArgs { base: &base, markov: None, candidates: 3, anchor: 10, k: 2 }), "anchor");
+        invalid(g.candidate_table(CandidateArgs { base: &base, markov: None, candidates: 30, anchor: 10, k: 2 }), "anchor");
+        assert!(matches!(
+            g.candidate_table(CandidateArgs { base: &base, markov: Some((&w, &w_bad)), candidates: 3, anchor: 1, k: 2 }),
+            Err(Error::Shape { .. })
+        ));
         // The CPU default reports the same errors.
         let cb = cpu.upload(&[0.0; 20], 2, 10).unwrap();
-        invalid(cpu.candidate_table(&cb, None, 3, 1, 0), "k");
-        invalid(cpu.candidate_table(&cb, None, 0, 1, 2), "candidates");
-        invalid(cpu.candidate_table(&cb, None, 3, 10, 2), "anchor");
+        invalid(cpu.candidate_table(CandidateArgs { base: &cb, markov: None, candidates: 3, anchor: 1, k: 0 }), "k");
+        invalid(cpu.candidate_table(CandidateArgs { base: &cb, markov: None, candidates: 0, anchor: 1, k: 2 }), "candidates");
+        invalid(cpu.candidate_table(CandidateArgs { base: &cb, markov: None, candidates: 3, anchor: 10, k: 2 }), "anchor");
     }
 }
 
@@ -533,7 +536,7 @@ fn candidate_table_timing() {
                 let t = g.markov_table(&gb, m, &cand, k.min(cand.len())).unwrap();
                 (cand, t)
             };
-            let one = || g.candidate_table(&gb, m, c, 5, k).unwrap();
+            let one = || g.candidate_table(CandidateArgs { base: &gb, markov: m, candidates: c, anchor: 5, k }).unwrap();
             // Warm-up (pipelines, pool) and a check that both agree.
             let (cand, t) = two();
             let u = one();

@@ -8,7 +8,7 @@
 //! counter shared with other tests would race).
 use crate::common::*;
 use crate::open;
-use sparkling_core::{AttnMask, AttnShape, Backend, SampleParams, NO_PARENT};
+use sparkling_core::{AttnMask, AttnShape, Backend, CandidateArgs, ReadBack, SampleParams, NO_PARENT};
 use sparkling_wgpu::{Subgroups, WgpuOptions};
 
 #[test]
@@ -72,7 +72,8 @@ fn only_read_back_ops_wait_for_the_gpu() {
         });
         // SparklingTree tree prep fused: top-C → union → table in one wait (with and without
         // a Markov head), where the two-call path (topk, host union, markov_table) waits twice.
-        let fused = |head: bool| g.candidate_table(&logits, head.then_some((&w1, &w2)), 16, 7, 5).unwrap();
+        let fused =
+            |head: bool| g.candidate_table(CandidateArgs { base: &logits, markov: head.then_some((&w1, &w2)), candidates: 16, anchor: 7, k: 5 }).unwrap();
         step("candidate_table (Markov head)", &|| {
             fused(true);
         });
@@ -80,7 +81,10 @@ fn only_read_back_ops_wait_for_the_gpu() {
             fused(false);
         });
         step("sparkling_tree (the tree built on the device)", &|| {
-            let t = g.sparkling_tree(&logits, Some((&w1, &w2)), 16, 7, 5, 12).unwrap().expect("wgpu builds the tree on the device");
+            let t = g
+                .sparkling_tree(CandidateArgs { base: &logits, markov: Some((&w1, &w2)), candidates: 16, anchor: 7, k: 5 }, 12)
+                .unwrap()
+                .expect("wgpu builds the tree on the device");
             assert_eq!(t.num_nodes(), 12);
         });
         for head in [true, false] {

@@ -167,7 +167,43 @@ pub fn check_ragged<T>(rows: usize, seqs: &[RaggedSeq<'_, T>]) -> Result<()> {
     Ok(())
 }
 
-/// A compute backend: buffers plus the coarse ops of design §3.
+/// The inputs of SparklingTree's tree prep, [`Backend::candidate_table_async`] and
+/// [`Backend::sparkling_tree_async`]: the candidate union of the per-row top-`candidates` ids
+/// of `base` plus `anchor`, and the Markov candidate table over it with `k` children per row.
+pub struct CandidateArgs<'a, T> {
+    /// Drafter logits `U [ld, V]`.
+    pub base: &'a T,
+    /// `Some((W1, W2))`, each `[V, r]`, or `None` (see [`Backend::markov_table_async`]).
+    pub markov: Option<(&'a T, &'a T)>,
+    /// `C`, ids kept per depth row; `C ≥ V` takes the whole vocabulary.
+    pub candidates: usize,
+    /// The tree root's token (always in the union).
+    pub anchor: u32,
+    /// Children kept per row, clamped to the union size `n`.
+    pub k: usize,
+}
+
+// Manual impls: a derive would require `T: Clone` although only references are copied.
+impl<T> Clone for CandidateArgs<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for CandidateArgs<'_, T> {}
+
+/// A compute backend: buffers plus the coarse ops of design §3, in three families.
+///
+/// - **Core ops** (buffers, weights, matmul, norms, RoPE, attention, row moves): each one
+///   kernel or library call on the device; no host sync.
+/// - **Read-backs** (`download_async`, `download_rows_async`, `argmax_async`, `sample_async`,
+///   `gather_weight_rows_async`): the only ops that wait for the device. They are `async`
+///   because a browser cannot block on WebGPU; native callers that want a blocking call use
+///   [`ReadBack`] (same names without `_async`), which every backend gets for free.
+/// - **Selection ops** (`topk_async`, `markov_table_async`, `candidate_table_async`,
+///   `sparkling_tree_async`): the draft-tree prep, also read-backs. Each has a default that
+///   downloads what it needs and computes on the host (`select`); device backends override
+///   them with kernels so only the small result comes back.
 ///
 /// Implementations must be deterministic: the same inputs give bit-identical outputs, and an
 /// output row never depends on how many other rows are in the same call (this is what makes
@@ -180,6 +216,8 @@ pub trait Backend: Send + Sync {
     type Tensor: Send + Sync;
     /// Device weight matrix `[N, K]` (HF layout, `y = x·Wᵀ`).
     type Weight: Send + Sync;
+
+    // ---- Core ops: buffers and weights ------------------------------------------------------
 
     /// Human-readable backend and device name (e.g. `cpu (2 threads)`).
     fn name(&self) -> String;
@@ -207,10 +245,6 @@ pub trait Backend: Send + Sync {
     fn kv_zeros(&self, rows: usize, heads: usize, head_dim: usize) -> Result<Self::Tensor> {
         self.zeros(rows, heads * head_dim)
     }
-    /// Copy a tensor back to the host (a sync point). Returns `rows*cols` values.
-    fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
-    /// Copy rows `start..start+n` of `t` back to the host.
-    fn download_rows(&self, t: &Self::Tensor, start: usize, n: usize) -> Result<Vec<f32>>;
     /// `(rows, cols)` of a tensor.
     fn shape(&self, t: &Self::Tensor) -> (usize, usize);
     /// Upload a weight matrix `data[N*K]` of shape `[n, k]`.
@@ -253,19 +287,7 @@ pub trait Backend: Send + Sync {
         self.name()
     }
 
-    /// A new weight made of rows `rows` of `w` (`[rows.len(), K]`, row `i` = row `rows[i]` of
-    /// `w`): the reduced draft vocabulary's output layer sliced from a borrowed target lm_head.
-    /// Default: [`Backend::embedding`] (the rows dequantized to f32), downloaded and uploaded
-    /// again with [`Backend::upload_weight`] (the backend's usual precision); a backend that
-    /// keeps weights in a format of its own may override it to copy the stored rows as they are.
-    /// Errors: an id `≥ N` ([`Error::Invalid`]), empty `rows`.
-    fn gather_weight_rows(&self, w: &Self::Weight, rows: &[u32]) -> Result<Self::Weight> {
-        let (n, k) = self.weight_shape(w);
-        check_gather_rows(n, rows)?;
-        let t = self.embedding(w, rows)?;
-        let data = self.download(&t)?;
-        self.upload_weight(data, rows.len(), k)
-    }
+    // ---- Core ops: compute ------------------------------------------------------------------
 
     /// `out[i] = table[ids[i]]` → `[ids.len(), K]`. Errors on an id `≥ N`.
     fn embedding(&self, table: &Self::Weight, ids: &[u32]) -> Result<Self::Tensor>;
@@ -347,19 +369,56 @@ pub trait Backend: Send + Sync {
         self.concat_rows(&parts)
     }
 
+    // ---- Read-backs (async; blocking versions in `ReadBack`) --------------------------------
+    //
+    // A browser cannot block on WebGPU, so the decode loop awaits these. Host backends return
+    // ready futures; the wgpu backend records the commands and awaits the buffer mapping (the
+    // browser yields to its event loop; native targets poll the device until the mapping is
+    // done, so `pollster::block_on` of these futures never waits on a waker that never fires).
+
+    /// Copy a tensor back to the host (a sync point). Returns `rows*cols` values.
+    async fn download_async(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+    /// Copy rows `start..start+n` of `t` back to the host. Errors: rows outside `t`.
+    async fn download_rows_async(&self, t: &Self::Tensor, start: usize, n: usize) -> Result<Vec<f32>>;
     /// Row-wise argmax (lowest index wins ties) → one id per row.
-    fn argmax(&self, logits: &Self::Tensor) -> Result<Vec<u32>>;
+    async fn argmax_async(&self, logits: &Self::Tensor) -> Result<Vec<u32>>;
     /// Row-wise sampling: row `i` draws with the uniform `uniforms[i] ∈ [0,1)` from
     /// `softmax(logits/T)` restricted by top-k/top-p (inverse-CDF over tokens in id order after
-    /// filtering). At `T < 1e-5` returns the argmax.
-    fn sample(&self, logits: &Self::Tensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>>;
+    /// filtering). At `T < 1e-5` returns the argmax. Errors: `uniforms.len()` ≠ rows.
+    async fn sample_async(&self, logits: &Self::Tensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>>;
+
+    /// A new weight made of rows `rows` of `w` (`[rows.len(), K]`, row `i` = row `rows[i]` of
+    /// `w`): the reduced draft vocabulary's output layer sliced from a borrowed target lm_head.
+    /// Default: [`Backend::embedding`] (the rows dequantized to f32), downloaded and uploaded
+    /// again with [`Backend::upload_weight`] (the backend's usual precision); a backend that
+    /// keeps weights in a format of its own may override it to copy the stored rows as they are
+    /// (the CPU backend does). Errors: an id `≥ N` ([`Error::Invalid`]), empty `rows`.
+    async fn gather_weight_rows_async(&self, w: &Self::Weight, rows: &[u32]) -> Result<Self::Weight> {
+        let (n, k) = self.weight_shape(w);
+        check_gather_rows(n, rows)?;
+        let t = self.embedding(w, rows)?;
+        let data = self.download_async(&t).await?;
+        self.upload_weight(data, rows.len(), k)
+    }
+
+    // ---- Selection ops (async read-backs with host defaults) --------------------------------
 
     /// Row-wise top-`k` + log-sum-exp of `logits [rows, V]` (design §3; DDTree §5.1 step 2,
-    /// the SparklingTree candidate union §5.2 b). Only `rows·(2k+1)` numbers come back to the
-    /// host. `k` is clamped to `V`. Errors: `k == 0` ([`Error::Invalid`]).
-    fn topk(&self, logits: &Self::Tensor, k: usize) -> Result<TopK>;
+    /// the SparklingTree candidate union §5.2 b). `k` is clamped to `V`. Errors: `k == 0`
+    /// ([`Error::Invalid`]).
+    ///
+    /// Default: download the logits and select on the host ([`select::topk`]); a device
+    /// backend overrides it so only `rows·(2k+1)` numbers come back.
+    async fn topk_async(&self, logits: &Self::Tensor, k: usize) -> Result<TopK> {
+        let (rows, cols) = self.shape(logits);
+        if k == 0 {
+            return Err(Error::Invalid("topk: k must be at least 1".into()));
+        }
+        let data = self.download_async(logits).await?;
+        select::topk(&data, rows, cols, k)
+    }
 
-    /// The Markov candidate table (reference §5.2 c, design §3) on the device.
+    /// The Markov candidate table (reference §5.2 c, design §3).
     ///
     /// - `base`: drafter logits `U [ld, V]`;
     /// - `markov`: `Some((W1, W2))`, each `[V, r]` (`markov_w1.weight`, `markov_w2.weight`),
@@ -371,139 +430,116 @@ pub trait Backend: Send + Sync {
     /// Returns the `[ld, n, k]` table described at [`CandidateTable`] (with `cand` copied into
     /// it and `ld` the rows of `base`). Errors: a candidate id `≥ V`, empty `cand`, `k == 0`,
     /// or W1/W2 shapes that are not `[V, r]` ([`select::check_markov_table_args`]).
-    fn markov_table(&self, base: &Self::Tensor, markov: Option<(&Self::Tensor, &Self::Tensor)>, cand: &[u32], k: usize) -> Result<CandidateTable>;
-
-    /// SparklingTree device tree prep in one op (reference §5.2 b–c, design §3): the candidate
-    /// union of the per-row top-`candidates` ids of `base` plus `anchor`, then the Markov
-    /// candidate table over it.
     ///
-    /// - `base`: drafter logits `U [ld, V]`;
-    /// - `markov`: `Some((W1, W2))`, each `[V, r]`, or `None` (see [`Backend::markov_table`]);
-    /// - `candidates`: `C`, ids kept per depth row; `C ≥ V` takes the whole vocabulary;
-    /// - `anchor`: the tree root's token (always in the union);
-    /// - `k`: children kept per row, clamped to the union size `n`.
+    /// Default: download `base` (and W1/W2) and build the table on the host
+    /// ([`select::markov_table`]).
+    async fn markov_table_async(&self, base: &Self::Tensor, markov: Option<(&Self::Tensor, &Self::Tensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
+        let (ld, vocab) = self.shape(base);
+        select::check_markov_table_args(vocab, markov.map(|(a, b)| (self.shape(a), self.shape(b))), cand, k)?;
+        let u = self.download_async(base).await?;
+        let m = match markov {
+            Some((w1, w2)) => Some((self.download_async(w1).await?, self.download_async(w2).await?, self.shape(w1).1)),
+            None => None,
+        };
+        Ok(select::markov_table(&u, ld, vocab, m.as_ref().map(|(a, b, r)| (a.as_slice(), b.as_slice(), *r)), cand, k.min(cand.len())))
+    }
+
+    /// SparklingTree tree prep in one op (reference §5.2 b–c, design §3): the candidate union
+    /// of the per-row top-`a.candidates` ids of `a.base` plus `a.anchor`, then the Markov
+    /// candidate table over it (see [`CandidateArgs`]).
     ///
     /// Returns `cand` (ascending, distinct; `n ≤ min(ld·C + 1, V)`) and the `[ld, n, k]` table
-    /// of [`CandidateTable`] — exactly what [`Backend::topk`] + host union + [`Backend::markov_table`]
-    /// give. Errors: `k == 0`, `candidates == 0` or `anchor ≥ V` ([`Error::Invalid`], naming the
-    /// argument); W1/W2 not `[V, r]` ([`Error::Shape`]); device failures.
+    /// of [`CandidateTable`] — exactly what [`Backend::topk_async`] + host union +
+    /// [`Backend::markov_table_async`] give. Errors: `k == 0`, `candidates == 0` or
+    /// `anchor ≥ V` ([`Error::Invalid`], naming the argument); W1/W2 not `[V, r]`
+    /// ([`Error::Shape`]); device failures.
     ///
     /// The default implementation is exactly that composition: `topk` (one read-back), the
     /// union sorted and deduplicated on the host, then `markov_table` (a second read-back).
     /// A device backend should override it with a fused version that keeps the top-C ids on
     /// the device and costs ONE read-back (the wgpu backend does).
-    fn candidate_table(
-        &self,
-        base: &Self::Tensor,
-        markov: Option<(&Self::Tensor, &Self::Tensor)>,
-        candidates: usize,
-        anchor: u32,
-        k: usize,
-    ) -> Result<CandidateTable> {
-        let vocab = self.shape(base).1;
-        check_candidate_table_args(vocab, candidates, anchor, k)?;
-        let cand: Vec<u32> = if candidates >= vocab { (0..vocab as u32).collect() } else { select::candidate_union(self.topk(base, candidates)?.ids, anchor) };
-        self.markov_table(base, markov, &cand, k.min(cand.len()))
+    async fn candidate_table_async(&self, a: CandidateArgs<'_, Self::Tensor>) -> Result<CandidateTable> {
+        let vocab = self.shape(a.base).1;
+        check_candidate_table_args(vocab, a.candidates, a.anchor, a.k)?;
+        let cand: Vec<u32> = if a.candidates >= vocab {
+            (0..vocab as u32).collect()
+        } else {
+            select::candidate_union(self.topk_async(a.base, a.candidates).await?.ids, a.anchor)
+        };
+        self.markov_table_async(a.base, a.markov, &cand, a.k.min(cand.len())).await
     }
 
-    /// SparklingTree's whole tree prep on the device: [`Backend::candidate_table`] with
-    /// `candidates`, `anchor` and `k` children per row, then the best-first precompute heap of
-    /// reference §5.2 c (`build_sparkling_precompute` in `src/tree`: pop the heaviest path,
-    /// push its next sibling and its first child) for `budget` nodes, so only the tree comes
-    /// back (`4·budget + 1` words, decoded by [`DraftTree::from_device_words`] into a tree rooted
-    /// at `anchor`) instead of the `[ld, n, k]` table. Path weights accumulate in
-    /// f32 on the device (f64 on the host), so on a near-tie (≈ 1e-7 relative) the two may pick
-    /// different nodes; either tree is a valid draft and verification stays exact.
+    /// SparklingTree's whole tree prep on the device: [`Backend::candidate_table_async`] of
+    /// `a`, then the best-first precompute heap of reference §5.2 c
+    /// (`build_sparkling_precompute` in `src/tree`: pop the heaviest path, push its next
+    /// sibling and its first child) for `budget` nodes, so only the tree comes back
+    /// (`4·budget + 1` words, decoded by [`DraftTree::from_device_words`] into a tree rooted at
+    /// `a.anchor`) instead of the `[ld, n, k]` table. Path weights accumulate in f32 on the
+    /// device (f64 on the host), so on a near-tie (≈ 1e-7 relative) the two may pick different
+    /// nodes; either tree is a valid draft and verification stays exact.
     ///
     /// `Ok(None)` — the default — means the backend does not offer it: build the tree on the
-    /// host from [`Backend::candidate_table`].
-    /// Errors: as [`Backend::candidate_table`].
-    #[allow(clippy::too_many_arguments)]
-    fn sparkling_tree(
-        &self,
-        base: &Self::Tensor,
-        markov: Option<(&Self::Tensor, &Self::Tensor)>,
-        candidates: usize,
-        anchor: u32,
-        k: usize,
-        budget: usize,
-    ) -> Result<Option<DraftTree>> {
-        let _ = (base, markov, candidates, anchor, k, budget);
+    /// host from [`Backend::candidate_table_async`].
+    /// Errors: as [`Backend::candidate_table_async`].
+    async fn sparkling_tree_async(&self, a: CandidateArgs<'_, Self::Tensor>, budget: usize) -> Result<Option<DraftTree>> {
+        let _ = (a, budget);
         Ok(None)
-    }
-
-    // Asynchronous read-backs. A browser cannot block on WebGPU, so the decode loop
-    // (`Engine::generate_async`) awaits these instead of calling the blocking ops above. Each
-    // has exactly its blocking twin's semantics, results and errors; the defaults simply call
-    // the twin (host backends, and device backends that may block). The wgpu backend records
-    // the same commands and awaits the buffer mapping, so its futures yield while the GPU works.
-
-    /// [`Backend::gather_weight_rows`] for hosts that cannot block on the device (WebGPU in a
-    /// browser): host-memory backends run the sync op (their override, e.g. the CPU's stored
-    /// rows); others gather with [`Backend::embedding`], await [`Backend::download_async`] and
-    /// upload with [`Backend::upload_weight`] — the sync default's steps, so the same weight.
-    /// Errors: as [`Backend::gather_weight_rows`].
-    async fn gather_weight_rows_async(&self, w: &Self::Weight, rows: &[u32]) -> Result<Self::Weight> {
-        if self.host_memory() {
-            return self.gather_weight_rows(w, rows);
-        }
-        let (n, k) = self.weight_shape(w);
-        check_gather_rows(n, rows)?;
-        let t = self.embedding(w, rows)?;
-        let data = self.download_async(&t).await?;
-        self.upload_weight(data, rows.len(), k)
-    }
-
-    /// [`Backend::download`], awaiting the read-back.
-    async fn download_async(&self, t: &Self::Tensor) -> Result<Vec<f32>> {
-        self.download(t)
-    }
-
-    /// [`Backend::argmax`], awaiting the read-back.
-    async fn argmax_async(&self, logits: &Self::Tensor) -> Result<Vec<u32>> {
-        self.argmax(logits)
-    }
-
-    /// [`Backend::sample`], awaiting the read-back.
-    async fn sample_async(&self, logits: &Self::Tensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
-        self.sample(logits, params, uniforms)
-    }
-
-    /// [`Backend::topk`], awaiting the read-back.
-    async fn topk_async(&self, logits: &Self::Tensor, k: usize) -> Result<TopK> {
-        self.topk(logits, k)
-    }
-
-    /// [`Backend::candidate_table`], awaiting the read-back(s).
-    async fn candidate_table_async(
-        &self,
-        base: &Self::Tensor,
-        markov: Option<(&Self::Tensor, &Self::Tensor)>,
-        candidates: usize,
-        anchor: u32,
-        k: usize,
-    ) -> Result<CandidateTable> {
-        self.candidate_table(base, markov, candidates, anchor, k)
-    }
-
-    /// [`Backend::sparkling_tree`], awaiting the read-back.
-    #[allow(clippy::too_many_arguments)]
-    async fn sparkling_tree_async(
-        &self,
-        base: &Self::Tensor,
-        markov: Option<(&Self::Tensor, &Self::Tensor)>,
-        candidates: usize,
-        anchor: u32,
-        k: usize,
-        budget: usize,
-    ) -> Result<Option<DraftTree>> {
-        self.sparkling_tree(base, markov, candidates, anchor, k, budget)
     }
 }
 
-/// The argument check of [`Backend::gather_weight_rows`] and its async twin: `rows` non-empty,
+/// Blocking read-backs for native callers: each method is the [`Backend`] read-back of the same
+/// name plus `_async`, run to completion with `pollster::block_on` (same results and errors).
+/// Every backend has it (blanket impl); bring it into scope with `use sparkling_core::ReadBack`.
+///
+/// Never hangs: host backends' futures are ready when first polled, and the wgpu backend's
+/// futures poll the device themselves on native targets until the mapping is done. Not in the
+/// browser build (a page cannot block on WebGPU): await the `_async` ops there.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait ReadBack: Backend {
+    /// [`Backend::download_async`], blocking.
+    fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>> {
+        pollster::block_on(self.download_async(t))
+    }
+    /// [`Backend::download_rows_async`], blocking.
+    fn download_rows(&self, t: &Self::Tensor, start: usize, n: usize) -> Result<Vec<f32>> {
+        pollster::block_on(self.download_rows_async(t, start, n))
+    }
+    /// [`Backend::argmax_async`], blocking.
+    fn argmax(&self, logits: &Self::Tensor) -> Result<Vec<u32>> {
+        pollster::block_on(self.argmax_async(logits))
+    }
+    /// [`Backend::sample_async`], blocking.
+    fn sample(&self, logits: &Self::Tensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
+        pollster::block_on(self.sample_async(logits, params, uniforms))
+    }
+    /// [`Backend::gather_weight_rows_async`], blocking.
+    fn gather_weight_rows(&self, w: &Self::Weight, rows: &[u32]) -> Result<Self::Weight> {
+        pollster::block_on(self.gather_weight_rows_async(w, rows))
+    }
+    /// [`Backend::topk_async`], blocking.
+    fn topk(&self, logits: &Self::Tensor, k: usize) -> Result<TopK> {
+        pollster::block_on(self.topk_async(logits, k))
+    }
+    /// [`Backend::markov_table_async`], blocking.
+    fn markov_table(&self, base: &Self::Tensor, markov: Option<(&Self::Tensor, &Self::Tensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
+        pollster::block_on(self.markov_table_async(base, markov, cand, k))
+    }
+    /// [`Backend::candidate_table_async`], blocking.
+    fn candidate_table(&self, a: CandidateArgs<'_, Self::Tensor>) -> Result<CandidateTable> {
+        pollster::block_on(self.candidate_table_async(a))
+    }
+    /// [`Backend::sparkling_tree_async`], blocking.
+    fn sparkling_tree(&self, a: CandidateArgs<'_, Self::Tensor>, budget: usize) -> Result<Option<DraftTree>> {
+        pollster::block_on(self.sparkling_tree_async(a, budget))
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl<B: Backend> ReadBack for B {}
+
+/// The argument check of [`Backend::gather_weight_rows_async`]: `rows` non-empty,
 /// every id `< n` (the weight's rows). Errors: [`Error::Invalid`] naming the bad id.
-fn check_gather_rows(n: usize, rows: &[u32]) -> Result<()> {
+pub fn check_gather_rows(n: usize, rows: &[u32]) -> Result<()> {
     if rows.is_empty() {
         return Err(Error::Invalid("gather_weight_rows: no rows".into()));
     }

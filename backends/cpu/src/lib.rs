@@ -305,14 +305,6 @@ impl Backend for CpuBackend {
         Ok(kv::zeros(self.kv_dtype, rows, heads, head_dim))
     }
 
-    fn download(&self, t: &CpuTensor) -> Result<Vec<f32>> {
-        kv::download_rows(t, 0, t.rows)
-    }
-
-    fn download_rows(&self, t: &CpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
-        kv::download_rows(t, start, n)
-    }
-
     fn shape(&self, t: &CpuTensor) -> (usize, usize) {
         (t.rows, t.cols)
     }
@@ -397,30 +389,6 @@ impl Backend for CpuBackend {
 
     fn weight_bytes(&self, w: &CpuWeight) -> usize {
         w.bytes()
-    }
-
-    /// The rows as stored: quantized blocks copied code for code, f32 / f16 panels repacked
-    /// in their own precision (no rounding, whatever `--weights` says).
-    fn gather_weight_rows(&self, w: &CpuWeight, rows: &[u32]) -> Result<CpuWeight> {
-        if rows.is_empty() {
-            return Err(Error::Invalid("gather_weight_rows: no rows".into()));
-        }
-        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= w.n) {
-            return Err(Error::Invalid(format!("gather_weight_rows: row {bad} is outside a weight of {} rows", w.n)));
-        }
-        let n = rows.len();
-        let data = match &w.data {
-            WeightData::Quant(q) => WeightData::Quant(q.gather_rows(rows)),
-            WeightData::Panels(p) => {
-                let mut vals = vec![0.0f32; n * w.k];
-                for (out, &r) in vals.chunks_mut(w.k.max(1)).zip(rows) {
-                    p.row_into(r as usize, out);
-                }
-                let f16 = matches!(p.panels, gemm::Panels::F16(_));
-                WeightData::Panels(gemm::Packed::pack(&vals, n, w.k, f16))
-            }
-        };
-        Ok(CpuWeight { n, k: w.k, data })
     }
 
     fn embedding(&self, table: &CpuWeight, ids: &[u32]) -> Result<CpuTensor> {
@@ -655,11 +623,45 @@ impl Backend for CpuBackend {
         attention::attend(q, seqs, shape)
     }
 
-    fn argmax(&self, logits: &CpuTensor) -> Result<Vec<u32>> {
+    // ---- Read-backs: host memory, so each future is ready when first polled ------------------
+
+    async fn download_async(&self, t: &CpuTensor) -> Result<Vec<f32>> {
+        kv::download_rows(t, 0, t.rows)
+    }
+
+    async fn download_rows_async(&self, t: &CpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
+        kv::download_rows(t, start, n)
+    }
+
+    /// The rows as stored: quantized blocks copied code for code, f32 / f16 panels repacked
+    /// in their own precision (no rounding, whatever `--weights` says).
+    async fn gather_weight_rows_async(&self, w: &CpuWeight, rows: &[u32]) -> Result<CpuWeight> {
+        if rows.is_empty() {
+            return Err(Error::Invalid("gather_weight_rows: no rows".into()));
+        }
+        if let Some(&bad) = rows.iter().find(|&&r| r as usize >= w.n) {
+            return Err(Error::Invalid(format!("gather_weight_rows: row {bad} is outside a weight of {} rows", w.n)));
+        }
+        let n = rows.len();
+        let data = match &w.data {
+            WeightData::Quant(q) => WeightData::Quant(q.gather_rows(rows)),
+            WeightData::Panels(p) => {
+                let mut vals = vec![0.0f32; n * w.k];
+                for (out, &r) in vals.chunks_mut(w.k.max(1)).zip(rows) {
+                    p.row_into(r as usize, out);
+                }
+                let f16 = matches!(p.panels, gemm::Panels::F16(_));
+                WeightData::Panels(gemm::Packed::pack(&vals, n, w.k, f16))
+            }
+        };
+        Ok(CpuWeight { n, k: w.k, data })
+    }
+
+    async fn argmax_async(&self, logits: &CpuTensor) -> Result<Vec<u32>> {
         Ok(logits.data.chunks(logits.cols.max(1)).map(kernels::argmax).collect())
     }
 
-    fn sample(&self, logits: &CpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
+    async fn sample_async(&self, logits: &CpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
         if uniforms.len() != logits.rows {
             return Err(shape_err("sample", format!("{} uniforms for {} rows", uniforms.len(), logits.rows)));
         }
@@ -672,7 +674,9 @@ impl Backend for CpuBackend {
         Ok(team::map(rows, |i| kernels::sample_row(&logits.data[i * cols..((i + 1) * cols).min(logits.data.len())], params, uniforms[i])))
     }
 
-    fn topk(&self, logits: &CpuTensor, k: usize) -> Result<TopK> {
+    // ---- Selection ops: the parallel host versions (`select`) on the tensors in place -------
+
+    async fn topk_async(&self, logits: &CpuTensor, k: usize) -> Result<TopK> {
         if k == 0 {
             return Err(Error::Invalid("topk: k must be at least 1".into()));
         }
@@ -683,7 +687,7 @@ impl Backend for CpuBackend {
         Ok(select::topk(&logits.data, logits.rows, logits.cols, k))
     }
 
-    fn markov_table(&self, base: &CpuTensor, markov: Option<(&CpuTensor, &CpuTensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
+    async fn markov_table_async(&self, base: &CpuTensor, markov: Option<(&CpuTensor, &CpuTensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
         let vocab = base.cols;
         check_markov_table_args(vocab, markov.map(|(a, b)| ((a.rows, a.cols), (b.rows, b.cols))), cand, k)?;
         let m = markov.map(|(w1, w2)| (w1.data.as_slice(), w2.data.as_slice(), w1.cols));

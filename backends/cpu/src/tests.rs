@@ -2,7 +2,7 @@
 //! invariance, selection.
 
 use super::*;
-use sparkling_core::NO_PARENT;
+use sparkling_core::{ReadBack, NO_PARENT};
 
 #[test]
 fn a_decode_rows_attention_equals_its_row_in_a_long_causal_call_on_any_thread_count() {

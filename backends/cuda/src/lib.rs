@@ -31,7 +31,6 @@
 #![warn(missing_docs)]
 
 mod attention;
-mod backend;
 pub mod kernels;
 mod linear;
 mod ops;

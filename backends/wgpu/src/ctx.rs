@@ -6,8 +6,9 @@
 //! `queue.submit`s, not one per op. Ops that return host data (`download*`, `argmax`,
 //! `sample`, `topk`, `markov_table`, `candidate_table`, `sparkling_tree`) end with
 //! [`Gpu::start_read`] and hand
-//! back a [`Pending`] result; [`Gpu::wait`] (native: `device.poll(Wait)`) or [`Gpu::wait_async`]
-//! (awaits the mapping: the browser) finishes it. Those are the only places the host waits for
+//! back a [`Pending`] result; [`Gpu::wait_async`] finishes it (native: polls the device until
+//! the mapping is done, so a `pollster::block_on` of it never hangs; the browser: awaits the
+//! mapping). Those are the only places the host waits for
 //! the GPU (see the crate docs).
 
 use crate::device::Health;
@@ -101,8 +102,8 @@ pub(crate) struct Reading {
 type MapReceiver = futures_channel::oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>;
 
 /// An op result waiting on its read-back: the reading, and how to turn the read bytes (one
-/// `Vec` per part) into the result. Ops return this so each has one body for the blocking
-/// ([`Gpu::wait`]) and the awaiting ([`Gpu::wait_async`]) entry points.
+/// `Vec` per part) into the result. The selection ops return this so a fused op can fall back to
+/// another's recording; [`Gpu::wait_async`] finishes it.
 pub(crate) struct Pending<T> {
     reading: Option<Reading>,
     parse: Box<dyn FnOnce(Vec<Vec<u8>>) -> Result<T>>,
@@ -283,8 +284,8 @@ impl Gpu {
     /// First half of a read-back: record the copies of `parts` — `(buffer, byte offset, bytes)`
     /// ranges, offsets and sizes multiples of 4 — back to back into ONE staging buffer, submit
     /// the batch and request the mapping — no wait; finishing it is one host sync however many
-    /// parts there are (an empty `Vec` per 0-byte part; no sync when every part is empty). Finish with [`Gpu::finish_read`] (blocks;
-    /// native only) or [`Gpu::finish_read_async`] (awaits; the browser's only way).
+    /// parts there are (an empty `Vec` per 0-byte part; no sync when every part is empty). Finish with
+    /// [`Gpu::finish_read_async`].
     /// Errors: the device failed earlier; the staging buffer cannot be allocated.
     pub(crate) fn start_read(&self, parts: &[(&wgpu::Buffer, u64, u64)]) -> Result<Reading> {
         self.check()?;
@@ -312,37 +313,6 @@ impl Gpu {
         Ok(Reading { staging: Some(staging), sizes, rx: Some(rx) })
     }
 
-    /// Wait for a read-back (a host sync: `device.poll(Wait)`) and return its parts.
-    /// Errors: [`Error::Device`] when the wait, the mapping or the device fails; in the browser
-    /// always [`Error::Unavailable`] (a page cannot block on the GPU: use the `*_async` ops).
-    pub(crate) fn finish_read(&self, r: Reading) -> Result<Vec<Vec<u8>>> {
-        let Some(rx) = r.rx else { return Ok(r.sizes.iter().map(|_| Vec::new()).collect()) };
-        #[cfg(target_arch = "wasm32")]
-        {
-            drop(rx);
-            // Abort the pending mapping so the staging buffer goes back to the pool unmapped.
-            if let Some(s) = &r.staging {
-                s.buffer().unmap();
-            }
-            Err(Error::Unavailable("a blocking GPU read-back is impossible in a browser: use the async API (Engine::generate_async, Backend::*_async)".into()))
-        }
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let mapped = match self.wait_for_mapping(rx) {
-                Ok(m) => m,
-                Err(e) => {
-                    // Leave no pending or live mapping on a buffer that goes back to the pool.
-                    if let Some(s) = &r.staging {
-                        s.buffer().unmap();
-                    }
-                    return Err(e);
-                }
-            };
-            self.collect(r.staging, &r.sizes, mapped)
-        }
-    }
-
     /// Poll the device until the mapping callback behind `rx` has run and return what it
     /// reported (native only).
     ///
@@ -367,8 +337,10 @@ impl Gpu {
     }
 
     /// Await a read-back: the browser yields to its event loop until the mapping resolves;
-    /// native targets wait as [`Gpu::finish_read`] does, then take the mapping. One host sync.
-    /// Errors: as [`Gpu::finish_read`] (never `Unavailable`).
+    /// native targets poll the device until the mapping is done (`wait_for_mapping`: the
+    /// future is ready on its first poll, so blocking on it never waits on a waker), then take
+    /// the mapping. One host sync.
+    /// Errors: [`Error::Device`] when the wait, the mapping or the device fails.
     pub(crate) async fn finish_read_async(&self, r: Reading) -> Result<Vec<Vec<u8>>> {
         let Some(rx) = r.rx else { return Ok(r.sizes.iter().map(|_| Vec::new()).collect()) };
         self.syncs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -422,15 +394,6 @@ impl Gpu {
         staging.buffer().unmap();
         self.check()?;
         Ok(out)
-    }
-
-    /// Finish a pending op result, blocking ([`Gpu::finish_read`]).
-    pub(crate) fn wait<T>(&self, p: Pending<T>) -> Result<T> {
-        let parts = match p.reading {
-            Some(r) => self.finish_read(r)?,
-            None => Vec::new(),
-        };
-        (p.parse)(parts)
     }
 
     /// Finish a pending op result, awaiting ([`Gpu::finish_read_async`]).

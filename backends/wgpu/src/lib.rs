@@ -45,8 +45,8 @@
 //! # Host syncs
 //!
 //! The host waits for the GPU (`device.poll(Wait)` after mapping a staging buffer) in exactly
-//! one place, `Gpu::finish_read` / `Gpu::finish_read_async` (ctx.rs; the browser awaits the
-//! buffer mapping instead of polling), reached only from the ops that return host data —
+//! one place, `Gpu::finish_read_async` (ctx.rs; the browser awaits the buffer mapping instead
+//! of polling), reached only from the ops that return host data —
 //! `download`, `download_rows`, `argmax`, `sample`, `topk`, `markov_table`, `candidate_table`,
 //! `sparkling_tree`,
 //! each with one submit and one wait for just its result — and from [`WgpuBackend::synchronize`]
@@ -62,11 +62,8 @@
 
 #![warn(missing_docs)]
 
-mod attention;
-mod backend;
 mod ctx;
 mod device;
-mod linear;
 mod ops;
 mod pipelines;
 mod pool;

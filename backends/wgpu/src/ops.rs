@@ -1,12 +1,17 @@
-//! Tensor creation, elementwise ops, RMSNorm, RoPE and the row/column copies (concat, gather,
-//! KV write and compaction). Each op validates shapes on the host exactly as the CPU backend
-//! does, then encodes and submits without waiting.
+//! The [`Backend`] implementation, grouped as the trait is: buffers and weights (row chunks
+//! that each fit one storage binding), compute (embedding, matmul, RMSNorm, RoPE, elementwise
+//! ops, the row/column copies, attention), and the async read-backs. Each op validates shapes
+//! on the host exactly as the CPU backend does, then encodes and submits without waiting; a
+//! read-back ends with one buffer mapping, awaited (the selection ops record their kernels in
+//! `select.rs`).
 
 use crate::ctx::Bind;
-use crate::pipelines::{Kernel, ELEMS_PER_GROUP};
-use crate::tensor::WgpuTensor;
+use crate::pipelines::{Kernel, MatmulTile, ELEMS_PER_GROUP, MAX_HEAD_DIM};
+use crate::pool;
+use crate::tensor::{chunk_stride, encode, rows_per_chunk, stored_chunk_bytes, transpose_rows, WeightChunk, WgpuTensor, WgpuWeight};
 use crate::WgpuBackend;
-use sparkling_core::{Error, Result};
+use sparkling_core::select::ancestor_table;
+use sparkling_core::{AttnMask, AttnShape, Backend, CandidateArgs, CandidateTable, DraftTree, Error, Result, SampleParams, TopK};
 
 fn shape_err(op: &'static str, detail: String) -> Error {
     Error::Shape { op, detail }
@@ -17,10 +22,22 @@ fn groups_for(elems: usize) -> u64 {
     (elems as u64).div_ceil(ELEMS_PER_GROUP)
 }
 
-impl WgpuBackend {
+impl Backend for WgpuBackend {
+    type Tensor = WgpuTensor;
+    type Weight = WgpuWeight;
+
+    // ---- Core ops: buffers and weights -----------------------------------------------------------
+
+    fn name(&self) -> String {
+        let i = &self.gpu.info;
+        // Browsers may hide the adapter name (WebGPU exposes vendor / architecture at most).
+        let name = if i.name.is_empty() { format!("unnamed {:?} adapter", i.device_type) } else { i.name.clone() };
+        format!("wgpu ({name}, {:?}, {} weights)", i.backend, self.weight_dtype.name())
+    }
+
     /// Upload `data` as `[rows, cols]`. Errors: length mismatch ([`Error::Shape`]), a tensor
     /// beyond one storage binding ([`Error::Device`]).
-    pub(crate) fn op_upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<WgpuTensor> {
+    fn upload(&self, data: &[f32], rows: usize, cols: usize) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
         if data.len() != rows.saturating_mul(cols) {
@@ -34,7 +51,7 @@ impl WgpuBackend {
     }
 
     /// A zero-filled `[rows, cols]` tensor (pooled buffers are cleared on the GPU).
-    pub(crate) fn op_zeros(&self, rows: usize, cols: usize) -> Result<WgpuTensor> {
+    fn zeros(&self, rows: usize, cols: usize) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
         let t = g.alloc("zeros", rows, cols)?;
@@ -46,17 +63,165 @@ impl WgpuBackend {
         Ok(t)
     }
 
-    /// Rows `start..start+n` back to the host (a sync point).
-    pub(crate) fn op_download_rows(&self, t: &WgpuTensor, start: usize, n: usize) -> Result<crate::ctx::Pending<Vec<f32>>> {
-        if start.checked_add(n).is_none_or(|e| e > t.rows) {
-            return Err(shape_err("download_rows", format!("rows {start}..{} of {}", start.saturating_add(n), t.rows)));
+    fn shape(&self, t: &WgpuTensor) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    /// Upload a `[n, k]` weight in this backend's [`crate::WeightDtype`], split by rows into
+    /// chunks of at most `max_storage_buffer_binding_size` bytes each, each chunk stored
+    /// transposed (`[k, rows]`) for coalesced reads by the matmul kernels.
+    /// Errors: `data.len() != n*k` ([`Error::Shape`]); one row larger than a binding, or an
+    /// allocation failure ([`Error::Device`], naming the sizes and the limit).
+    fn upload_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<WgpuWeight> {
+        let g = &self.gpu;
+        g.check()?;
+        if data.len() != n.saturating_mul(k) {
+            return Err(shape_err("upload_weight", format!("{} values for [{n}, {k}]", data.len())));
         }
-        self.gpu.read_f32(t, start * t.cols, n * t.cols)
+        let dt = self.weight_dtype;
+        let per_chunk = rows_per_chunk(dt, k, g.max_binding);
+        if per_chunk == 0 {
+            return Err(Error::Device(format!(
+                "upload_weight: a [{n}, {k}] {} weight is split by rows, 4 at a time, and 4 rows need {} bytes, but {} allows at most {} bytes per storage binding",
+                dt.name(),
+                stored_chunk_bytes(dt, k, 4),
+                g.info.name,
+                g.max_binding
+            )));
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0usize;
+        while row0 < n || (n == 0 && chunks.is_empty()) {
+            let rows = per_chunk.min(n - row0);
+            let vals = transpose_rows(&data, k, row0, rows);
+            let bytes = stored_chunk_bytes(dt, k, rows);
+            let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+            let buffer = pool::create_buffer(&g.device, usage, bytes.max(4), "weight chunk").map_err(|e| {
+                Error::Device(format!("upload_weight: a [{n}, {k}] {} weight ({} bytes in all) does not fit: {e}", dt.name(), dt.chunk_bytes((n * k) as u64)))
+            })?;
+            if !vals.is_empty() {
+                match dt {
+                    crate::WeightDtype::F32 => g.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&vals)),
+                    _ => g.queue.write_buffer(&buffer, 0, &encode(dt, &vals)),
+                }
+            }
+            chunks.push(WeightChunk { row0, rows, stride: chunk_stride(rows), bytes, buffer });
+            row0 += rows;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(WgpuWeight { n, k, dtype: dt, chunks })
+    }
+
+    fn weight_shape(&self, w: &WgpuWeight) -> (usize, usize) {
+        (w.n, w.k)
+    }
+
+    fn weight_bytes(&self, w: &WgpuWeight) -> usize {
+        w.chunks.iter().map(|c| c.bytes as usize).sum()
+    }
+
+    // ---- Core ops: compute -----------------------------------------------------------------------
+
+    /// `out[i] = table[ids[i]]` → `[ids.len(), K]`; one dispatch per chunk of table rows.
+    /// Errors: an id `≥ N` ([`Error::Invalid`], like the CPU backend).
+    fn embedding(&self, table: &WgpuWeight, ids: &[u32]) -> Result<WgpuTensor> {
+        let g = &self.gpu;
+        g.check()?;
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.n) {
+            return Err(Error::Invalid(format!("token id {bad} out of range for an embedding table of {} rows", table.n)));
+        }
+        let k = table.k;
+        let out = g.alloc("embedding", ids.len(), k)?;
+        if ids.is_empty() || k == 0 {
+            return Ok(out);
+        }
+        let idb = g.upload_u32(ids)?;
+        let elems = (ids.len() * k) as u64;
+        let groups = elems.div_ceil(ELEMS_PER_GROUP);
+        let mut b = g.batch();
+        for c in &table.chunks {
+            // Only chunks that hold one of the ids need a dispatch.
+            if !ids.iter().any(|&id| (id as usize) >= c.row0 && (id as usize) < c.row0 + c.rows) {
+                continue;
+            }
+            let params = [ids.len() as u32, k as u32, c.row0 as u32, c.rows as u32, groups as u32, c.stride as u32];
+            g.dispatch(
+                &mut b,
+                Kernel::Embedding(table.dtype),
+                &params,
+                &[Bind::b(&c.buffer, c.bytes), Bind::b(idb.buffer(), ids.len() as u64 * 4), Bind::t(&out)],
+                groups,
+            )?;
+        }
+        b.keep(idb);
+        g.submit(b);
+        Ok(out)
+    }
+
+    /// `x[M,K] · W[N,K]ᵀ (+ bias[1,N])` → `[M, N]`; one dispatch per weight chunk, each
+    /// writing its band of output columns. The kernel variant is chosen by `M` and the adapter
+    /// type ([`crate::MatmulKernel`]); both give bit-identical results (see matmul.wgsl).
+    /// Errors: `x.cols != K` or a bias that is not `N` values ([`Error::Shape`]).
+    fn matmul(&self, x: &WgpuTensor, w: &WgpuWeight, bias: Option<&WgpuTensor>) -> Result<WgpuTensor> {
+        let g = &self.gpu;
+        g.check()?;
+        if x.cols != w.k {
+            return Err(shape_err("matmul", format!("x [{}, {}] vs W [{}, {}]", x.rows, x.cols, w.n, w.k)));
+        }
+        if let Some(b) = bias {
+            if b.rows * b.cols != w.n {
+                return Err(shape_err("matmul", format!("bias of {} for N = {}", b.rows * b.cols, w.n)));
+            }
+        }
+        let (m, n, k) = (x.rows, w.n, w.k);
+        let out = g.alloc("matmul", m, n)?;
+        if m == 0 || n == 0 {
+            return Ok(out);
+        }
+        let mut b = g.batch();
+        if k == 0 {
+            // An empty dot product: y = bias (or 0).
+            match bias {
+                Some(bt) => {
+                    for r in 0..m {
+                        b.enc.copy_buffer_to_buffer(bt.buffer(), 0, out.buffer(), (r * n * 4) as u64, (n * 4) as u64);
+                    }
+                }
+                None => b.enc.clear_buffer(out.buffer(), 0, Some(out.bytes())),
+            }
+            g.submit(b);
+            return Ok(out);
+        }
+        let tile = MatmulTile::pick(self.matmul_kernel, m, g.info.device_type == wgpu::DeviceType::Cpu);
+        let (bm, bn) = tile.tile();
+        let (bias_buf, bias_bytes, has_bias) = match bias {
+            Some(t) => (t.buffer(), t.bytes(), 1u32),
+            None => (&self.dummy, 16, 0u32),
+        };
+        for c in &w.chunks {
+            let tiles_n = (c.rows as u64).div_ceil(bn);
+            let total = tiles_n * (m as u64).div_ceil(bm);
+            if total > u32::MAX as u64 {
+                return Err(Error::Device(format!("matmul: {total} workgroups for [{m}, {k}] x [{n}, {k}]ᵀ")));
+            }
+            let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, tiles_n as u32, total as u32, has_bias, c.stride as u32];
+            g.dispatch(
+                &mut b,
+                Kernel::Matmul(w.dtype, tile),
+                &params,
+                &[Bind::b(&c.buffer, c.bytes), Bind::t(x), Bind::b(bias_buf, bias_bytes), Bind::t(&out)],
+                total,
+            )?;
+        }
+        g.submit(b);
+        Ok(out)
     }
 
     /// RMSNorm over groups of `group` columns with weight `w: [1, group]` (reference §1.3).
     /// Errors: `group == 0`, `cols % group != 0` or a weight of the wrong length.
-    pub(crate) fn op_rms_norm(&self, x: &WgpuTensor, w: &WgpuTensor, group: usize, eps: f32) -> Result<WgpuTensor> {
+    fn rms_norm(&self, x: &WgpuTensor, w: &WgpuTensor, group: usize, eps: f32) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
         let wl = w.rows * w.cols;
@@ -75,7 +240,7 @@ impl WgpuBackend {
     /// In-place NeoX RoPE with explicit positions (reference §1.3); cos/sin from the host
     /// table of [`WgpuBackend::rope_table`].
     /// Errors: one position per row, even `head_dim` dividing `cols` ([`Error::Shape`]).
-    pub(crate) fn op_rope(&self, x: &mut WgpuTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
+    fn rope(&self, x: &mut WgpuTensor, positions: &[u32], head_dim: usize, theta: f32) -> Result<()> {
         let g = &self.gpu;
         g.check()?;
         if positions.len() != x.rows || head_dim == 0 || !head_dim.is_multiple_of(2) || !x.cols.is_multiple_of(head_dim) {
@@ -105,7 +270,7 @@ impl WgpuBackend {
     }
 
     /// `silu(gate) * up`, elementwise. Errors: different shapes.
-    pub(crate) fn op_silu_mul(&self, gate: &WgpuTensor, up: &WgpuTensor) -> Result<WgpuTensor> {
+    fn silu_mul(&self, gate: &WgpuTensor, up: &WgpuTensor) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
         if gate.rows != up.rows || gate.cols != up.cols {
@@ -121,7 +286,7 @@ impl WgpuBackend {
     }
 
     /// `x += y`, elementwise. Errors: different shapes.
-    pub(crate) fn op_add_assign(&self, x: &mut WgpuTensor, y: &WgpuTensor) -> Result<()> {
+    fn add_assign(&self, x: &mut WgpuTensor, y: &WgpuTensor) -> Result<()> {
         let g = &self.gpu;
         g.check()?;
         if x.rows != y.rows || x.cols != y.cols {
@@ -137,7 +302,7 @@ impl WgpuBackend {
 
     /// `[T, a] ++ [T, b] ++ … → [T, a+b+…]`: one column-band copy kernel per part.
     /// Errors: parts with different row counts.
-    pub(crate) fn op_concat_cols(&self, parts: &[&WgpuTensor]) -> Result<WgpuTensor> {
+    fn concat_cols(&self, parts: &[&WgpuTensor]) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
         let rows = parts.first().map_or(0, |p| p.rows);
@@ -168,7 +333,7 @@ impl WgpuBackend {
 
     /// `[a, C] ++ [b, C] ++ … → [a+b+…, C]`: buffer-to-buffer copies (rows are contiguous).
     /// Errors: parts with different column counts.
-    pub(crate) fn op_concat_rows(&self, parts: &[&WgpuTensor]) -> Result<WgpuTensor> {
+    fn concat_rows(&self, parts: &[&WgpuTensor]) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
         let cols = parts.first().map_or(0, |p| p.cols);
@@ -190,7 +355,7 @@ impl WgpuBackend {
     }
 
     /// `out[i] = x[rows[i]]`. Errors: a row index `≥ x.rows` ([`Error::Shape`]).
-    pub(crate) fn op_gather_rows(&self, x: &WgpuTensor, rows: &[usize]) -> Result<WgpuTensor> {
+    fn gather_rows(&self, x: &WgpuTensor, rows: &[usize]) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
         if let Some(&r) = rows.iter().find(|&&r| r >= x.rows) {
@@ -203,25 +368,9 @@ impl WgpuBackend {
         Ok(out)
     }
 
-    /// Encode `out[i] = x[base + idx[i]]` into `b`.
-    fn encode_gather(&self, b: &mut crate::ctx::Batch, x: &WgpuTensor, base: usize, idx: &[usize], out: &WgpuTensor) -> Result<()> {
-        let g = &self.gpu;
-        let elems = idx.len() * x.cols;
-        if elems == 0 {
-            return Ok(());
-        }
-        let words: Vec<u32> = idx.iter().map(|&r| r as u32).collect();
-        let ib = g.upload_u32(&words)?;
-        let groups = groups_for(elems);
-        let params = [idx.len() as u32, x.cols as u32, base as u32, groups as u32];
-        g.dispatch(b, Kernel::GatherRows, &params, &[Bind::t(x), Bind::b(ib.buffer(), words.len() as u64 * 4), Bind::t(out)], groups)?;
-        b.keep(ib);
-        Ok(())
-    }
-
     /// Write `src[T, C]` into rows `at..at+T` of `dst[cap, C]` (one buffer copy).
     /// Errors: column mismatch or rows beyond the cache ([`Error::Shape`]).
-    pub(crate) fn op_write_rows(&self, dst: &mut WgpuTensor, at: usize, src: &WgpuTensor) -> Result<()> {
+    fn write_rows(&self, dst: &mut WgpuTensor, at: usize, src: &WgpuTensor) -> Result<()> {
         let g = &self.gpu;
         g.check()?;
         if src.cols != dst.cols || at.checked_add(src.rows).is_none_or(|e| e > dst.rows) {
@@ -238,7 +387,7 @@ impl WgpuBackend {
     /// KV compaction (reference §4.10): gather rows `start + keep[j]` into a temporary, then
     /// copy it over rows `start..start+keep.len()` (read-all-then-write, overlap safe).
     /// Errors: a kept row beyond the cache ([`Error::Shape`]).
-    pub(crate) fn op_compact_rows(&self, cache: &mut WgpuTensor, start: usize, keep: &[usize]) -> Result<()> {
+    fn compact_rows(&self, cache: &mut WgpuTensor, start: usize, keep: &[usize]) -> Result<()> {
         let g = &self.gpu;
         g.check()?;
         if keep.iter().any(|&k| start.checked_add(k).is_none_or(|r| r >= cache.rows)) {
@@ -252,6 +401,136 @@ impl WgpuBackend {
         self.encode_gather(&mut b, cache, start, keep, &tmp)?;
         b.enc.copy_buffer_to_buffer(tmp.buffer(), 0, cache.buffer(), (start * cache.cols * 4) as u64, tmp.bytes());
         g.submit(b);
+        Ok(())
+    }
+
+    /// Scaled dot-product attention (see [`sparkling_core::Backend::attention`]): one
+    /// workgroup per (query row, head), keys visited in ascending slot order.
+    /// Errors: inconsistent head geometry, a head dimension above 256, a cache shorter than
+    /// `kv_len` or fewer keys than queries ([`Error::Shape`]); a bad parent ([`Error::Invalid`]).
+    fn attention(&self, q: &WgpuTensor, k_cache: &WgpuTensor, v_cache: &WgpuTensor, kv_len: usize, shape: AttnShape, mask: AttnMask<'_>) -> Result<WgpuTensor> {
+        let g = &self.gpu;
+        g.check()?;
+        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+        let t = q.rows;
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols != n_heads * head_dim {
+            return Err(shape_err("attention", format!("q [{t}, {}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv", q.cols)));
+        }
+        if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
+            return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
+        }
+        if head_dim > MAX_HEAD_DIM {
+            return Err(shape_err("attention", format!("head_dim {head_dim} above the kernel's maximum of {MAX_HEAD_DIM}")));
+        }
+        let prefix = kv_len - t;
+        let (mode, table) = match mask {
+            AttnMask::Causal => (0u32, None),
+            AttnMask::Full => (1u32, None),
+            AttnMask::Tree { parents } => {
+                if parents.len() != t {
+                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
+                }
+                (2u32, Some(ancestor_table(parents)?))
+            }
+        };
+        let out = g.alloc("attention", t, q.cols)?;
+        if t == 0 || head_dim == 0 || n_heads == 0 {
+            return Ok(out);
+        }
+        let tree_buf = match &table {
+            Some(words) => Some(g.upload_u32(words)?),
+            None => None,
+        };
+        let (tb, tbytes) = match (&tree_buf, &table) {
+            (Some(b), Some(w)) => (b.buffer(), w.len() as u64 * 4),
+            _ => (&self.dummy, 16),
+        };
+        let total = (t * n_heads) as u64;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let params = [
+            t as u32,
+            kv_len as u32,
+            prefix as u32,
+            n_heads as u32,
+            (n_heads / n_kv_heads) as u32,
+            head_dim as u32,
+            q.cols as u32,
+            k_cache.cols as u32,
+            mode,
+            scale.to_bits(),
+            total as u32,
+        ];
+        let kv_bytes = (kv_len * k_cache.cols * 4) as u64;
+        let mut b = g.batch();
+        g.dispatch(
+            &mut b,
+            Kernel::Attention,
+            &params,
+            &[Bind::t(q), Bind::b(k_cache.buffer(), kv_bytes), Bind::b(v_cache.buffer(), kv_bytes), Bind::b(tb, tbytes), Bind::t(&out)],
+            total,
+        )?;
+        if let Some(tb) = tree_buf {
+            b.keep(tb);
+        }
+        g.submit(b);
+        Ok(out)
+    }
+
+    // ---- Read-backs ------------------------------------------------------------------------------
+
+    async fn download_async(&self, t: &WgpuTensor) -> Result<Vec<f32>> {
+        self.gpu.wait_async(self.gpu.read_f32(t, 0, t.rows * t.cols)?).await
+    }
+
+    /// Rows `start..start+n` back to the host (a sync point).
+    async fn download_rows_async(&self, t: &WgpuTensor, start: usize, n: usize) -> Result<Vec<f32>> {
+        if start.checked_add(n).is_none_or(|e| e > t.rows) {
+            return Err(shape_err("download_rows", format!("rows {start}..{} of {}", start.saturating_add(n), t.rows)));
+        }
+        self.gpu.wait_async(self.gpu.read_f32(t, start * t.cols, n * t.cols)?).await
+    }
+
+    async fn argmax_async(&self, logits: &WgpuTensor) -> Result<Vec<u32>> {
+        self.gpu.wait_async(self.start_argmax(logits)?).await
+    }
+
+    async fn sample_async(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Vec<u32>> {
+        self.gpu.wait_async(self.start_sample(logits, params, uniforms)?).await
+    }
+
+    // ---- Selection ops (recorded in select.rs) ---------------------------------------------------
+
+    async fn topk_async(&self, logits: &WgpuTensor, k: usize) -> Result<TopK> {
+        self.gpu.wait_async(self.start_topk(logits, k)?).await
+    }
+
+    async fn markov_table_async(&self, base: &WgpuTensor, markov: Option<(&WgpuTensor, &WgpuTensor)>, cand: &[u32], k: usize) -> Result<CandidateTable> {
+        self.gpu.wait_async(self.start_markov_table(base, markov, cand, k)?).await
+    }
+
+    async fn candidate_table_async(&self, a: CandidateArgs<'_, WgpuTensor>) -> Result<CandidateTable> {
+        self.gpu.wait_async(self.start_candidate_table(a)?).await
+    }
+
+    async fn sparkling_tree_async(&self, a: CandidateArgs<'_, WgpuTensor>, budget: usize) -> Result<Option<DraftTree>> {
+        self.gpu.wait_async(self.start_sparkling_tree(a, budget)?).await
+    }
+}
+
+impl WgpuBackend {
+    /// Encode `out[i] = x[base + idx[i]]` into `b`.
+    fn encode_gather(&self, b: &mut crate::ctx::Batch, x: &WgpuTensor, base: usize, idx: &[usize], out: &WgpuTensor) -> Result<()> {
+        let g = &self.gpu;
+        let elems = idx.len() * x.cols;
+        if elems == 0 {
+            return Ok(());
+        }
+        let words: Vec<u32> = idx.iter().map(|&r| r as u32).collect();
+        let ib = g.upload_u32(&words)?;
+        let groups = groups_for(elems);
+        let params = [idx.len() as u32, x.cols as u32, base as u32, groups as u32];
+        g.dispatch(b, Kernel::GatherRows, &params, &[Bind::t(x), Bind::b(ib.buffer(), words.len() as u64 * 4), Bind::t(out)], groups)?;
+        b.keep(ib);
         Ok(())
     }
 }

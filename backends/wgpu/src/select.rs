@@ -14,7 +14,7 @@ use crate::pipelines::{Kernel, BIAS_COLS, BIAS_ROWS, GATHER_PER_GROUP};
 use crate::tensor::WgpuTensor;
 use crate::WgpuBackend;
 use sparkling_core::select::{check_candidate_table_args, check_markov_table_args};
-use sparkling_core::{CandidateTable, DraftTree, Error, Result, SampleParams, TopK};
+use sparkling_core::{CandidateArgs, CandidateTable, DraftTree, Error, Result, SampleParams, TopK};
 
 /// Buffers and parent chunking of one candidate-table computation
 /// ([`WgpuBackend::plan_markov_table`]).
@@ -65,12 +65,32 @@ fn unpack_table(cand: Vec<u32>, ld: usize, w: &[u32], k: usize) -> CandidateTabl
 }
 
 impl WgpuBackend {
-    /// Row-wise top-`k` + log-sum-exp on the device ([`sparkling_core::Backend::topk`]):
+    /// Row-wise argmax on the device (shaders/argmax.wgsl), then a read-back of one `u32` per
+    /// row (a sync point).
+    pub(crate) fn start_argmax(&self, logits: &WgpuTensor) -> Result<Pending<Vec<u32>>> {
+        let g = &self.gpu;
+        g.check()?;
+        let rows = logits.rows;
+        if rows == 0 {
+            return Ok(Pending::ready(Vec::new()));
+        }
+        if logits.cols == 0 {
+            return Ok(Pending::ready(vec![0; rows]));
+        }
+        let ids = g.alloc("argmax", rows, 1)?;
+        let mut b = g.batch();
+        g.dispatch(&mut b, Kernel::Argmax(g.reduce), &[rows as u32, logits.cols as u32], &[Bind::t(logits), Bind::t(&ids)], rows as u64)?;
+        g.submit(b);
+        let r = g.start_read(&[(ids.buffer(), 0, rows as u64 * 4)])?;
+        Ok(Pending::new(r, |parts| Ok(bytemuck::pod_collect_to_vec(&parts[0]))))
+    }
+
+    /// Row-wise top-`k` + log-sum-exp on the device ([`sparkling_core::Backend::topk_async`]):
     /// `k` is clamped to `cols`; ids/vals exact (f32::total_cmp order, ties by lower id), `lse`
     /// in f32 (topk.wgsl documents the precision). Reads back `rows·(2k+1)` words.
     /// Errors: `k == 0` ([`Error::Invalid`]); outputs beyond one storage binding
     /// ([`Error::Device`]).
-    pub(crate) fn op_topk(&self, logits: &WgpuTensor, k: usize) -> Result<Pending<TopK>> {
+    pub(crate) fn start_topk(&self, logits: &WgpuTensor, k: usize) -> Result<Pending<TopK>> {
         if k == 0 {
             return Err(Error::Invalid("topk: k must be at least 1".into()));
         }
@@ -102,7 +122,7 @@ impl WgpuBackend {
         }))
     }
 
-    /// The Markov candidate table on the device ([`sparkling_core::Backend::markov_table`]):
+    /// The Markov candidate table on the device ([`sparkling_core::Backend::markov_table_async`]):
     /// the candidates are uploaded as `[n, id_0, ..., id_{n-1}]` (the header-word layout that
     /// candidate_union.wgsl also produces, so both ops share the kernels); markov_gather.wgsl
     /// transposes W2's candidate rows once; for each chunk of parent slots, markov_bias.wgsl
@@ -113,7 +133,7 @@ impl WgpuBackend {
     /// Errors: the argument checks of `check_markov_table_args` (empty or
     /// unsorted candidates, an id `≥ V`, `k == 0`, W1/W2 not `[V, r]`); a table larger than
     /// one storage binding ([`Error::Device`]).
-    pub(crate) fn op_markov_table(
+    pub(crate) fn start_markov_table(
         &self,
         base: &WgpuTensor,
         markov: Option<(&WgpuTensor, &WgpuTensor)>,
@@ -221,7 +241,7 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// SparklingTree tree prep with ONE read-back ([`sparkling_core::Backend::candidate_table`]):
+    /// SparklingTree tree prep with ONE read-back ([`sparkling_core::Backend::candidate_table_async`]):
     /// topk.wgsl writes the per-row top-`candidates` into a device buffer `[ld, 2C+1]` (not read
     /// back); candidate_union.wgsl (one workgroup, a `ceil(V/32)`-word bitmap) turns the ids and
     /// the anchor into `[n, ascending distinct ids]`; the candidate-table kernels read n from
@@ -234,28 +254,22 @@ impl WgpuBackend {
     /// table kernels' grids, though, follow the actual n: candidate_union.wgsl writes them and
     /// they run as indirect dispatches (adapters without indirect execution fall back to grids
     /// sized for n_max whose extra workgroups exit at once). The decode loop avoids the large
-    /// read-back altogether with [`WgpuBackend::op_sparkling_tree`].
+    /// read-back altogether with [`WgpuBackend::start_sparkling_tree`].
     ///
     /// `candidates ≥ V`: the union is the whole vocabulary, built on the host, and the table is
-    /// [`WgpuBackend::op_markov_table`] (also one read-back). `ld == 0`: `cand = [anchor]`, an
+    /// [`WgpuBackend::start_markov_table`] (also one read-back). `ld == 0`: `cand = [anchor]`, an
     /// empty table, no GPU work.
     /// Errors: `k == 0`, `candidates == 0`, `anchor ≥ V` ([`Error::Invalid`]); W1/W2 not
     /// `[V, r]` ([`Error::Shape`]); buffers beyond one storage binding or a device failure
     /// ([`Error::Device`]).
-    pub(crate) fn op_candidate_table(
-        &self,
-        base: &WgpuTensor,
-        markov: Option<(&WgpuTensor, &WgpuTensor)>,
-        candidates: usize,
-        anchor: u32,
-        k: usize,
-    ) -> Result<Pending<CandidateTable>> {
+    pub(crate) fn start_candidate_table(&self, a: CandidateArgs<'_, WgpuTensor>) -> Result<Pending<CandidateTable>> {
+        let CandidateArgs { base, markov, candidates, anchor, k } = a;
         let g = &self.gpu;
         let (ld, vocab) = (base.rows, base.cols);
         self.check_union_args(base, markov, candidates, anchor, k)?;
         if candidates >= vocab {
             let cand: Vec<u32> = (0..vocab as u32).collect();
-            return self.op_markov_table(base, markov, &cand, k);
+            return self.start_markov_table(base, markov, &cand, k);
         }
         if ld == 0 {
             return Ok(Pending::ready(CandidateTable { cand: vec![anchor], ld: 0, k: 1, vals: Vec::new(), slots: Vec::new() }));
@@ -323,23 +337,15 @@ impl WgpuBackend {
         self.record_markov_table(b, t, base, markov, Bind::t(&u.cand), g.indirect.then_some(&u.grids))
     }
 
-    /// SparklingTree's whole tree prep on the device ([`sparkling_core::Backend::sparkling_tree`]):
-    /// the pipeline of [`WgpuBackend::op_candidate_table`], then tree_heap.wgsl runs the
+    /// SparklingTree's whole tree prep on the device ([`sparkling_core::Backend::sparkling_tree_async`]):
+    /// the pipeline of [`WgpuBackend::start_candidate_table`], then tree_heap.wgsl runs the
     /// best-first precompute heap over the table on the device; the read-back is only the tree,
     /// `1 + 4·budget` words, instead of the n_max-sized table. `None` when `candidates ≥ V`
     /// (the union is then the whole vocabulary: use `candidate_table`).
-    /// Errors: as `op_candidate_table`; the anchor missing from the device's union (a device
+    /// Errors: as `start_candidate_table`; the anchor missing from the device's union (a device
     /// fault: it is always inserted) is [`Error::Device`].
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn op_sparkling_tree(
-        &self,
-        base: &WgpuTensor,
-        markov: Option<(&WgpuTensor, &WgpuTensor)>,
-        candidates: usize,
-        anchor: u32,
-        k: usize,
-        budget: usize,
-    ) -> Result<Pending<Option<DraftTree>>> {
+    pub(crate) fn start_sparkling_tree(&self, a: CandidateArgs<'_, WgpuTensor>, budget: usize) -> Result<Pending<Option<DraftTree>>> {
+        let CandidateArgs { base, markov, candidates, anchor, k } = a;
         let g = &self.gpu;
         let (ld, vocab) = (base.rows, base.cols);
         self.check_union_args(base, markov, candidates, anchor, k)?;
@@ -365,14 +371,14 @@ impl WgpuBackend {
         }))
     }
 
-    /// Row-wise sampling on the device ([`sparkling_core::Backend::sample`]). At `T < 1e-5`
+    /// Row-wise sampling on the device ([`sparkling_core::Backend::sample_async`]). At `T < 1e-5`
     /// this is the device argmax; otherwise sample.wgsl draws from softmax(logits/T) filtered
     /// by top-k / top-p with the CPU backend's rule (inverse CDF over kept tokens in ascending
     /// id order, one uniform per row; f32 arithmetic — see sample.wgsl for the precision).
     /// Reads back one `u32` per row.
     /// Errors: `uniforms.len() != rows` ([`Error::Shape`]); a NaN temperature or top-p
     /// ([`Error::Invalid`]).
-    pub(crate) fn op_sample(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Pending<Vec<u32>>> {
+    pub(crate) fn start_sample(&self, logits: &WgpuTensor, params: SampleParams, uniforms: &[f32]) -> Result<Pending<Vec<u32>>> {
         if uniforms.len() != logits.rows {
             return Err(Error::Shape { op: "sample", detail: format!("{} uniforms for {} rows", uniforms.len(), logits.rows) });
         }
@@ -380,7 +386,7 @@ impl WgpuBackend {
             return Err(Error::Invalid(format!("sample: temperature ({}) and top_p ({}) must be numbers", params.temperature, params.top_p)));
         }
         if params.temperature < 1e-5 {
-            return self.op_argmax(logits);
+            return self.start_argmax(logits);
         }
         let g = &self.gpu;
         g.check()?;
