@@ -11,30 +11,33 @@ macro_rules! outln {
     };
 }
 
-/// Open the backend `--backend` names (from the [`load::ModelArgs`] `$args`), load the target
-/// and the drafters of the kinds `$kinds` onto it, and evaluate `$body` with `$m` bound to the
-/// [`load::Loaded`] model: the one dispatch from the runtime backend choice to code generic over
-/// [`sparkling::core::Backend`] (the body is compiled once per backend of the build).
+/// Open the backend `--backend` names (from the [`load::ModelArgs`] `$args`) and evaluate
+/// `$body` with `$b` bound to it and `$target` to the resolved target path: the one dispatch
+/// from the runtime backend choice to code generic over [`sparkling::core::Backend`] (the body
+/// is compiled once per backend of the build).
+macro_rules! with_backend {
+    ($args:expr, |$b:ident, $target:ident| $body:expr) => {{
+        let s = $crate::cli::load::select($args)?;
+        let $target = s.target;
+        match s.backend {
+            $crate::cli::load::AnyBackend::Cpu($b) => $body,
+            #[cfg(feature = "wgpu")]
+            $crate::cli::load::AnyBackend::Wgpu($b) => $body,
+            #[cfg(feature = "cuda")]
+            $crate::cli::load::AnyBackend::Cuda($b) => $body,
+        }
+    }};
+}
+
+/// [`with_backend`], then load the target and the drafters of the kinds `$kinds` onto the
+/// backend and evaluate `$body` with `$m` bound to the [`load::Loaded`] model.
 macro_rules! with_loaded {
     ($args:expr, $kinds:expr, |$m:ident| $body:expr) => {{
         let args: &$crate::cli::load::ModelArgs = $args;
-        let s = $crate::cli::load::select(args)?;
-        match s.backend {
-            $crate::cli::load::AnyBackend::Cpu(b) => {
-                let $m = $crate::cli::load::load(b, &s.target, args, $kinds)?;
-                $body
-            }
-            #[cfg(feature = "wgpu")]
-            $crate::cli::load::AnyBackend::Wgpu(b) => {
-                let $m = $crate::cli::load::load(b, &s.target, args, $kinds)?;
-                $body
-            }
-            #[cfg(feature = "cuda")]
-            $crate::cli::load::AnyBackend::Cuda(b) => {
-                let $m = $crate::cli::load::load(b, &s.target, args, $kinds)?;
-                $body
-            }
-        }
+        with_backend!(args, |b, target| {
+            let $m = $crate::cli::load::load(b, &target, args, $kinds)?;
+            $body
+        })
     }};
 }
 
