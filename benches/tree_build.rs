@@ -62,7 +62,7 @@ fn inputs() -> (Vec<f32>, MarkovHead) {
 fn bench_tree_build(c: &mut Criterion) {
     let (logits, head) = inputs();
     let top = depth_topk(&logits, LD, VOCAB, BUDGET);
-    let table = candidate_table(&logits, LD, VOCAB, Some(&head), ANCHOR, C, MAX_FANOUT, BUDGET);
+    let table = candidate_table(&logits, LD, VOCAB, Some(&head), ANCHOR, C, MAX_FANOUT.min(BUDGET));
     eprintln!(
         "tree_build: candidate union n = {}, table k = {}, ddtree nodes = {}, sparkling nodes = {}",
         table.n(),
@@ -79,7 +79,7 @@ fn bench_tree_build(c: &mut Criterion) {
     g.bench_function("sparkling_lazy_heap", |b| b.iter(|| build_sparkling_lazy(black_box(&lc), Some(&head), ANCHOR, MAX_FANOUT, BUDGET)));
     g.bench_function("ddtree_topk_prep", |b| b.iter(|| depth_topk(black_box(&logits), LD, VOCAB, BUDGET)));
     g.sample_size(10).measurement_time(Duration::from_secs(10));
-    g.bench_function("sparkling_table_prep", |b| b.iter(|| candidate_table(black_box(&logits), LD, VOCAB, Some(&head), ANCHOR, C, MAX_FANOUT, BUDGET)));
+    g.bench_function("sparkling_table_prep", |b| b.iter(|| candidate_table(black_box(&logits), LD, VOCAB, Some(&head), ANCHOR, C, MAX_FANOUT.min(BUDGET))));
     g.finish();
 }
 

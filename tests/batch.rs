@@ -20,7 +20,7 @@ use sparkling::loader::gguf_source::GgufSource;
 use sparkling::model::config::{Arch, DrafterKind, TargetConfig};
 use sparkling::model::drafter::{DraftJob, Drafter};
 use sparkling::model::synth::{tiny_target_config, write_random_target, StoreDtype};
-use sparkling::model::target::{LogitRows, Target};
+use sparkling::model::target::{LogitRows, SeqInput, Target};
 use std::collections::HashMap;
 
 /// One request of a schedule: prompt, parameters, and the first step at which it may join.
@@ -210,7 +210,7 @@ fn packed_drafter_forward_equals_each_forward_alone() {
         for (i, &(l1, _, _, anchor)) in jobs.iter().enumerate() {
             for caches in [&mut alone, &mut packed] {
                 let mut c = d.new_cache(&b, 64).unwrap();
-                d.draft(&b, &t, &mut c, &taps(l1, 100 + i as u64), anchor, l1, 8).unwrap();
+                d.draft(&b, &t, DraftJob { cache: &mut c, taps: &taps(l1, 100 + i as u64), anchor, root_pos: l1, depth: 8 }).unwrap();
                 caches.push(c);
             }
         }
@@ -219,7 +219,9 @@ fn packed_drafter_forward_equals_each_forward_alone() {
             .iter()
             .zip(alone.iter_mut())
             .zip(&round2)
-            .map(|((&(l1, l2, depth, anchor), c), tp)| b.download(&d.draft(&b, &t, c, tp, anchor + 1, l1 + l2, depth).unwrap()).unwrap())
+            .map(|((&(l1, l2, depth, anchor), c), tp)| {
+                b.download(&d.draft(&b, &t, DraftJob { cache: c, taps: tp, anchor: anchor + 1, root_pos: l1 + l2, depth }).unwrap()).unwrap()
+            })
             .collect();
         let mut batch: Vec<DraftJob<'_, CpuBackend>> = jobs
             .iter()
@@ -236,8 +238,8 @@ fn packed_drafter_forward_equals_each_forward_alone() {
         }
         for (i, &(l1, l2, _, anchor)) in jobs.iter().enumerate() {
             let next = taps(1, 300 + i as u64);
-            let a = b.download(&d.draft(&b, &t, &mut alone[i], &next, anchor, l1 + l2 + 1, 3).unwrap()).unwrap();
-            let p = b.download(&d.draft(&b, &t, &mut packed[i], &next, anchor, l1 + l2 + 1, 3).unwrap()).unwrap();
+            let a = b.download(&d.draft(&b, &t, DraftJob { cache: &mut alone[i], taps: &next, anchor, root_pos: l1 + l2 + 1, depth: 3 }).unwrap()).unwrap();
+            let p = b.download(&d.draft(&b, &t, DraftJob { cache: &mut packed[i], taps: &next, anchor, root_pos: l1 + l2 + 1, depth: 3 }).unwrap()).unwrap();
             assert_eq!(a, p, "{kind:?} job {i}: the round after the packed one");
         }
         // A job whose context does not end at its root is refused, naming it.
@@ -291,7 +293,7 @@ fn batched_taps_and_logits_equal_one_forward_over_the_whole_sequence() {
         all.extend_from_slice(&f.tokens);
         let mut cache = t.new_cache(&b, all.len()).unwrap();
         let pos: Vec<u32> = (0..all.len() as u32).collect();
-        let one = t.forward(&b, &mut cache, &all, &pos, AttnMask::Causal, LogitRows::All, &taps).unwrap();
+        let one = t.forward(&b, &mut cache, SeqInput { ids: &all, positions: &pos, mask: AttnMask::Causal, logits: Some(LogitRows::All) }, &taps).unwrap();
         assert_eq!(rows[&f.id], b.download(one.taps.as_ref().unwrap()).unwrap(), "taps of sequence {}", f.id);
         let pl = f.prompt.len();
         let want = b.download_rows(&one.logits, pl - 1, f.tokens.len()).unwrap();

@@ -10,7 +10,7 @@ use sparkling::core::{AttnMask, ReadBack};
 use sparkling::cpu::{CpuBackend, KvDtype};
 use sparkling::decode::{Engine, Method};
 use sparkling::model::config::{Arch, DrafterKind};
-use sparkling::model::target::LogitRows;
+use sparkling::model::target::{LogitRows, SeqInput};
 
 const PROMPTS: [&[u32]; 2] = [&[3, 17, 5, 9, 22, 1], &[40, 2, 2, 7]];
 
@@ -209,7 +209,9 @@ fn chunked_prefill_equals_one_forward_bit_for_bit() {
             let (mut logits, mut tap_rows) = (Vec::new(), Vec::new());
             for (ci, ids) in prompt.chunks(chunk).enumerate() {
                 let positions: Vec<u32> = (ci * chunk..ci * chunk + ids.len()).map(|x| x as u32).collect();
-                let out = target.forward(&b, &mut cache, ids, &positions, AttnMask::Causal, LogitRows::Last, &taps).unwrap();
+                let out = target
+                    .forward(&b, &mut cache, SeqInput { ids, positions: &positions, mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &taps)
+                    .unwrap();
                 logits = b.download(&out.logits).unwrap();
                 tap_rows.extend(b.download(out.taps.as_ref().unwrap()).unwrap());
             }

@@ -111,7 +111,8 @@ fn same_seed_same_output_at_t1_with_budget_auto() {
 #[test]
 fn drafter_catch_up_equals_round_by_round_feeding() {
     use sparkling::core::AttnMask;
-    use sparkling::model::target::LogitRows;
+    use sparkling::model::drafter::DraftJob;
+    use sparkling::model::target::{LogitRows, SeqInput};
     let b = CpuBackend::new();
     let dir = tmpdir("t");
     let t = random_target(dir.path(), Arch::Qwen3, 40, 7);
@@ -121,20 +122,26 @@ fn drafter_catch_up_equals_round_by_round_feeding() {
         let ids: Vec<u32> = (0..12u32).map(|i| (i * 7 + 3) % 40).collect();
         let pos: Vec<u32> = (0..12).collect();
         let mut cache = t.new_cache(&b, 32).unwrap();
-        let taps = t.forward(&b, &mut cache, &ids, &pos, AttnMask::Causal, LogitRows::Last, &dr.cfg.target_layer_ids).unwrap().taps.unwrap();
+        let taps = t
+            .forward(&b, &mut cache, SeqInput { ids: &ids, positions: &pos, mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &dr.cfg.target_layer_ids)
+            .unwrap()
+            .taps
+            .unwrap();
         let rows = |r: std::ops::Range<usize>| b.gather_rows(&taps, &r.collect::<Vec<_>>()).unwrap();
         // Round by round: 5 rows, then 1, 1, 1 (three AR-like rounds), then 4.
         let mut c1 = dr.new_cache(&b, 40).unwrap();
         let mut last = None;
         for (s, e) in [(0, 5), (5, 6), (6, 7), (7, 8), (8, 12)] {
-            last = Some(dr.draft(&b, &t, &mut c1, &rows(s..e), ids[e.min(11)], e, dr.cfg.draft_depth()).unwrap());
+            last = Some(
+                dr.draft(&b, &t, DraftJob { cache: &mut c1, taps: &rows(s..e), anchor: ids[e.min(11)], root_pos: e, depth: dr.cfg.draft_depth() }).unwrap(),
+            );
         }
         // Catch-up: 5 rows, then the 7 rows of the skipped rounds at once.
         let mut c2 = dr.new_cache(&b, 40).unwrap();
-        dr.draft(&b, &t, &mut c2, &rows(0..5), ids[5], 5, dr.cfg.draft_depth()).unwrap();
+        dr.draft(&b, &t, DraftJob { cache: &mut c2, taps: &rows(0..5), anchor: ids[5], root_pos: 5, depth: dr.cfg.draft_depth() }).unwrap();
         let parts = [rows(5..6), rows(6..7), rows(7..8), rows(8..12)];
         let ctx = b.concat_rows(&parts.iter().collect::<Vec<_>>()).unwrap();
-        let caught_up = dr.draft(&b, &t, &mut c2, &ctx, ids[11], 12, dr.cfg.draft_depth()).unwrap();
+        let caught_up = dr.draft(&b, &t, DraftJob { cache: &mut c2, taps: &ctx, anchor: ids[11], root_pos: 12, depth: dr.cfg.draft_depth() }).unwrap();
         let (x, y) = (b.download(&last.unwrap()).unwrap(), b.download(&caught_up).unwrap());
         let worst = x.iter().zip(&y).map(|(a, c)| (a - c).abs()).fold(0.0f32, f32::max);
         assert!(worst < 1e-4, "{kind:?}: catch-up logits differ by {worst}");

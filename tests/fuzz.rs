@@ -407,7 +407,7 @@ fn fuzz_tree_builders() {
             check_tree("ddtree", &tree::build_ddtree(&top, anchor, budget), anchor, vocab, ld, budget);
             let lc = tree::LazyCandidates::new(&logits, ld, vocab, m, anchor, c);
             check_tree("sparkling_lazy", &tree::build_sparkling_lazy(&lc, m, anchor, fanout, budget), anchor, vocab, ld, budget);
-            let table = tree::candidate_table(&logits, ld, vocab, m, anchor, c, fanout.min(budget), budget);
+            let table = tree::candidate_table(&logits, ld, vocab, m, anchor, c, fanout.min(budget));
             check_tree("sparkling_precompute", &tree::build_sparkling_precompute(&table, anchor, budget), anchor, vocab, ld, budget);
             check_tree("treespark", &tree::build_treespark(&logits, ld, vocab, m, anchor, k, budget), anchor, vocab, ld, budget);
             let chain = tree::markov_greedy_chain(&logits, ld, vocab, m, anchor, budget);

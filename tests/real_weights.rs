@@ -23,11 +23,11 @@ use std::path::PathBuf;
 /// forward over both (where our greedy tokens and llama.cpp's first differ).
 fn margin_at(b: &CpuBackend, target: &Target<CpuBackend>, prompt: &[u32], before: &[u32], ours: u32, theirs: u32) -> f32 {
     use sparkling::core::{AttnMask, ReadBack};
-    use sparkling::model::target::LogitRows;
+    use sparkling::model::target::{LogitRows, SeqInput};
     let ids: Vec<u32> = prompt.iter().chain(before).copied().collect();
     let mut cache = target.new_cache(b, ids.len() + 1).unwrap();
     let pos: Vec<u32> = (0..ids.len() as u32).collect();
-    let out = target.forward(b, &mut cache, &ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+    let out = target.forward(b, &mut cache, SeqInput { ids: &ids, positions: &pos, mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap();
     let logits = b.download(&out.logits).unwrap();
     logits[ours as usize] - logits[theirs as usize]
 }

@@ -10,7 +10,7 @@ use sparkling::core::{AttnMask, ReadBack};
 use sparkling::cpu::CpuBackend;
 use sparkling::decode::{Engine, Method};
 use sparkling::model::config::{Arch, DrafterKind};
-use sparkling::model::target::LogitRows;
+use sparkling::model::target::{LogitRows, SeqInput};
 
 #[test]
 fn same_seed_same_output_and_methods_agree_at_t1() {
@@ -64,7 +64,7 @@ fn sparkling_second_token_matches_target_distribution_chi_square() {
     let logits_after = |ids: &[u32]| -> Vec<f32> {
         let mut c = t.new_cache(&b, 16).unwrap();
         let p: Vec<u32> = (0..ids.len() as u32).collect();
-        b.download(&t.forward(&b, &mut c, ids, &p, AttnMask::Causal, LogitRows::Last, &[]).unwrap().logits).unwrap()
+        b.download(&t.forward(&b, &mut c, SeqInput { ids, positions: &p, mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap().logits).unwrap()
     };
     let p1 = softmax(&logits_after(&prompt));
     let mut expected = vec![0.0f64; v];

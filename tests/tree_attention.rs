@@ -8,7 +8,7 @@ use common::*;
 use sparkling::core::{AttnMask, Backend, ReadBack, NO_PARENT};
 use sparkling::cpu::CpuBackend;
 use sparkling::model::config::Arch;
-use sparkling::model::target::LogitRows;
+use sparkling::model::target::{LogitRows, SeqInput};
 
 const PROMPT: [u32; 5] = [4, 9, 1, 30, 12];
 
@@ -21,18 +21,22 @@ fn chain_tree_equals_causal_and_masking_an_ancestor_changes_logits() {
         let block = [7u32, 3, 3, 21];
         let pos: Vec<u32> = (5..9).collect();
         let mut c1 = t.new_cache(&b, 32).unwrap();
-        t.forward(&b, &mut c1, &PROMPT, &[0, 1, 2, 3, 4], AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+        t.forward(&b, &mut c1, SeqInput { ids: &PROMPT, positions: &[0, 1, 2, 3, 4], mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap();
         let mut c2 = t.new_cache(&b, 32).unwrap();
-        t.forward(&b, &mut c2, &PROMPT, &[0, 1, 2, 3, 4], AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+        t.forward(&b, &mut c2, SeqInput { ids: &PROMPT, positions: &[0, 1, 2, 3, 4], mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap();
         let mut c3 = t.new_cache(&b, 32).unwrap();
-        t.forward(&b, &mut c3, &PROMPT, &[0, 1, 2, 3, 4], AttnMask::Causal, LogitRows::Last, &[]).unwrap();
-        let causal = t.forward(&b, &mut c1, &block, &pos, AttnMask::Causal, LogitRows::All, &[]).unwrap();
+        t.forward(&b, &mut c3, SeqInput { ids: &PROMPT, positions: &[0, 1, 2, 3, 4], mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap();
+        let causal = t.forward(&b, &mut c1, SeqInput { ids: &block, positions: &pos, mask: AttnMask::Causal, logits: Some(LogitRows::All) }, &[]).unwrap();
         let chain = [NO_PARENT, 0, 1, 2];
-        let tree = t.forward(&b, &mut c2, &block, &pos, AttnMask::Tree { parents: &chain }, LogitRows::All, &[]).unwrap();
+        let tree = t
+            .forward(&b, &mut c2, SeqInput { ids: &block, positions: &pos, mask: AttnMask::Tree { parents: &chain }, logits: Some(LogitRows::All) }, &[])
+            .unwrap();
         assert_eq!(b.download(&causal.logits).unwrap(), b.download(&tree.logits).unwrap(), "{arch:?}");
         // Row 3 now skips ancestor 2 (its parent becomes 1): its logits must change, rows 0..3 not.
         let cut = [NO_PARENT, 0, 1, 1];
-        let masked = t.forward(&b, &mut c3, &block, &pos, AttnMask::Tree { parents: &cut }, LogitRows::All, &[]).unwrap();
+        let masked = t
+            .forward(&b, &mut c3, SeqInput { ids: &block, positions: &pos, mask: AttnMask::Tree { parents: &cut }, logits: Some(LogitRows::All) }, &[])
+            .unwrap();
         let (a, m) = (b.download(&causal.logits).unwrap(), b.download(&masked.logits).unwrap());
         let v = t.cfg.vocab;
         assert_eq!(&a[..3 * v], &m[..3 * v]);
@@ -53,15 +57,25 @@ fn tree_rows_equal_decoding_each_path_alone() {
     let s = PROMPT.len() as u32;
     let pos: Vec<u32> = depths.iter().map(|d| s + d).collect();
     let mut c = t.new_cache(&b, 32).unwrap();
-    t.forward(&b, &mut c, &PROMPT, &[0, 1, 2, 3, 4], AttnMask::Causal, LogitRows::Last, &[]).unwrap();
-    let tree = b.download(&t.forward(&b, &mut c, &toks, &pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap().logits).unwrap();
+    t.forward(&b, &mut c, SeqInput { ids: &PROMPT, positions: &[0, 1, 2, 3, 4], mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap();
+    let tree = b
+        .download(
+            &t.forward(&b, &mut c, SeqInput { ids: &toks, positions: &pos, mask: AttnMask::Tree { parents: &parents }, logits: Some(LogitRows::All) }, &[])
+                .unwrap()
+                .logits,
+        )
+        .unwrap();
     let v = t.cfg.vocab;
     // Each row equals the last row of a plain causal run over prompt + its root path.
     for (row, path) in [(0usize, vec![5u32]), (1, vec![5, 8]), (2, vec![5, 13]), (3, vec![5, 8, 2])] {
         let mut cc = t.new_cache(&b, 32).unwrap();
         let ids: Vec<u32> = PROMPT.iter().copied().chain(path.iter().copied()).collect();
         let p: Vec<u32> = (0..ids.len() as u32).collect();
-        let want = b.download(&t.forward(&b, &mut cc, &ids, &p, AttnMask::Causal, LogitRows::Last, &[]).unwrap().logits).unwrap();
+        let want = b
+            .download(
+                &t.forward(&b, &mut cc, SeqInput { ids: &ids, positions: &p, mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap().logits,
+            )
+            .unwrap();
         let got = &tree[row * v..(row + 1) * v];
         let maxdiff = want.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
         // The prefill of the whole path batches rows differently, but every output element is one
@@ -83,15 +97,16 @@ fn compaction_equals_plain_decoding_of_the_accepted_path() {
         let depths = [0u32, 1, 1, 2, 3, 2];
         for keep in [vec![0usize], vec![0, 1], vec![0, 2, 3], vec![0, 2, 3, 4], vec![0, 1, 5]] {
             let mut c = t.new_cache(&b, 32).unwrap();
-            t.forward(&b, &mut c, &PROMPT, &[0, 1, 2, 3, 4], AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+            t.forward(&b, &mut c, SeqInput { ids: &PROMPT, positions: &[0, 1, 2, 3, 4], mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap();
             let pos: Vec<u32> = depths.iter().map(|d| s as u32 + d).collect();
-            t.forward(&b, &mut c, &toks, &pos, AttnMask::Tree { parents: &parents }, LogitRows::All, &[]).unwrap();
+            t.forward(&b, &mut c, SeqInput { ids: &toks, positions: &pos, mask: AttnMask::Tree { parents: &parents }, logits: Some(LogitRows::All) }, &[])
+                .unwrap();
             c.compact(&b, s, &keep).unwrap();
             assert_eq!(c.len, s + keep.len());
             let mut plain = t.new_cache(&b, 32).unwrap();
             let ids: Vec<u32> = PROMPT.iter().copied().chain(keep.iter().map(|&k| toks[k])).collect();
             let p: Vec<u32> = (0..ids.len() as u32).collect();
-            t.forward(&b, &mut plain, &ids, &p, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+            t.forward(&b, &mut plain, SeqInput { ids: &ids, positions: &p, mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap();
             let w = t.cfg.n_kv_heads * t.cfg.head_dim;
             for l in 0..t.cfg.layers {
                 for (got, want) in [(&c.k[l], &plain.k[l]), (&c.v[l], &plain.v[l])] {

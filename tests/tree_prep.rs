@@ -39,7 +39,7 @@ fn backend_markov_table_matches_host_candidate_table() {
     let head = MarkovHead { vocab, rank, w1: values(vocab * rank, 3, 1.0), w2: values(vocab * rank, 4, 1.0) };
     let anchor = 11u32;
     for (c, fanout) in [(8usize, 64usize), (20, 5), (vocab, 64)] {
-        let want = tree::candidate_table(&base, ld, vocab, Some(&head), anchor, c, fanout, 64);
+        let want = tree::candidate_table(&base, ld, vocab, Some(&head), anchor, c, fanout.min(64));
         let u = b.upload(&base, ld, vocab).unwrap();
         let w1 = b.upload(&head.w1, vocab, rank).unwrap();
         let w2 = b.upload(&head.w2, vocab, rank).unwrap();
@@ -51,7 +51,7 @@ fn backend_markov_table_matches_host_candidate_table() {
         }
         // No head: each parent row is the depth's log-softmax over the union.
         let plain = b.markov_table(&u, None, &want.cand, want.k).unwrap();
-        let want0 = tree::candidate_table(&base, ld, vocab, None, anchor, c, fanout, 64);
+        let want0 = tree::candidate_table(&base, ld, vocab, None, anchor, c, fanout.min(64));
         assert_eq!(plain.slots, want0.slots);
     }
     // Bad input is refused with an error, not a panic.

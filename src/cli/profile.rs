@@ -16,9 +16,9 @@ use sparkling::core::{AttnMask, Backend, CandidateArgs, ReadBack, SampleParams};
 use sparkling::decode::budget::{BudgetChoice, CostModel};
 use sparkling::decode::{Engine, GenParams, Method, Platform};
 use sparkling::model::config::DrafterKind;
-use sparkling::model::drafter::Drafter;
+use sparkling::model::drafter::{DraftJob, Drafter};
 use sparkling::model::layer::KvCache;
-use sparkling::model::target::{LogitRows, Target, TargetOutput};
+use sparkling::model::target::{LogitRows, SeqInput, Target, TargetOutput};
 use sparkling::tree::{build_sparkling_precompute, CandidateTable, DraftTree};
 use sparkling::{Error, Result};
 use std::fmt::Write as _;
@@ -178,7 +178,12 @@ impl<B: Backend> Parts<'_, B> {
     fn prefill(&self, cache: &mut KvCache<B>, prompt: &[u32]) -> Result<(u32, B::Tensor, f64)> {
         let positions: Vec<u32> = (0..self.p as u32).collect();
         let t0 = Instant::now();
-        let pre = self.t.forward(self.b, cache, prompt, &positions, AttnMask::Causal, LogitRows::Last, &self.taps)?;
+        let pre = self.t.forward(
+            self.b,
+            cache,
+            SeqInput { ids: prompt, positions: &positions, mask: AttnMask::Causal, logits: Some(LogitRows::Last) },
+            &self.taps,
+        )?;
         let root = self.b.argmax(&pre.logits)?[0];
         let ms = ms_since(t0);
         let ctx_all = pre.taps.ok_or_else(|| Error::Input("the drafter taps no target layer".into()))?;
@@ -200,7 +205,7 @@ impl<B: Backend> Parts<'_, B> {
         let (b, p) = (self.b, self.p);
         let ms = self.time(|| {
             let t0 = Instant::now();
-            let o = self.t.forward(b, cache, &[root], &[p as u32], AttnMask::Causal, LogitRows::Last, &[])?;
+            let o = self.t.forward(b, cache, SeqInput { ids: &[root], positions: &[p as u32], mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[])?;
             b.argmax(&o.logits)?;
             let ms = ms_since(t0);
             cache.crop(p);
@@ -219,13 +224,13 @@ impl<B: Backend> Parts<'_, B> {
         let mut dcache = d.new_cache(b, p + bk + 8)?;
         if p > lc {
             let first_ctx = b.gather_rows(ctx_all, &(0..p - lc).collect::<Vec<_>>())?;
-            d.draft(b, self.t, &mut dcache, &first_ctx, root, p - lc, self.budget)?;
+            d.draft(b, self.t, DraftJob { cache: &mut dcache, taps: &first_ctx, anchor: root, root_pos: p - lc, depth: self.budget })?;
         }
         let mut logits = None;
         let ms = self.time(|| {
             dcache.crop(p - lc);
             let t0 = Instant::now();
-            let l = d.draft(b, self.t, &mut dcache, &ctx, root, p, self.budget)?;
+            let l = d.draft(b, self.t, DraftJob { cache: &mut dcache, taps: &ctx, anchor: root, root_pos: p, depth: self.budget })?;
             self.sync()?;
             let ms = ms_since(t0);
             logits = Some(l);
@@ -305,7 +310,12 @@ impl<B: Backend> Parts<'_, B> {
         let mut last = None;
         let ms = self.time(|| {
             let t0 = Instant::now();
-            let o = self.t.forward(b, cache, &tree.tokens, &tpos, AttnMask::Tree { parents: &tree.parents }, LogitRows::All, &self.taps)?;
+            let o = self.t.forward(
+                b,
+                cache,
+                SeqInput { ids: &tree.tokens, positions: &tpos, mask: AttnMask::Tree { parents: &tree.parents }, logits: Some(LogitRows::All) },
+                &self.taps,
+            )?;
             self.sync()?;
             let ms = ms_since(t0);
             cache.crop(p);

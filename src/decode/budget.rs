@@ -42,9 +42,9 @@
 //! method stays equal to `ar` (T = 0) and to `ar` with the same seed (T > 0).
 
 use crate::error::{Error, Result};
-use crate::model::drafter::Drafter;
+use crate::model::drafter::{DraftJob, Drafter};
 use crate::model::layer::KvCache;
-use crate::model::target::{LogitRows, Target};
+use crate::model::target::{LogitRows, SeqInput, Target};
 use crate::tree::DraftTree;
 use serde::{Deserialize, Serialize};
 use sparkling_core::{AttnMask, Backend};
@@ -217,7 +217,12 @@ impl CostModel {
             let pos: Vec<u32> = (0..r as u32).map(|i| start as u32 + i).collect();
             let parents: Vec<u32> = (0..r).map(|i| if i == 0 { crate::tree::NO_PARENT } else { i as u32 - 1 }).collect();
             let t = Instant::now();
-            let o = target.forward(b, cache, &toks, &pos, AttnMask::Tree { parents: &parents }, LogitRows::All, taps)?;
+            let o = target.forward(
+                b,
+                cache,
+                SeqInput { ids: &toks, positions: &pos, mask: AttnMask::Tree { parents: &parents }, logits: Some(LogitRows::All) },
+                taps,
+            )?;
             b.argmax_async(&o.logits).await?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             cache.crop(start);
@@ -234,7 +239,7 @@ impl CostModel {
             let lc = b.shape(ctx).0;
             let mut dc = d.new_cache(b, lc + d.cfg.block_size + 1)?;
             let t = Instant::now();
-            let logits = d.draft(b, target, &mut dc, ctx, anchor, lc, n_max)?;
+            let logits = d.draft(b, target, DraftJob { cache: &mut dc, taps: ctx, anchor, root_pos: lc, depth: n_max })?;
             b.download_async(&logits).await?;
             draft_ms = t.elapsed().as_secs_f64() * 1e3;
         }

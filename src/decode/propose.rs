@@ -279,25 +279,17 @@ async fn propose_ids<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, 
         // Host builders (and dspark / treespark everywhere): the whole logits come back.
         _ => {
             let host = b.download_async(d.logits).await?;
-            let mut prop = propose_host(method, &host, depth, vocab, d.markov, anchor, p, chain_scores);
+            let mut prop = propose_host(method, d, &host, anchor, p, chain_scores);
             prop.download_ms = ms(t0);
             prop
         }
     })
 }
 
-/// The host tree builders over downloaded draft logits `[depth, V]`.
-#[allow(clippy::too_many_arguments)]
-fn propose_host(
-    method: Method,
-    logits: &[f32],
-    depth: usize,
-    vocab: usize,
-    markov: Option<&MarkovHead>,
-    anchor: u32,
-    p: &TreeParams,
-    chain_scores: bool,
-) -> Proposal {
+/// The host tree builders over `logits`, the downloaded draft logits `[d.depth, d.vocab]` of
+/// `d` (with its host Markov head).
+fn propose_host<B: Backend>(method: Method, d: &DraftLogits<'_, B>, logits: &[f32], anchor: u32, p: &TreeParams, chain_scores: bool) -> Proposal {
+    let (depth, vocab, markov) = (d.depth, d.vocab, d.markov);
     let t0 = Instant::now();
     let (tree, prep_ms, heap_ms) = match method {
         // No draft logits: `lookup` proposes in the decode loop (`super::lookup`).

@@ -315,9 +315,9 @@ impl<B: Backend> Drafter<B> {
         need.max(MIN_BLOCK_ROWS).min(c.block_size)
     }
 
-    /// One drafter forward (§2.4 / §3.5). `taps` holds the target's tapped-layer features
-    /// `[Lc, n_taps*H]` of the committed tokens at positions `cache.len .. root_pos` (so `Lc = root_pos - cache.len`);
-    /// the block is `[anchor, mask × (Bk-1)]` at positions `root_pos ..`, `Bk` =
+    /// One drafter forward (§2.4 / §3.5) of one [`DraftJob`]. `job.taps` holds the target's
+    /// tapped-layer features `[Lc, n_taps*H]` of the committed tokens at positions
+    /// `cache.len .. root_pos` (so `Lc = root_pos - cache.len`); the block is `[anchor, mask × (Bk-1)]` at positions `root_pos ..`, `Bk` =
     /// [`Drafter::block_rows`]`(depth)` (the trained block size when `depth` is the full draft
     /// depth). Returns the draft
     /// logits `[depth, V_d]` (columns are draft ids, = target ids without a reduced vocabulary)
@@ -326,26 +326,15 @@ impl<B: Backend> Drafter<B> {
     /// (shifted). A tree of `B` nodes is at most `B` deep, so the decode loop asks for
     /// `min(draft_depth, B)` rows and the output layer (a third of the drafter's cost at V_d
     /// = 8 192) runs only for those. The cache ends at `root_pos` (block K/V are discarded).
-    #[allow(clippy::too_many_arguments)]
-    pub fn draft(&self, b: &B, target: &Target<B>, cache: &mut KvCache<B>, taps: &B::Tensor, anchor: u32, root_pos: usize, depth: usize) -> Result<B::Tensor> {
-        Ok(self.draft_rows(b, target, cache, taps, anchor, root_pos, depth)?.0)
+    pub fn draft(&self, b: &B, target: &Target<B>, job: DraftJob<'_, B>) -> Result<B::Tensor> {
+        Ok(self.draft_rows(b, target, job)?.0)
     }
 
     /// [`Drafter::draft`], also returning the final-normed hidden rows `[depth, H]` the logits
     /// were projected from (the confidence head's input, [`ConfidenceHead::slot_terms`]).
     /// Errors: as [`Drafter::draft`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn draft_rows(
-        &self,
-        b: &B,
-        target: &Target<B>,
-        cache: &mut KvCache<B>,
-        taps: &B::Tensor,
-        anchor: u32,
-        root_pos: usize,
-        depth: usize,
-    ) -> Result<(B::Tensor, B::Tensor)> {
-        let mut job = [DraftJob { cache, taps, anchor, root_pos, depth }];
+    pub fn draft_rows(&self, b: &B, target: &Target<B>, job: DraftJob<'_, B>) -> Result<(B::Tensor, B::Tensor)> {
+        let mut job = [job];
         self.forward_jobs(b, target, &mut job)?.pop().ok_or_else(|| Error::Input("drafter forward returned no output".into()))
     }
 

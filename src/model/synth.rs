@@ -43,8 +43,10 @@ impl Pending {
         self.0.push((name.into(), shape.to_vec(), data));
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn layer(&mut self, rng: &mut Rng, prefix: &str, h: usize, nh: usize, nkv: usize, hd: usize, inter: usize, bias: bool, qk_norm: bool) {
+    /// One decoder layer of geometry `g` (q/k/v biases with `bias`, per-head q/k norms with
+    /// `qk_norm`) under `prefix`.
+    fn layer(&mut self, rng: &mut Rng, prefix: &str, g: &ModelGeometry, bias: bool, qk_norm: bool) {
+        let (h, nh, nkv, hd, inter) = (g.hidden, g.n_heads, g.n_kv_heads, g.head_dim, g.intermediate);
         let (q, kv) = (nh * hd, nkv * hd);
         let s = |k: usize| 1.0 / (k as f32).sqrt();
         self.add(format!("{prefix}input_layernorm.weight"), &[h], rng.norm(h));
@@ -157,7 +159,7 @@ fn random_target_tensors(cfg: &TargetConfig, seed: u64) -> Pending {
     let (v, h) = (cfg.vocab, cfg.hidden);
     t.add("model.embed_tokens.weight", &[v, h], rng.tensor(v * h, 1.0));
     for i in 0..cfg.layers {
-        t.layer(&mut rng, &format!("model.layers.{i}."), h, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate, cfg.qkv_bias, cfg.qk_norm);
+        t.layer(&mut rng, &format!("model.layers.{i}."), &cfg.geometry, cfg.qkv_bias, cfg.qk_norm);
     }
     t.add("model.norm.weight", &[h], rng.norm(h));
     if !cfg.tie_embeddings {
@@ -363,7 +365,7 @@ fn random_drafter_tensors(cfg: &DrafterConfig, target: &TargetConfig, seed: u64)
     t.add("fc.weight", &[h, nf], rng.tensor(h * nf, 1.0 / (nf as f32).sqrt()));
     t.add("hidden_norm.weight", &[h], rng.norm(h));
     for l in 0..cfg.layers {
-        t.layer(&mut rng, &format!("layers.{l}."), h, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate, false, true);
+        t.layer(&mut rng, &format!("layers.{l}."), &cfg.geometry, false, true);
     }
     t.add("norm.weight", &[h], rng.norm(h));
     let r = cfg.markov_rank;

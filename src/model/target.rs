@@ -154,23 +154,14 @@ impl<B: Backend> Target<B> {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
-    /// Run `ids` at `positions` on top of the cache (their K/V are appended at rows
-    /// `cache.len..`), with `mask` over the new block; returns logits for `rows` and, if `taps`
-    /// is non-empty, the raw outputs of those layers concatenated in the listed order. A batch
-    /// of one [`Target::forward_batch`] (the model's one layer loop).
-    /// Errors: empty input, length mismatch, cache overflow, a tap at the last layer.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
-        &self,
-        b: &B,
-        cache: &mut KvCache<B>,
-        ids: &[u32],
-        positions: &[u32],
-        mask: AttnMask<'_>,
-        rows: LogitRows,
-        taps: &[usize],
-    ) -> Result<TargetOutput<B>> {
-        let seq = SeqInput { ids, positions, mask, logits: Some(rows) };
+    /// Run `seq.ids` at `seq.positions` on top of the cache (their K/V are appended at rows
+    /// `cache.len..`), with `seq.mask` over the new block; returns logits for the rows
+    /// `seq.logits` names and, if `taps` is non-empty, the raw outputs of those layers
+    /// concatenated in the listed order. A batch of one [`Target::forward_batch`] (the model's
+    /// one layer loop).
+    /// Errors: empty input, length mismatch, cache overflow, a tap at the last layer, no logits
+    /// rows asked (`seq.logits == None`).
+    pub fn forward(&self, b: &B, cache: &mut KvCache<B>, seq: SeqInput<'_>, taps: &[usize]) -> Result<TargetOutput<B>> {
         let out = self.forward_batch(b, &mut [cache], &[seq], taps)?;
         let logits = out.logits.ok_or_else(|| Error::Input("target forward: no logits row".into()))?;
         Ok(TargetOutput { logits, taps: out.taps })

@@ -316,7 +316,7 @@ mod tests {
                 for &budget in &[1usize, 2, 5, 17, 40, 64, 100] {
                     let want = build_sparkling_reference(&base, ld, vocab, Some(&m), anchor, budget);
                     for (c, fan) in [(vocab, budget), (vocab + 7, budget + 3), (usize::MAX, usize::MAX)] {
-                        let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, fan, budget);
+                        let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, fan.min(budget));
                         assert_eq!(t.cand, (0..vocab as u32).collect::<Vec<_>>());
                         assert_eq!(t.k, budget.min(vocab));
                         let got = build_sparkling_precompute(&t, anchor, budget);
@@ -345,7 +345,7 @@ mod tests {
                 let dd = build_ddtree(&depth_topk(&base, ld, vocab, budget), 0, budget);
                 let sp = build_sparkling_reference(&base, ld, vocab, None, 0, budget);
                 assert_eq!(sp, dd, "V={vocab} ld={ld} B={budget}");
-                let t = candidate_table(&base, ld, vocab, None, 0, vocab, budget, budget);
+                let t = candidate_table(&base, ld, vocab, None, 0, vocab, budget);
                 let pc = build_sparkling_precompute(&t, 0, budget);
                 assert_eq!(pc, dd, "precompute V={vocab} ld={ld} B={budget}");
             }
@@ -378,12 +378,12 @@ mod tests {
         let m = random_head(&mut rng, vocab, 4, 1.0);
         assert_eq!(build_sparkling_reference(&base, ld, vocab, Some(&m), 3, 0), DraftTree::root(3));
         assert_eq!(build_sparkling_reference(&base, 0, vocab, Some(&m), 3, 5), DraftTree::root(3));
-        let t = candidate_table(&base, ld, vocab, Some(&m), 3, 4, 64, 0);
+        let t = candidate_table(&base, ld, vocab, Some(&m), 3, 4, 0);
         assert_eq!(t.k, 0);
         assert!(t.vals.is_empty() && t.slots.is_empty());
         assert_eq!(build_sparkling_precompute(&t, 3, 0), DraftTree::root(3));
         assert_eq!(build_sparkling_precompute(&t, 3, 5), DraftTree::root(3));
-        let t = candidate_table(&base, 0, vocab, Some(&m), 3, 4, 64, 8);
+        let t = candidate_table(&base, 0, vocab, Some(&m), 3, 4, 8);
         assert_eq!(build_sparkling_precompute(&t, 3, 8), DraftTree::root(3));
         assert!(markov_greedy_chain(&base, ld, vocab, Some(&m), 3, 0).is_empty());
     }
@@ -395,7 +395,7 @@ mod tests {
         let base = random_logits(&mut rng, ld * vocab, 3.0);
         let m = random_head(&mut rng, vocab, rank, 0.7);
         let anchor = 39u32;
-        let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 4, 10);
+        let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 4);
         // Union of per-depth top-5 plus the anchor, sorted.
         let mut want: Vec<u32> = Vec::new();
         for d in 0..ld {
@@ -430,7 +430,7 @@ mod tests {
             }
         }
         // max_fanout = 2 limits every node's children.
-        let t2 = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 2, 30);
+        let t2 = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 2);
         let tree = build_sparkling_precompute(&t2, anchor, 30);
         assert_eq!(tree.num_nodes(), 2 + 4 + 8);
         let cm = tree.child_map();
@@ -475,7 +475,7 @@ mod tests {
         let w = |rng: &mut Rng| (0..vocab * rank).map(|_| rng.below(3) as f32 - 1.0).collect::<Vec<f32>>();
         let m = MarkovHead { vocab, rank, w1: w(&mut rng), w2: w(&mut rng) };
         for (c, fan) in [(vocab, 9usize), (4, 5), (2, 64)] {
-            let t = candidate_table(&base, ld, vocab, Some(&m), 0, c, fan, 64);
+            let t = candidate_table(&base, ld, vocab, Some(&m), 0, c, fan.min(64));
             let n = t.n();
             for d in 0..ld {
                 for p in 0..n {
@@ -492,7 +492,7 @@ mod tests {
         // the exact per-row fallback must kick in.
         let base = vec![0.0f32, -90.0, -90.0, -90.0];
         let m = MarkovHead { vocab: 4, rank: 1, w1: vec![1.0; 4], w2: vec![-90.0, 0.0, -5.0, -5.0] };
-        let t = candidate_table(&base, 1, 4, Some(&m), 0, 4, 4, 4);
+        let t = candidate_table(&base, 1, 4, Some(&m), 0, 4, 4);
         for p in 0..4 {
             let want = naive_row(&base, 4, &m, &t.cand, 0, p);
             for j in 0..4 {
@@ -503,7 +503,7 @@ mod tests {
         // Large but representable spread: factorised path, still accurate.
         let base = vec![0.0f32, -30.0, -31.0, -60.0];
         let m = MarkovHead { vocab: 4, rank: 1, w1: vec![1.0, 0.5, -1.0, 2.0], w2: vec![-25.0, 0.0, 3.0, 20.0] };
-        let t = candidate_table(&base, 1, 4, Some(&m), 2, 4, 4, 4);
+        let t = candidate_table(&base, 1, 4, Some(&m), 2, 4, 4);
         for p in 0..4 {
             let want = naive_row(&base, 4, &m, &t.cand, 0, p);
             for j in 0..4 {
@@ -522,7 +522,7 @@ mod tests {
             let base = random_logits(&mut rng, ld * vocab, 3.0);
             let m = random_head(&mut rng, vocab, 3, 1.0);
             let anchor = rng.below(vocab) as u32;
-            let probe = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 1, 1);
+            let probe = candidate_table(&base, ld, vocab, Some(&m), anchor, c, 1);
             let cand = probe.cand.clone();
             let n = cand.len();
             let all: Vec<(f64, Vec<u32>)> = enumerate_prefixes(ld, n, &|path: &[u32]| {
@@ -534,7 +534,7 @@ mod tests {
             .map(|(s, p)| (s, p.iter().map(|&i| cand[i as usize]).collect()))
             .collect();
             total += check_topb(&all, 1e-5, &|b| {
-                let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, usize::MAX, b);
+                let t = candidate_table(&base, ld, vocab, Some(&m), anchor, c, b);
                 build_sparkling_precompute(&t, anchor, b)
             });
         }

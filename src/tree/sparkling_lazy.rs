@@ -194,7 +194,7 @@ mod tests {
             let head = random_head(&mut rng, vocab, 4, 1.0);
             let anchor = rng.below(vocab) as u32;
             for (c, fan, budget) in [(4usize, 3usize, 12usize), (8, 64, 32), (2, 2, 6)] {
-                let t = candidate_table(&base, ld, vocab, Some(&head), anchor, c, fan, budget);
+                let t = candidate_table(&base, ld, vocab, Some(&head), anchor, c, fan.min(budget));
                 let want = build_sparkling_precompute(&t, anchor, budget);
                 let lc = LazyCandidates::new(&base, ld, vocab, Some(&head), anchor, c);
                 assert_eq!(lc.cand, t.cand);

@@ -12,8 +12,9 @@ use super::{exp_nonpos, log_prob, log_sum_exp, row_max, topk_desc, CandidateTabl
 ///   zero bias); `anchor`: root token `< vocab`.
 /// - `c`: per-depth top-C of `U` taken into the candidate union (`c >= vocab` → the whole
 ///   vocabulary, which makes the builder reproduce [`build_sparkling_reference`] exactly);
-/// - `max_fanout`, `budget`: the table keeps `k = min(max_fanout, budget, n)` children per
-///   (depth, parent).
+/// - `k`: children kept per (depth, parent), clamped to the union size `n` (a tree of
+///   `budget` nodes with at most `max_fanout` children per node needs
+///   `min(max_fanout, budget)`).
 ///
 /// Method (with a head): gather `W1[cand]`, `W2[cand]`; compute the dense `[n, n]` bias in
 /// blocks of 4 parent rows (register-tiled, sequential-over-rank accumulation, bit-identical
@@ -32,24 +33,14 @@ use super::{exp_nonpos, log_prob, log_sum_exp, row_max, topk_desc, CandidateTabl
 /// # Panics
 /// Only on precondition violations: `base.len() < ld*vocab`, `anchor >= vocab`, or a
 /// head whose `vocab`/weights do not match.
-#[allow(clippy::too_many_arguments)]
-pub fn candidate_table(
-    base: &[f32],
-    ld: usize,
-    vocab: usize,
-    markov: Option<&MarkovHead>,
-    anchor: u32,
-    c: usize,
-    max_fanout: usize,
-    budget: usize,
-) -> CandidateTable {
+pub fn candidate_table(base: &[f32], ld: usize, vocab: usize, markov: Option<&MarkovHead>, anchor: u32, c: usize, k: usize) -> CandidateTable {
     check_inputs(base, ld, vocab, markov, anchor);
     if vocab == 0 {
         return CandidateTable { ld, ..Default::default() };
     }
     let cand = candidate_union(base, ld, vocab, anchor, c);
     let n = cand.len();
-    let k = max_fanout.min(budget).min(n);
+    let k = k.min(n);
     let mut table = CandidateTable { cand, ld, k, vals: Vec::new(), slots: Vec::new() };
     if k == 0 || ld == 0 {
         return table;

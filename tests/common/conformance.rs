@@ -27,7 +27,7 @@ use sparkling::cpu::{CpuBackend, WeightDtype as CpuDtype};
 use sparkling::decode::{Engine, Method};
 use sparkling::model::config::{DrafterKind, TargetConfig};
 use sparkling::model::synth::{tiny_target_config, write_random_target, StoreDtype};
-use sparkling::model::target::{LogitRows, Target};
+use sparkling::model::target::{LogitRows, SeqInput, Target};
 use std::path::Path;
 
 /// How the device stores an operand: identity for f32, f16/bf16 rounding otherwise.
@@ -577,7 +577,7 @@ pub fn logit_tol(row: &[f32]) -> f32 {
 pub fn last_logits<B: Backend>(b: &B, t: &Target<B>, ids: &[u32]) -> Vec<f32> {
     let mut cache = t.new_cache(b, ids.len() + 1).unwrap();
     let pos: Vec<u32> = (0..ids.len() as u32).collect();
-    let out = t.forward(b, &mut cache, ids, &pos, AttnMask::Causal, LogitRows::Last, &[]).unwrap();
+    let out = t.forward(b, &mut cache, SeqInput { ids, positions: &pos, mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[]).unwrap();
     b.download(&out.logits).unwrap()
 }
 
@@ -767,8 +767,9 @@ fn forward_pair<B: Backend>(
     parents: &[u32],
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut cache = t.new_cache(b, prompt.len() + tree_ids.len()).unwrap();
-    let pre = t.forward(b, &mut cache, prompt, pos, AttnMask::Causal, LogitRows::All, &[0, 2]).unwrap();
-    let ver = t.forward(b, &mut cache, tree_ids, tree_pos, AttnMask::Tree { parents }, LogitRows::All, &[]).unwrap();
+    let pre = t.forward(b, &mut cache, SeqInput { ids: prompt, positions: pos, mask: AttnMask::Causal, logits: Some(LogitRows::All) }, &[0, 2]).unwrap();
+    let ver =
+        t.forward(b, &mut cache, SeqInput { ids: tree_ids, positions: tree_pos, mask: AttnMask::Tree { parents }, logits: Some(LogitRows::All) }, &[]).unwrap();
     (b.download(&pre.logits).unwrap(), b.download(&ver.logits).unwrap(), b.download(pre.taps.as_ref().unwrap()).unwrap())
 }
 

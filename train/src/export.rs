@@ -23,8 +23,25 @@ pub enum ExportDtype {
     F32,
 }
 
-/// Write `params` of a drafter `cfg` (for a target of `num_target_layers` layers and context
-/// width `n_feat`) into `dir` as `config.json` + `model.safetensors`. A reduced drafter
+/// What [`write_hf`] writes: a drafter's parameters and how to store them.
+#[derive(Clone, Copy)]
+pub struct Export<'a> {
+    /// The drafter's configuration.
+    pub cfg: &'a DrafterConfig,
+    /// Layers of the target the drafter was trained for.
+    pub num_target_layers: usize,
+    /// Context width `n_feat` (tapped layers × target hidden size).
+    pub n_feat: usize,
+    /// The trained parameters.
+    pub params: &'a Params,
+    /// A reduced drafter's draft vocabulary (`None` for the full vocabulary).
+    pub draft_vocab: Option<&'a DraftVocab>,
+    /// Storage precision.
+    pub dtype: ExportDtype,
+}
+
+/// Write `e.params` of a drafter `e.cfg` (for a target of `e.num_target_layers` layers and
+/// context width `e.n_feat`) into `dir` as `config.json` + `model.safetensors`. A reduced drafter
 /// (`cfg.is_reduced()`) needs its `draft_vocab`: `config.json` then carries
 /// `draft_vocab_size` and the safetensors the map [`MAP_TENSOR`] (`[V_d]`, I64, absolute target
 /// ids; no `lm_head.weight`: the engine gathers the target's rows, models/README.md). Extra
@@ -32,18 +49,8 @@ pub enum ExportDtype {
 /// config) the written files are loaded with the engine ([`verify_with_engine`]) before they
 /// take `dir`'s place, so a checkpoint the engine refuses is never left in `dir`. Errors name
 /// the file, or the argument when the map is missing or does not match `cfg.draft_vocab`.
-#[allow(clippy::too_many_arguments)]
-pub fn write_hf(
-    dir: &Path,
-    cfg: &DrafterConfig,
-    num_target_layers: usize,
-    n_feat: usize,
-    params: &Params,
-    draft_vocab: Option<&DraftVocab>,
-    dtype: ExportDtype,
-    meta: Option<&serde_json::Value>,
-    verify_against: Option<&TargetConfig>,
-) -> Result<()> {
+pub fn write_hf(dir: &Path, e: Export<'_>, meta: Option<&serde_json::Value>, verify_against: Option<&TargetConfig>) -> Result<()> {
+    let (cfg, draft_vocab) = (e.cfg, e.draft_vocab);
     match draft_vocab {
         Some(dv) if !cfg.is_reduced() || dv.len() != cfg.draft_vocab => {
             return Err(Error::arg(
@@ -60,7 +67,7 @@ pub fn write_hf(
     // interrupted export never leaves a half-written checkpoint.
     let mut inner: Option<Error> = None;
     sparkling::fsio::publish_dir(dir, |tmp| {
-        write_hf_files(tmp, cfg, num_target_layers, n_feat, params, draft_vocab, dtype, meta)
+        write_hf_files(tmp, e, meta)
             .and_then(|()| match verify_against {
                 Some(t) => verify_with_engine(tmp, t)
                     .map(|_| ())
@@ -76,17 +83,8 @@ pub fn write_hf(
     .map_err(|e| inner.take().unwrap_or_else(|| e.into()))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn write_hf_files(
-    dir: &Path,
-    cfg: &DrafterConfig,
-    num_target_layers: usize,
-    n_feat: usize,
-    params: &Params,
-    draft_vocab: Option<&DraftVocab>,
-    dtype: ExportDtype,
-    meta: Option<&serde_json::Value>,
-) -> Result<()> {
+fn write_hf_files(dir: &Path, e: Export<'_>, meta: Option<&serde_json::Value>) -> Result<()> {
+    let Export { cfg, num_target_layers, n_feat, params, draft_vocab, dtype } = e;
     let cp = dir.join("config.json");
     let text = serde_json::to_string_pretty(&cfg.to_hf_json(num_target_layers)).map_err(|e| Error::file(&cp, e))?;
     std::fs::write(&cp, text).map_err(|e| io(&cp, e))?;

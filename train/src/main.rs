@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 use sparkling::model::config::default_target_layer_ids;
 use sparkling_train::checkpoint::{fold_ctx_scale, latest_checkpoint, load_checkpoint, load_checkpoint_scale, read_draft_vocab, read_run_config};
 use sparkling_train::error::{Error, Result};
-use sparkling_train::export::{verify_with_engine, write_hf, ExportDtype};
+use sparkling_train::export::{verify_with_engine, write_hf, Export, ExportDtype};
 use sparkling_train::gen::{self, GenOptions};
 use sparkling_train::train::{self, run_context, RunConfig, TrainControl};
 use std::path::{Path, PathBuf};
@@ -418,7 +418,7 @@ fn export(run: &Path, out: &Path, step: Option<usize>, f32: bool, force: bool) -
     let summary = std::fs::read_to_string(run.join("summary.json")).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
     let info = serde_json::json!({"run": rc, "step": step, "summary": summary, "cache_target": meta.target, "cache_source": meta.source});
     let dtype = if f32 { ExportDtype::F32 } else { ExportDtype::Bf16 };
-    write_hf(out, &dcfg, tcfg.layers, meta.width(), &params, draft_vocab.as_ref(), dtype, Some(&info), Some(&tcfg))?;
+    write_hf(out, Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: meta.width(), params: &params, draft_vocab: draft_vocab.as_ref(), dtype }, Some(&info), Some(&tcfg))?;
     let cfg = verify_with_engine(out, &tcfg)?;
     let size = std::fs::metadata(out.join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
     eprintln!(

@@ -21,10 +21,10 @@ use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::loader::open_source;
 use sparkling::model::config::{read_json, Arch, DrafterConfig, DrafterKind, TargetConfig};
 use sparkling::model::draft_vocab::DraftVocab;
-use sparkling::model::drafter::Drafter;
+use sparkling::model::drafter::{DraftJob, Drafter};
 use sparkling::model::synth::{drafter_config, tiny_target_config, write_random_target, DrafterInit, StoreDtype};
-use sparkling::model::target::{LogitRows, Target};
-use sparkling_train::export::{verify_with_engine, write_hf, ExportDtype};
+use sparkling::model::target::{LogitRows, SeqInput, Target};
+use sparkling_train::export::{verify_with_engine, write_hf, Export, ExportDtype};
 use sparkling_train::gen::load_lm_head;
 use sparkling_train::model::{BlockInput, CandleDrafter, Params};
 use sparkling_train::rng::Rng;
@@ -47,7 +47,7 @@ fn assert_close(engine: &[f32], candle: &[f32], what: &str) -> f32 {
 fn engine_taps(b: &CpuBackend, target: &Target<CpuBackend>, tokens: &[u32], taps: &[usize]) -> Vec<f32> {
     let mut cache = target.new_cache(b, tokens.len()).unwrap();
     let pos: Vec<u32> = (0..tokens.len() as u32).collect();
-    let out = target.forward(b, &mut cache, tokens, &pos, AttnMask::Causal, LogitRows::Last, taps).unwrap();
+    let out = target.forward(b, &mut cache, SeqInput { ids: tokens, positions: &pos, mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, taps).unwrap();
     b.download(&out.taps.unwrap()).unwrap()
 }
 
@@ -69,7 +69,7 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
         // Engine: fresh draft cache, whole context in one call.
         let mut dc = d.new_cache(b, s + d.cfg.block_size).unwrap();
         let ctx = b.upload(&taps[..s * nf], s, nf).unwrap();
-        let el = b.download(&d.draft(b, target, &mut dc, &ctx, tokens[s], s, d.cfg.draft_depth()).unwrap()).unwrap();
+        let el = b.download(&d.draft(b, target, DraftJob { cache: &mut dc, taps: &ctx, anchor: tokens[s], root_pos: s, depth: d.cfg.draft_depth() }).unwrap()).unwrap();
         assert_close(&el, &cl[a * depth * v..(a + 1) * depth * v], &format!("{tag} anchor {s}"));
         // Engine: the context arrives over two calls (as in decoding); the second call's logits
         // must match the candle forward over the whole context.
@@ -77,9 +77,9 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
             let s1 = s / 2;
             let mut dc = d.new_cache(b, s + d.cfg.block_size).unwrap();
             let c1 = b.upload(&taps[..s1 * nf], s1, nf).unwrap();
-            d.draft(b, target, &mut dc, &c1, tokens[s1], s1, d.cfg.draft_depth()).unwrap();
+            d.draft(b, target, DraftJob { cache: &mut dc, taps: &c1, anchor: tokens[s1], root_pos: s1, depth: d.cfg.draft_depth() }).unwrap();
             let c2 = b.upload(&taps[s1 * nf..s * nf], s - s1, nf).unwrap();
-            let el2 = b.download(&d.draft(b, target, &mut dc, &c2, tokens[s], s, d.cfg.draft_depth()).unwrap()).unwrap();
+            let el2 = b.download(&d.draft(b, target, DraftJob { cache: &mut dc, taps: &c2, anchor: tokens[s], root_pos: s, depth: d.cfg.draft_depth() }).unwrap()).unwrap();
             assert_close(&el2, &cl[a * depth * v..(a + 1) * depth * v], &format!("{tag} anchor {s} (two calls)"));
         }
     }
@@ -90,7 +90,7 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
         let s = anchors[0];
         let mut dc = d.new_cache(b, s + d.cfg.block_size).unwrap();
         let ctx = b.upload(&taps[..s * nf], s, nf).unwrap();
-        let (_, hid) = d.draft_rows(b, target, &mut dc, &ctx, tokens[s], s, depth).unwrap();
+        let (_, hid) = d.draft_rows(b, target, DraftJob { cache: &mut dc, taps: &ctx, anchor: tokens[s], root_pos: s, depth }).unwrap();
         let slot = head.slot_terms(&b.download(&hid).unwrap(), d.cfg.hidden).unwrap();
         let n = depth.min(tokens.len() - 1 - s);
         let chain = DraftTree::chain(tokens[s], &tokens[s + 1..s + 1 + n]);
@@ -172,7 +172,7 @@ fn engine_and_trainer_agree_on_random_checkpoints() {
         let params = Params::init(&dcfg, nf, seed, None).unwrap();
         randomise(&params, seed);
         let ddir = tempfile::tempdir().unwrap();
-        write_hf(ddir.path(), &dcfg, tcfg.layers, nf, &params, draft_vocab.as_ref(), ExportDtype::F32, None, None).unwrap();
+        write_hf(ddir.path(), Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: draft_vocab.as_ref(), dtype: ExportDtype::F32 }, None, None).unwrap();
         let loaded_cfg = verify_with_engine(ddir.path(), &tcfg).unwrap();
         assert_eq!(loaded_cfg, dcfg);
         let d = Drafter::load(&b, open_source(ddir.path()).unwrap().as_ref(), loaded_cfg, &tcfg).unwrap();
@@ -208,10 +208,10 @@ fn export_refuses_a_reduced_drafter_without_its_map() {
     let params = Params::init(&dcfg, nf, 1, None).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("d");
-    let e = write_hf(&out, &dcfg, tcfg.layers, nf, &params, None, ExportDtype::F32, None, None).unwrap_err().to_string();
+    let e = write_hf(&out, Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: None, dtype: ExportDtype::F32 }, None, None).unwrap_err().to_string();
     assert!(e.contains("draft vocabulary") && e.contains("no draft_to_target map"), "{e}");
     let nine = DraftVocab::from_ids(&(0..9).collect::<Vec<u32>>(), tcfg.vocab).unwrap();
-    let e = write_hf(&out, &dcfg, tcfg.layers, nf, &params, Some(&nine), ExportDtype::F32, None, None).unwrap_err().to_string();
+    let e = write_hf(&out, Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: Some(&nine), dtype: ExportDtype::F32 }, None, None).unwrap_err().to_string();
     assert!(e.contains("a map of 9 ids") && e.contains("draft_vocab_size 10"), "{e}");
     assert!(!out.exists(), "nothing is written on error");
 }
@@ -305,7 +305,7 @@ fn init_from_a_drafter_copies_it_and_matches_markov_rows_by_target_id() {
     randomise(&src, 1);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("drafter");
-    write_hf(&ckpt, &src_cfg, tcfg.layers, nf, &src, Some(&src_dv), ExportDtype::F32, None, None).unwrap();
+    write_hf(&ckpt, Export { cfg: &src_cfg, num_target_layers: tcfg.layers, n_feat: nf, params: &src, draft_vocab: Some(&src_dv), dtype: ExportDtype::F32 }, None, None).unwrap();
 
     // Another draft vocabulary, block size and seed: target ids 9 and 5 are shared, 3 is new.
     let (mut cfg, dv) = reduced(&[9, 3, 5]);
@@ -360,7 +360,7 @@ fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
     randomise(&src, 5);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("full");
-    write_hf(&ckpt, &full, tcfg.layers, nf, &src, None, ExportDtype::F32, None, None).unwrap();
+    write_hf(&ckpt, Export { cfg: &full, num_target_layers: tcfg.layers, n_feat: nf, params: &src, draft_vocab: None, dtype: ExportDtype::F32 }, None, None).unwrap();
     let scale = vec![1.0f32; nf];
     let w2 = |p: &Params| -> Vec<f32> { p.get("markov_head.markov_w2.weight").unwrap().flatten_all().unwrap().to_vec1().unwrap() };
 
@@ -385,7 +385,7 @@ fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
     let dflash = drafter_config(&tcfg, &DrafterInit { kind: DrafterKind::DFlash, markov_rank: 0, ..init.clone() });
     let fl = Params::init(&dflash, nf, 4, None).unwrap();
     let fl_dir = dir.path().join("dflash");
-    write_hf(&fl_dir, &dflash, tcfg.layers, nf, &fl, None, ExportDtype::F32, None, None).unwrap();
+    write_hf(&fl_dir, Export { cfg: &dflash, num_target_layers: tcfg.layers, n_feat: nf, params: &fl, draft_vocab: None, dtype: ExportDtype::F32 }, None, None).unwrap();
     let mut rank0 = drafter_config(&tcfg, &DrafterInit { markov_rank: 0, ..init.clone() });
     rank0.mask_token_id = dflash.mask_token_id;
     assert_eq!((rank0.kind, rank0.markov_rank), (DrafterKind::DSpark, 0));
@@ -397,7 +397,7 @@ fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
     let rsrc = Params::init(&cfg, nf, 6, None).unwrap();
     randomise(&rsrc, 6);
     let tamper = |name: &str, edit: &dyn Fn(&mut std::collections::HashMap<String, Tensor>)| -> String {
-        write_hf(&reduced_dir, &cfg, tcfg.layers, nf, &rsrc, Some(&dv), ExportDtype::F32, None, None).unwrap();
+        write_hf(&reduced_dir, Export { cfg: &cfg, num_target_layers: tcfg.layers, n_feat: nf, params: &rsrc, draft_vocab: Some(&dv), dtype: ExportDtype::F32 }, None, None).unwrap();
         let st = reduced_dir.join("model.safetensors");
         let mut all = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
         edit(&mut all);

@@ -7,7 +7,7 @@
 
 use crate::attention::{AttParams, CHUNK, MAX_HEAD_DIM, MAX_PARTIAL_FLOATS, MAX_SPLITS, THREADS};
 use crate::linear::to_i32;
-use crate::select::{cfg, TOPK_MAX};
+use crate::select::{cfg, TableLaunch, TOPK_MAX};
 use crate::tensor::{CudaTensor, CudaWeight, WeightData, WeightDtype};
 use crate::{dev, grid_1d, shape_err, to_u32, CudaBackend};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -596,7 +596,11 @@ impl Backend for CudaBackend {
         let cand_dev = self.upload_slice("markov_table", &words)?;
         let mut vals = self.alloc::<f32>("markov_table", ld * n * k)?;
         let mut slots = self.alloc::<u32>("markov_table", ld * n * k)?;
-        self.launch_markov_table("markov_table", base, markov, &cand_dev, n, k, &mut vals.slice_mut(..), &mut slots.slice_mut(..))?;
+        self.launch_markov_table(
+            TableLaunch { op: "markov_table", base, markov, cand: &cand_dev, n_max: n, k },
+            &mut vals.slice_mut(..),
+            &mut slots.slice_mut(..),
+        )?;
         Ok(CandidateTable {
             cand: cand.to_vec(),
             ld,
@@ -647,7 +651,7 @@ impl Backend for CudaBackend {
         {
             let (mut head, mut tail) = res.split_at_mut(cand_words);
             let (mut slots, mut vals) = tail.split_at_mut(table_words);
-            self.launch_markov_table(OP, base, markov, &cand, n_max, kk, &mut vals, &mut slots)?;
+            self.launch_markov_table(TableLaunch { op: OP, base, markov, cand: &cand, n_max, k: kk }, &mut vals, &mut slots)?;
             self.stream.memcpy_dtod(&cand, &mut head).map_err(dev(OP))?;
         }
         let w = self.read(OP, &res, total)?;
@@ -693,7 +697,7 @@ impl Backend for CudaBackend {
         let cand = self.launch_union(OP, base, candidates, anchor, n_max)?;
         let mut vals = self.alloc::<f32>(OP, ld * n_max * kk)?;
         let mut slots = self.alloc::<u32>(OP, ld * n_max * kk)?;
-        self.launch_markov_table(OP, base, markov, &cand, n_max, kk, &mut vals.slice_mut(..), &mut slots.slice_mut(..))?;
+        self.launch_markov_table(TableLaunch { op: OP, base, markov, cand: &cand, n_max, k: kk }, &mut vals.slice_mut(..), &mut slots.slice_mut(..))?;
         let mut heap = self.alloc::<u32>(OP, 5 * (2 * budget + 1))?;
         let mut node_slot = self.alloc::<u32>(OP, budget + 1)?;
         let mut out = self.alloc::<u32>(OP, 1 + 4 * budget)?;

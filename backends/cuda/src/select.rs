@@ -21,6 +21,22 @@ const MARKOV_SHARED_MAX_N: usize = 6144;
 /// `UNION_THREADS` of candidate_union.cu: threads of its single block.
 const UNION_THREADS: u32 = 1024;
 
+/// The inputs of one markov_table.cu launch ([`CudaBackend::launch_markov_table`]).
+pub(crate) struct TableLaunch<'a> {
+    /// The op named in errors.
+    pub(crate) op: &'static str,
+    /// Drafter logits `U [ld, V]`.
+    pub(crate) base: &'a CudaTensor,
+    /// The Markov head's `(W1, W2)`, each `[V, r]` (shapes already checked).
+    pub(crate) markov: Option<(&'a CudaTensor, &'a CudaTensor)>,
+    /// The header-word candidate buffer `[n, ids...]`.
+    pub(crate) cand: &'a CudaSlice<u32>,
+    /// Candidate capacity (`n ≤ n_max`).
+    pub(crate) n_max: usize,
+    /// Children requested per row.
+    pub(crate) k: usize,
+}
+
 pub(crate) fn cfg(blocks: u32, threads: u32) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
@@ -71,18 +87,8 @@ impl CudaBackend {
     /// blocks past n exit; the kernels use the actual n for every stride, so the `[ld, n, k']`
     /// table (`k' = min(k, n)`) is packed at the front of `vals` / `slots` (each of at least
     /// `ld·n_max·k` words). Shapes of W1/W2 must have been checked.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn launch_markov_table<V>(
-        &self,
-        op: &'static str,
-        base: &CudaTensor,
-        markov: Option<(&CudaTensor, &CudaTensor)>,
-        cand: &CudaSlice<u32>,
-        n_max: usize,
-        k: usize,
-        vals: &mut CudaViewMut<'_, V>,
-        slots: &mut CudaViewMut<'_, u32>,
-    ) -> Result<()> {
+    pub(crate) fn launch_markov_table<V>(&self, t: TableLaunch<'_>, vals: &mut CudaViewMut<'_, V>, slots: &mut CudaViewMut<'_, u32>) -> Result<()> {
+        let TableLaunch { op, base, markov, cand, n_max, k } = t;
         let (ld, vocab) = (base.rows, base.cols);
         let (v32, nmax32, k32) = (to_u32(op, "vocab", vocab)?, to_u32(op, "candidates", n_max)?, to_u32(op, "k", k)?);
         let bias = match markov {
