@@ -9,7 +9,7 @@ use crate::cache::{seq_path, CacheMeta, Sequence};
 use crate::error::{io, Error, Result};
 use half::f16;
 use indicatif::{ProgressBar, ProgressStyle};
-use sparkling::core::{AttnMask, Backend, SampleParams};
+use sparkling::core::{AttnMask, Backend, ReadBack, SampleParams};
 use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::decode::propose::{TreeParams, TreePrep};
 use sparkling::decode::{Engine, GenParams, LookupGraft, Method};

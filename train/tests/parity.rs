@@ -16,7 +16,7 @@
 //! failing under `SPARKLING_REQUIRE_ASSETS=1`).
 
 use candle_core::{Device, Tensor};
-use sparkling::core::{AttnMask, Backend, DraftTree};
+use sparkling::core::{AttnMask, Backend, DraftTree, ReadBack};
 use sparkling::cpu::{CpuBackend, WeightDtype};
 use sparkling::loader::open_source;
 use sparkling::model::config::{read_json, Arch, DrafterConfig, DrafterKind, TargetConfig};
