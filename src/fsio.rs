@@ -159,10 +159,17 @@ impl Drop for Temp {
 /// an interrupted run leaves no hidden multi-gigabyte leftovers. A run killed with
 /// SIGKILL cannot clean up: its temporaries are swept by the next run writing the same output.
 /// Call once at start-up; a second call (or a host that already handles these signals) is a
-/// no-op. Native only.
+/// no-op. A program that shuts down on its own terms (a server draining its requests) sets
+/// [`on_interrupt`] instead: the signal then calls that hook, and a second signal exits as above.
+/// Native only.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn install_interrupt_cleanup() {
     let _ = ctrlc::set_handler(|| {
+        let hook = INTERRUPT_HOOK.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = hook {
+            h();
+            return;
+        }
         // The lock is held until the process exits: no publishing rename can start meanwhile.
         // The main thread may still be writing into a temporary directory (a file it creates
         // after a removal pass makes that directory's removal fail), so the removal repeats
@@ -180,6 +187,17 @@ pub fn install_interrupt_cleanup() {
         }
         std::process::exit(130);
     });
+}
+
+/// What the next SIGINT / SIGTERM / SIGHUP does instead of cleaning up and exiting (once).
+#[cfg(not(target_arch = "wasm32"))]
+static INTERRUPT_HOOK: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>> = std::sync::Mutex::new(None);
+
+/// Let the next interrupt signal call `hook` instead of ending the process (see
+/// [`install_interrupt_cleanup`]); a later signal ends it as usual. Native only.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn on_interrupt(hook: Box<dyn FnOnce() + Send>) {
+    *INTERRUPT_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
 }
 
 fn parent_of(path: &Path) -> &Path {

@@ -21,6 +21,8 @@ pub mod fsio;
 pub mod loader;
 pub mod model;
 pub mod process;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod serve;
 pub mod tokenizer;
 pub mod tree;
 

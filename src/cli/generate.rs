@@ -43,10 +43,7 @@ pub struct GenerateArgs {
     /// round's bonus could be kept, and none in the round that writes the last token).
     /// `lookup` has no cost model: `auto` gives it chains of up to 16 tokens (2 / 4 / 6 after
     /// a 1 / 2 / 3-token match, up to 16 after a longer match: as many as matched; half as many
-    /// after a short match when sampling, T > 0). With `--lookup-drafter fallback`, `auto`
-    /// also decides whether a round's matched lookup chain is verified: only when its expected
-    /// tokens per ms beat a plain AR step's, from acceptance rates it learns per kind of match
-    /// as the answer goes (else the round goes on as one without a match).
+    /// after a short match when sampling, T > 0).
     #[arg(long, allow_negative_numbers = true)]
     pub budget: Option<String>,
     #[command(flatten)]

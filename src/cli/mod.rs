@@ -51,6 +51,7 @@ mod options;
 mod plot;
 mod profile;
 mod reduce;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use sparkling::{Error, Result};
@@ -84,6 +85,9 @@ enum Command {
     /// Make a reduced-draft-vocabulary drafter: count the target's generated tokens and keep the
     /// V_d most frequent in the drafter's output layer and Markov head (issue 12).
     ReduceVocab(reduce::ReduceVocabArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions,
+    /// streaming, continuous batching, /metrics).
+    Serve(serve::ServeArgs),
     /// List the wgpu adapters (index: name (backend, type, driver)) for `--adapter`.
     Adapters,
 }
@@ -106,6 +110,7 @@ pub fn run() -> Result<()> {
         Command::Bench(a) => a.model.threads,
         Command::Profile(a) => a.model.threads,
         Command::ReduceVocab(a) => a.model.threads,
+        Command::Serve(a) => a.model.threads,
         _ => None,
     };
     if let Some(n) = threads {
@@ -124,6 +129,8 @@ pub fn run() -> Result<()> {
         Command::Profile(a) => profile::run(a),
         Command::ReduceVocab(a) => reduce::run(a),
         Command::Adapters => load::list_adapters(),
+        // The server's engine thread and HTTP runtime are its own threads.
+        Command::Serve(a) => serve::run(a),
     })
 }
 

@@ -45,17 +45,60 @@ impl ChatTemplate {
     /// system or user message) rather than template markup; [`ChatTemplate::render`] is their
     /// concatenation.
     pub fn pieces<'m>(&'m self, user: &'m str, system: Option<&'m str>) -> Vec<(&'m str, bool)> {
+        let mut msgs = Vec::with_capacity(2);
+        if let Some(sys) = system {
+            msgs.push(Message { role: Role::System, content: sys });
+        }
+        msgs.push(Message { role: Role::User, content: user });
+        self.message_pieces(&msgs)
+    }
+
+    /// A conversation (system / user / assistant turns, oldest first) rendered as pieces, with
+    /// the generation prompt (the assistant header) at the end: the family's default system
+    /// message first when the conversation has none; each piece flagged `true` when it is
+    /// message text rather than template markup.
+    pub fn message_pieces<'m>(&'m self, messages: &[Message<'m>]) -> Vec<(&'m str, bool)> {
         let ChatTemplate::ChatMl { default_system, qwen3_no_think } = self;
         let mut p = Vec::new();
-        if let Some(sys) = system.or(default_system.as_deref()) {
-            p.extend([("<|im_start|>system\n", false), (sys, true), ("<|im_end|>\n", false)]);
+        if !messages.iter().any(|m| m.role == Role::System) {
+            if let Some(sys) = default_system.as_deref() {
+                p.extend([("<|im_start|>system\n", false), (sys, true), ("<|im_end|>\n", false)]);
+            }
         }
-        p.extend([("<|im_start|>user\n", false), (user, true), ("<|im_end|>\n<|im_start|>assistant\n", false)]);
+        for m in messages {
+            let header = match m.role {
+                Role::System => "<|im_start|>system\n",
+                Role::User => "<|im_start|>user\n",
+                Role::Assistant => "<|im_start|>assistant\n",
+            };
+            p.extend([(header, false), (m.content, true), ("<|im_end|>\n", false)]);
+        }
+        p.push(("<|im_start|>assistant\n", false));
         if *qwen3_no_think {
             p.push(("<think>\n\n</think>\n\n", false));
         }
         p
     }
+}
+
+/// Who wrote a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Instructions for the assistant.
+    System,
+    /// The user's turn.
+    User,
+    /// An earlier answer of the assistant.
+    Assistant,
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message<'m> {
+    /// Its author.
+    pub role: Role,
+    /// Its text.
+    pub content: &'m str,
 }
 
 /// A tokenizer with its chat template and stop tokens.
@@ -130,16 +173,27 @@ impl TextTokenizer {
     /// own turn or forge another role's. Messages without such strings encode exactly as the
     /// rendered template does.
     pub fn encode_chat(&self, user: &str, system: Option<&str>) -> Result<Vec<u32>> {
-        let pieces = self.template.pieces(user, system);
+        self.encode_pieces(&self.template.pieces(user, system))
+    }
+
+    /// Encode a conversation with the template ([`ChatTemplate::message_pieces`]), message
+    /// text as data exactly as [`TextTokenizer::encode_chat`] encodes it. Errors: tokenizer
+    /// failures.
+    pub fn encode_messages(&self, messages: &[Message<'_>]) -> Result<Vec<u32>> {
+        self.encode_pieces(&self.template.message_pieces(messages))
+    }
+
+    fn encode_pieces(&self, pieces: &[(&str, bool)]) -> Result<Vec<u32>> {
         let specials: Vec<String> = self.inner.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
         let forged = pieces.iter().any(|&(text, message)| message && specials.iter().any(|sp| text.contains(sp.as_str())));
         if !forged {
-            return self.encode_raw(&self.template.render(user, system));
+            let rendered: String = pieces.iter().map(|&(text, _)| text).collect();
+            return self.encode_raw(&rendered);
         }
         let mut literal = self.inner.clone();
         literal.set_encode_special_tokens(true);
         let mut ids = Vec::new();
-        for (text, message) in pieces {
+        for &(text, message) in pieces {
             let t = if message { &literal } else { &self.inner };
             ids.extend_from_slice(t.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?.get_ids());
         }
