@@ -63,6 +63,23 @@ pub struct ModelGeometry {
 }
 
 impl ModelGeometry {
+    /// The geometry of a `config.json` whose vocabulary, hidden size, layer and head counts
+    /// were read already; the rest from its keys (`num_key_value_heads` defaults to the heads,
+    /// `head_dim` to hidden / heads, `rms_norm_eps` to 1e-6).
+    fn from_hf(k: &Keys<'_>, vocab: usize, hidden: usize, layers: usize, n_heads: usize) -> Result<ModelGeometry> {
+        Ok(ModelGeometry {
+            vocab,
+            hidden,
+            layers,
+            n_heads,
+            n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
+            head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
+            intermediate: k.usize("intermediate_size")?,
+            rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
+            rope_theta: k.rope_theta()?,
+        })
+    }
+
     /// Every value that sizes something: positive, in range, consistent (`derived_head_dim`:
     /// head_dim was not given, so the heads must divide the hidden size).
     fn validate(&self, c: &Check<'_>, derived_head_dim: bool) -> Result<()> {
@@ -72,21 +89,22 @@ impl ModelGeometry {
     }
 
     /// The HF `config.json` keys of the geometry (RoPE aside: its spelling depends on the
-    /// checkpoint kind).
-    fn hf_json(&self) -> serde_json::Map<String, Value> {
-        [
-            ("vocab_size", serde_json::json!(self.vocab)),
-            ("hidden_size", serde_json::json!(self.hidden)),
-            ("num_hidden_layers", serde_json::json!(self.layers)),
-            ("num_attention_heads", serde_json::json!(self.n_heads)),
-            ("num_key_value_heads", serde_json::json!(self.n_kv_heads)),
-            ("head_dim", serde_json::json!(self.head_dim)),
-            ("intermediate_size", serde_json::json!(self.intermediate)),
-            ("rms_norm_eps", serde_json::json!(self.rms_eps)),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
+    /// checkpoint kind), with the keys of the JSON object `extra` added.
+    fn hf_json(&self, extra: Value) -> Value {
+        let mut v = serde_json::json!({
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.n_heads,
+            "num_key_value_heads": self.n_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "rms_norm_eps": self.rms_eps,
+        });
+        if let (Value::Object(o), Value::Object(e)) = (&mut v, extra) {
+            o.extend(e);
+        }
+        v
     }
 }
 
@@ -148,31 +166,26 @@ pub struct DrafterConfig {
     pub reduced: bool,
 }
 
-impl std::ops::Deref for TargetConfig {
-    type Target = ModelGeometry;
-    fn deref(&self) -> &ModelGeometry {
-        &self.geometry
-    }
+/// `Deref` / `DerefMut` from a config to its [`ModelGeometry`], so the shared fields read as the
+/// config's own (`cfg.hidden`).
+macro_rules! deref_geometry {
+    ($($config:ty),*) => {$(
+        impl std::ops::Deref for $config {
+            type Target = ModelGeometry;
+            fn deref(&self) -> &ModelGeometry {
+                &self.geometry
+            }
+        }
+
+        impl std::ops::DerefMut for $config {
+            fn deref_mut(&mut self) -> &mut ModelGeometry {
+                &mut self.geometry
+            }
+        }
+    )*};
 }
 
-impl std::ops::DerefMut for TargetConfig {
-    fn deref_mut(&mut self) -> &mut ModelGeometry {
-        &mut self.geometry
-    }
-}
-
-impl std::ops::Deref for DrafterConfig {
-    type Target = ModelGeometry;
-    fn deref(&self) -> &ModelGeometry {
-        &self.geometry
-    }
-}
-
-impl std::ops::DerefMut for DrafterConfig {
-    fn deref_mut(&mut self) -> &mut ModelGeometry {
-        &mut self.geometry
-    }
-}
+deref_geometry!(TargetConfig, DrafterConfig);
 
 impl DrafterConfig {
     /// Number of draft depths one forward proposes: Bk-1 (DFlash) or Bk (DSpark).
@@ -408,17 +421,7 @@ impl TargetConfig {
         let derived_head_dim = v.get("head_dim").is_none_or(Value::is_null);
         let cfg = TargetConfig {
             arch,
-            geometry: ModelGeometry {
-                vocab: k.usize("vocab_size")?,
-                hidden,
-                layers: k.usize("num_hidden_layers")?,
-                n_heads,
-                n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
-                head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
-                intermediate: k.usize("intermediate_size")?,
-                rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
-                rope_theta: k.rope_theta()?,
-            },
+            geometry: ModelGeometry::from_hf(&k, k.usize("vocab_size")?, hidden, k.usize("num_hidden_layers")?, n_heads)?,
             tie_embeddings: k.bool_or("tie_word_embeddings", false)?,
             qkv_bias: k.bool_or("attention_bias", arch == Arch::Qwen2)?,
             qk_norm: arch == Arch::Qwen3,
@@ -519,29 +522,17 @@ impl TargetConfig {
 
     /// The HF `config.json` for this target (used by `synth` / tests writing random models).
     pub fn to_hf_json(&self) -> Value {
-        let mut o = self.geometry.hf_json();
-        o.extend(
-            [
-                (
-                    "architectures",
-                    serde_json::json!([match self.arch {
-                        Arch::Llama => "LlamaForCausalLM",
-                        Arch::Qwen2 => "Qwen2ForCausalLM",
-                        Arch::Qwen3 => "Qwen3ForCausalLM",
-                    }]),
-                ),
-                ("model_type", serde_json::json!(self.arch.name())),
-                ("rope_theta", serde_json::json!(self.rope_theta)),
-                ("tie_word_embeddings", serde_json::json!(self.tie_embeddings)),
-                ("attention_bias", serde_json::json!(self.qkv_bias)),
-                ("max_position_embeddings", serde_json::json!(self.max_positions)),
-                ("bos_token_id", serde_json::json!(self.bos)),
-                ("eos_token_id", serde_json::json!(self.eos)),
-                ("hidden_act", serde_json::json!("silu")),
-            ]
-            .map(|(k, v)| (k.to_string(), v)),
-        );
-        Value::Object(o)
+        self.geometry.hf_json(serde_json::json!({
+            "architectures": [match self.arch { Arch::Llama => "LlamaForCausalLM", Arch::Qwen2 => "Qwen2ForCausalLM", Arch::Qwen3 => "Qwen3ForCausalLM" }],
+            "model_type": self.arch.name(),
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_embeddings,
+            "attention_bias": self.qkv_bias,
+            "max_position_embeddings": self.max_positions,
+            "bos_token_id": self.bos,
+            "eos_token_id": self.eos,
+            "hidden_act": "silu",
+        }))
     }
 }
 
@@ -608,17 +599,7 @@ impl DrafterConfig {
         let derived_head_dim = v.get("head_dim").is_none_or(Value::is_null);
         let cfg = DrafterConfig {
             kind,
-            geometry: ModelGeometry {
-                hidden,
-                layers,
-                n_heads,
-                n_kv_heads: k.usize_or("num_key_value_heads", n_heads)?,
-                head_dim: k.usize_or("head_dim", hidden / n_heads.max(1))?,
-                intermediate: k.usize("intermediate_size")?,
-                rms_eps: k.f32_or("rms_norm_eps", 1e-6)?,
-                rope_theta: k.rope_theta()?,
-                vocab: k.usize("vocab_size")?,
-            },
+            geometry: ModelGeometry::from_hf(&k, k.usize("vocab_size")?, hidden, layers, n_heads)?,
             draft_vocab: match v.get("draft_vocab_size") {
                 None | Some(Value::Null) => k.usize("vocab_size")?,
                 Some(_) => k.usize("draft_vocab_size")?,
@@ -644,18 +625,15 @@ impl DrafterConfig {
 
     /// The HF `config.json` of this drafter, in the spelling its kind uses.
     pub fn to_hf_json(&self, num_target_layers: usize) -> Value {
-        let mut o = self.geometry.hf_json();
-        o.extend(
-            [
-                ("model_type", serde_json::json!("qwen3")),
-                ("block_size", serde_json::json!(self.block_size)),
-                ("num_target_layers", serde_json::json!(num_target_layers)),
-                ("hidden_act", serde_json::json!("silu")),
-                ("attention_bias", serde_json::json!(false)),
-                ("max_position_embeddings", serde_json::json!(32768)),
-            ]
-            .map(|(k, v)| (k.to_string(), v)),
-        );
+        let mut v = self.geometry.hf_json(serde_json::json!({
+            "model_type": "qwen3",
+            "block_size": self.block_size,
+            "num_target_layers": num_target_layers,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "max_position_embeddings": 32768,
+        }));
+        let o = v.as_object_mut().expect("json object literal");
         if self.is_reduced() {
             o.insert("draft_vocab_size".into(), serde_json::json!(self.draft_vocab));
         }
@@ -676,7 +654,7 @@ impl DrafterConfig {
                 o.insert("confidence_head_with_markov".into(), serde_json::json!(self.confidence_head));
             }
         }
-        Value::Object(o)
+        v
     }
 }
 
