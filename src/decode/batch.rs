@@ -639,6 +639,10 @@ impl<'a, B: Backend> Batch<'a, B> {
                 overhead_ms: compact_ms + ms(tp),
                 decision: r.decision.as_ref(),
                 reached,
+                chain: match &r.plan {
+                    Plan::Chain(c) => Some(c.len()),
+                    _ => None,
+                },
             });
         }
         s.stats.verify_ms += forward_ms;

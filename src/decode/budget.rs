@@ -53,7 +53,7 @@ use web_time::Instant;
 /// How many nodes a round verifies: a fixed budget, or chosen per round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BudgetChoice {
-    /// `--budget auto`: chosen per round, up to [`auto_max_budget`].
+    /// `--budget auto`: chosen per round, up to [`super::Platform::auto_max_budget`].
     Auto,
     /// `--budget N`: every round builds (up to) N non-root nodes.
     Fixed(usize),

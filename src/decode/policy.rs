@@ -73,6 +73,8 @@ pub struct Observed<'a> {
     pub decision: Option<&'a Decision>,
     /// Accepted non-root nodes.
     pub reached: usize,
+    /// The length of the lookup chain the round verified alone ([`Plan::Chain`]), if it did.
+    pub chain: Option<usize>,
 }
 
 /// One sequence's round policy (module docs).
@@ -96,6 +98,13 @@ pub trait RoundPolicy: Send {
     /// Learn from a verified round.
     fn observe(&mut self, round: &Observed<'_>) {
         let _ = round;
+    }
+
+    /// The predicted time of a round that verifies `rows` rows, ms, at the load of the last
+    /// planned round — where the policy has a cost model (`--budget auto`); `None` otherwise.
+    fn round_ms(&self, rows: usize) -> Option<f64> {
+        let _ = rows;
+        None
     }
 
     /// The `--budget auto` state to hand to the next generation ([`super::Generation::auto_state`]).
@@ -149,6 +158,10 @@ impl RoundPolicy for Auto {
         self.confidence
     }
 
+    fn round_ms(&self, rows: usize) -> Option<f64> {
+        Some(self.state.verify_ms(rows) + self.state.round_ms())
+    }
+
     fn observe(&mut self, r: &Observed<'_>) {
         let drafted = r.decision.map(|d| (&d.raw_mass[..], r.reached));
         self.state.observe_rows(r.other_rows, r.rows, r.verify_ms, r.overhead_ms, drafted);
@@ -182,18 +195,41 @@ impl RoundPolicy for PromptLookup {
 /// is grafted onto the drafted tree, or, with `skip_drafter`, a round whose lookup matched
 /// verifies the chain alone. A round the inner policy plans as an AR step still verifies a
 /// chain that matched.
+///
+/// Under load (other sequences' rows in the same forward) and with an inner policy that has a
+/// cost model (`--budget auto`), a chain verified alone is cut to the prefix with the most
+/// expected tokens per ms, from its positions' acceptance learnt on this sequence's chain
+/// rounds ([`ChainRates`]); a chain not worth one row leaves the round to the inner policy.
+/// Alone, the chain is verified whole (a per-position rule measured neutral there,
+/// BENCHMARKS.md §38).
 pub struct Graft<P> {
     /// The drafter's policy.
     pub inner: P,
     /// The graft's length and skip rule.
     pub rule: LookupGraft,
+    /// Acceptance of the chains verified alone, by position.
+    pub rates: ChainRates,
+}
+
+impl<P> Graft<P> {
+    /// `inner` with the lookup rule `rule`.
+    pub fn new(inner: P, rule: LookupGraft) -> Self {
+        Graft { inner, rule, rates: ChainRates::default() }
+    }
 }
 
 impl<P: RoundPolicy> RoundPolicy for Graft<P> {
     fn plan(&mut self, ctx: &RoundCtx<'_>) -> Plan {
-        let chain = lookup::round_chain(ctx.prompt, ctx.out, self.rule.len, ctx.params);
+        let mut chain = lookup::round_chain(ctx.prompt, ctx.out, self.rule.len, ctx.params);
         if !chain.is_empty() && self.rule.skip_drafter {
-            return Plan::Chain(chain);
+            if ctx.other_rows > 0 {
+                if let Some(n) = self.rates.worth(chain.len(), &|rows| self.inner.round_ms(rows)) {
+                    chain.truncate(n);
+                }
+            }
+            if !chain.is_empty() {
+                return Plan::Chain(chain);
+            }
         }
         match self.inner.plan(ctx) {
             Plan::Draft { depth, .. } => Plan::Draft { depth, graft: chain },
@@ -211,11 +247,80 @@ impl<P: RoundPolicy> RoundPolicy for Graft<P> {
     }
 
     fn observe(&mut self, round: &Observed<'_>) {
+        if let Some(n) = round.chain {
+            self.rates.observe(n, round.reached);
+        }
         self.inner.observe(round)
+    }
+
+    fn round_ms(&self, rows: usize) -> Option<f64> {
+        self.inner.round_ms(rows)
     }
 
     fn into_auto_state(self: Box<Self>) -> Option<AutoState> {
         Box::new(self.inner).into_auto_state()
+    }
+}
+
+/// Positions of a lookup chain whose acceptance [`ChainRates`] tracks (later ones share the
+/// last).
+pub const CHAIN_POSITIONS: usize = 16;
+
+/// The acceptance of lookup chains by position: `q[i]` = P(token `i` of the chain is accepted |
+/// the tokens before it were), counts decayed by 0.98 per observation and started from a prior
+/// of 2 pseudo-observations at 0.7.
+#[derive(Debug, Clone, Default)]
+pub struct ChainRates {
+    tried: Vec<f64>,
+    kept: Vec<f64>,
+}
+
+impl ChainRates {
+    const DECAY: f64 = 0.98;
+    const PRIOR: (f64, f64) = (2.0, 0.7);
+
+    /// `q[i]`.
+    pub fn rate(&self, i: usize) -> f64 {
+        let i = i.min(CHAIN_POSITIONS - 1);
+        let (w, p) = Self::PRIOR;
+        (self.kept.get(i).copied().unwrap_or(0.0) + w * p) / (self.tried.get(i).copied().unwrap_or(0.0) + w)
+    }
+
+    /// Count a chain of `len` tokens verified alone whose first `reached` tokens were accepted.
+    pub fn observe(&mut self, len: usize, reached: usize) {
+        if self.tried.is_empty() {
+            self.tried = vec![0.0; CHAIN_POSITIONS];
+            self.kept = vec![0.0; CHAIN_POSITIONS];
+        }
+        for i in 0..CHAIN_POSITIONS {
+            self.tried[i] *= Self::DECAY;
+            self.kept[i] *= Self::DECAY;
+        }
+        for i in 0..len.min(reached + 1) {
+            let k = i.min(CHAIN_POSITIONS - 1);
+            self.tried[k] += 1.0;
+            if i < reached {
+                self.kept[k] += 1.0;
+            }
+        }
+    }
+
+    /// The chain prefix (of at most `len` tokens) with the most expected tokens per ms, by the
+    /// policy's round time `ms(rows)` (`1 + n` rows for `n` chain tokens); 0 when a plain AR
+    /// step does better. `None` without a cost model.
+    pub fn worth(&self, len: usize, ms: &dyn Fn(usize) -> Option<f64>) -> Option<usize> {
+        let ar = 1.0 / ms(1)?.max(1e-9);
+        let (mut best, mut best_rate) = (0, ar);
+        let (mut e, mut reach) = (1.0, 1.0);
+        for n in 1..=len {
+            reach *= self.rate(n - 1);
+            e += reach;
+            let r = e / ms(1 + n)?.max(1e-9);
+            if r > best_rate {
+                (best, best_rate) = (n, r);
+            }
+        }
+        Some(best)
     }
 }
 
@@ -226,7 +331,7 @@ impl<P: RoundPolicy> RoundPolicy for Graft<P> {
 pub fn for_params(p: &GenParams, drafter: bool, lookup_len: usize, auto: Option<AutoState>) -> Box<dyn RoundPolicy> {
     fn graft<P: RoundPolicy + 'static>(inner: P, rule: LookupGraft) -> Box<dyn RoundPolicy> {
         if rule.len > 0 {
-            Box::new(Graft { inner, rule })
+            Box::new(Graft::new(inner, rule))
         } else {
             Box::new(inner)
         }
@@ -271,6 +376,21 @@ mod tests {
         p.lookup.skip_drafter = false;
         let mut pol = for_params(&p, true, 0, None);
         assert_eq!(pol.plan(&ctx(&p, &[5, 6, 7, 8], &[5, 6])), Plan::Draft { depth: 4, graft: vec![7, 8] });
+    }
+
+    #[test]
+    fn chain_rates_cut_a_chain_to_the_prefix_worth_its_rows() {
+        let mut r = ChainRates::default();
+        // Chains of 6 whose first two tokens are kept, the third never.
+        for _ in 0..200 {
+            r.observe(6, 2);
+        }
+        assert!(r.rate(0) > 0.95 && r.rate(1) > 0.95 && r.rate(2) < 0.05);
+        // Each row costs a tenth of an AR step: the two kept tokens pay, the rest do not.
+        assert_eq!(r.worth(6, &|rows| Some(10.0 + (rows - 1) as f64)), Some(2));
+        // Each row costs a whole AR step: nothing pays.
+        assert_eq!(r.worth(6, &|rows| Some(10.0 * rows as f64)), Some(0));
+        assert_eq!(r.worth(6, &|_| None), None);
     }
 
     #[test]
