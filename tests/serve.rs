@@ -349,6 +349,34 @@ fn concurrent_requests_equal_generate_and_a_disconnect_cancels() {
     }
 }
 
+/// A full queue answers 429 with Retry-After; the requests in flight are unaffected.
+#[test]
+fn a_full_queue_is_429() {
+    let f = fixture();
+    let addr = start(&f, ServeOptions { max_batch: 1, max_queue: 1, ..opts() });
+    let long = || json!({"prompt": "q", "max_tokens": 3000, "sparkling": {"method": "ar"}});
+    let metric = |name: &str| -> f64 {
+        let (_, _, m) = http(addr, "GET", "/metrics", None, &[]);
+        String::from_utf8(m).unwrap().lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|x| x.parse().ok()).unwrap_or(-1.0)
+    };
+    let a = std::thread::spawn(move || post(addr, "/v1/completions", &long()).0);
+    let t0 = Instant::now();
+    while metric("sparkling:num_requests_running ") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let b = std::thread::spawn(move || post(addr, "/v1/completions", &long()).0);
+    while metric("sparkling:num_requests_waiting ") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the second request never queued");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (st, headers, body) = http(addr, "POST", "/v1/completions", Some(long().to_string().as_bytes()), &[]);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((st, v["error"]["type"].as_str()), (429, Some("rate_limit_error")), "{v}");
+    assert!(headers.iter().any(|(k, v)| k == "retry-after" && v == "1"), "{headers:?}");
+    assert_eq!((a.join().unwrap(), b.join().unwrap()), (200, 200));
+}
+
 /// The binary: SIGTERM makes new requests 503 while the one in flight finishes, then the
 /// process exits 0.
 #[test]
