@@ -28,9 +28,9 @@ pub enum TreePrep {
     /// the lazy-row builder, cheapest on a CPU).
     Host,
     /// Select on the device and download only what the heap reads: `ddtree` per-depth
-    /// [`Backend::topk`]; `sparkling` the whole tree from [`Backend::sparkling_tree`] where the
+    /// [`Backend::topk_async`]; `sparkling` the whole tree from [`Backend::sparkling_tree_async`] where the
     /// backend offers it (wgpu, CUDA: top-C → union → Markov table → best-first heap on the
-    /// device, one read-back of the `budget` nodes), else [`Backend::candidate_table`] (one
+    /// device, one read-back of the `budget` nodes), else [`Backend::candidate_table_async`] (one
     /// read-back on a device, `topk` + `markov_table` with the default) → host precompute heap
     /// (reference §5.2 c); `dflash` device argmax. `dspark` and `treespark` still read the full
     /// logits (sequential Markov chain / TreeSpark policy run on the host).
@@ -175,7 +175,7 @@ pub async fn propose<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, 
 
 /// [`propose`], with path log-probabilities in the chains' `scores` when `chain_scores` (the
 /// `--budget auto` policy needs them; trees always carry theirs): `dflash` the running sum of
-/// each depth's top-1 log-probability (device: a top-1 [`Backend::topk`] instead of the argmax),
+/// each depth's top-1 log-probability (device: a top-1 [`Backend::topk_async`] instead of the argmax),
 /// `dspark` of the Markov-conditioned ones. Same tokens either way.
 pub async fn propose_scored<B: Backend>(b: &B, method: Method, d: &DraftLogits<'_, B>, anchor: u32, p: &TreeParams, chain_scores: bool) -> Result<Proposal> {
     let Some(map) = d.map else { return propose_ids(b, method, d, anchor, p, chain_scores).await };

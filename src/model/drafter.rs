@@ -280,7 +280,7 @@ impl<B: Backend> Drafter<B> {
         self.cfg.draft_vocab
     }
 
-    /// The Markov head's `(W1, W2)` in draft ids as device tensors `[V_d, r]` for [`Backend::markov_table`]
+    /// The Markov head's `(W1, W2)` in draft ids as device tensors `[V_d, r]` for [`Backend::markov_table_async`]
     /// (uploaded once, on first call; `None` without a Markov head). Errors: upload failure.
     pub fn markov_device(&self, b: &B) -> Result<Option<(&B::Tensor, &B::Tensor)>> {
         let Some(m) = &self.markov else { return Ok(None) };
@@ -479,7 +479,7 @@ impl<B: Backend> Drafter<B> {
 #[cfg(target_arch = "wasm32")]
 fn ready_now<F: std::future::Future>(f: F) -> Option<F::Output> {
     let mut f = std::pin::pin!(f);
-    match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+    match std::future::Future::poll(f.as_mut(), &mut std::task::Context::from_waker(std::task::Waker::noop())) {
         std::task::Poll::Ready(v) => Some(v),
         std::task::Poll::Pending => None,
     }

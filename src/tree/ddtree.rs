@@ -34,7 +34,7 @@ struct Entry {
 ///
 /// # Panics
 /// Never, for a `top` whose `ids`/`vals` have equal lengths that are a multiple of `k` and
-/// with one `lse` per row (as produced by [`super::depth_topk`] and `Backend::topk`); shorter
+/// with one `lse` per row (as produced by [`super::depth_topk`] and `Backend::topk_async`); shorter
 /// ones are an out-of-bounds precondition violation.
 pub fn build_ddtree(top: &TopK, anchor: u32, budget: usize) -> DraftTree {
     let ld = top.rows();

@@ -102,7 +102,7 @@ pub struct RaggedSeq<'a, T> {
     pub mask: AttnMask<'a>,
 }
 
-/// Per-row sampling parameters for [`Backend::sample`].
+/// Per-row sampling parameters for [`Backend::sample_async`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleParams {
     /// Temperature; `< 1e-5` means argmax.

@@ -198,7 +198,7 @@ pub fn topk_row(row: &[f32], k: usize, out: &mut TopK) {
     out.lse.push(log_sum_exp(row) as f32);
 }
 
-/// [`crate::Backend::topk`] on host logits `[rows, cols]`: raw values and the [`log_sum_exp`] (f64)
+/// [`crate::Backend::topk_async`] on host logits `[rows, cols]`: raw values and the [`log_sum_exp`] (f64)
 /// rounded to f32. Errors: `k == 0` ([`Error::Invalid`]); `logits` shorter than `rows·cols`
 /// ([`Error::Shape`]).
 pub fn topk(logits: &[f32], rows: usize, cols: usize, k: usize) -> Result<TopK> {
@@ -267,7 +267,7 @@ pub fn markov_table_row(u: &[f32], bias: Option<&[f32]>, vals: &mut [f32], slots
     }
 }
 
-/// The Markov candidate table of [`crate::Backend::markov_table`] by direct per-row evaluation
+/// The Markov candidate table of [`crate::Backend::markov_table_async`] by direct per-row evaluation
 /// ([`markov_bias_row`], [`markov_table_row`]), one row after another. `base` is
 /// `[ld, vocab]`; `markov` is `(W1, W2, rank)` with `[vocab, rank]` matrices.
 /// Preconditions (see [`check_markov_table_args`]): ids `< vocab`, `1 ≤ k ≤ cand.len()`.
@@ -290,7 +290,7 @@ pub fn markov_table(base: &[f32], ld: usize, vocab: usize, markov: Option<(&[f32
     CandidateTable { cand: cand.to_vec(), ld, k, vals, slots }
 }
 
-/// Argument checks of [`crate::Backend::markov_table`] shared by the backends: candidates
+/// Argument checks of [`crate::Backend::markov_table_async`] shared by the backends: candidates
 /// non-empty, ascending, distinct and `< vocab`; `k ≥ 1`; W1 and W2 (given as `(rows, cols)`)
 /// both `[vocab, r]` with `r ≥ 1`.
 pub fn check_markov_table_args(vocab: usize, markov: Option<((usize, usize), (usize, usize))>, cand: &[u32], k: usize) -> Result<()> {
@@ -311,7 +311,7 @@ pub fn check_markov_table_args(vocab: usize, markov: Option<((usize, usize), (us
     Ok(())
 }
 
-/// Argument checks of [`crate::Backend::candidate_table`], shared by every implementation:
+/// Argument checks of [`crate::Backend::candidate_table_async`], shared by every implementation:
 /// `k ≥ 1`, `candidates ≥ 1` and `anchor < vocab`, else [`Error::Invalid`] naming the argument.
 pub fn check_candidate_table_args(vocab: usize, candidates: usize, anchor: u32, k: usize) -> Result<()> {
     if k == 0 {

@@ -231,7 +231,7 @@ impl DraftTree {
     }
 }
 
-/// Per-row top-k with each row's normaliser: what [`crate::Backend::topk`] returns and what the
+/// Per-row top-k with each row's normaliser: what [`crate::Backend::topk_async`] returns and what the
 /// DDTree builder consumes (design §3; DDTree §5.1 step 2). Row `d` of draft logits describes
 /// depth `d + 1`.
 ///
@@ -273,7 +273,7 @@ impl TopK {
 }
 
 /// The SparklingTree candidate union and its Markov transition table (reference §5.2 b–c):
-/// what [`crate::Backend::candidate_table`] and [`crate::Backend::markov_table`] return and what
+/// what [`crate::Backend::candidate_table_async`] and [`crate::Backend::markov_table_async`] return and what
 /// the precompute heap (`sparkling::tree::build_sparkling_precompute`) consumes.
 ///
 /// `n = cand.len()`. For depth row `d in 0..ld` (feeding depth `d + 1` nodes) and parent slot
