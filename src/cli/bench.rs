@@ -229,6 +229,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.tree.no_confidence && !budget_choices(&a)?.contains(&BudgetChoice::Auto) {
         return Err(Error::Input("--no-confidence is read by `--budgets auto` only: add auto to --budgets, or leave --no-confidence out".into()));
     }
+    a.tree.note_no_confidence();
     if a.batch.is_empty() {
         super::refuse_unused_options(&options, &methods, &format!("--methods {}", names.join(",")))?;
     } else {
@@ -486,7 +487,7 @@ fn bench<B: Backend>(m: Loaded<B>, methods: &[Method], a: &BenchArgs, texts: &[(
         }));
     }
     dash_legend(&mut table);
-    let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "confidence_head": !a.tree.no_confidence, "rows": json_rows});
+    let v = serde_json::json!({"prompts": prompts.len(), "max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "rows": json_rows});
     super::save_json_then_print(a.json.as_deref(), &v, &table)
 }
 

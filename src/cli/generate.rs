@@ -164,9 +164,6 @@ pub fn gen_params(
         stop: dec.stop,
         ..d
     };
-    if let Some(ab) = p.auto_budget.as_mut() {
-        ab.confidence = !tree.no_confidence;
-    }
     if method.drafter_kind().is_some() {
         p.lookup = lookup_graft(method, lookup, tree.lookup_drafter, platform)?;
     }
@@ -293,6 +290,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             ));
         }
     }
+    a.tree.note_no_confidence();
     if method.drafter_kind().is_some() {
         // Bad values before loading.
         lookup_graft(method, lookup, a.tree.lookup_drafter, &Platform::HOST)?;

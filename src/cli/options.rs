@@ -329,11 +329,11 @@ impl From<DtypeArg> for StoreDtype {
 /// `generate --budget`, `bench --budgets`, `profile --budget`).
 #[derive(Args, Debug, Clone, Default)]
 pub struct TreeArgs {
-    /// `--budget auto` only: ignore the drafter's DSpark confidence head and predict each
-    /// node's acceptance from its calibrated path probability alone (the head, where a drafter
-    /// has one, otherwise weighs every node by the product of the predicted acceptance rates
-    /// on its path, taken relative to their running level at that depth).
-    #[arg(long)]
+    /// No effect, kept so that earlier command lines run: `--budget auto` no longer weighs its
+    /// predictions by the drafter's DSpark confidence head (measured neutral, BENCHMARKS §26 c),
+    /// so it always predicts from the calibrated path probabilities. Accepted where it was
+    /// (DSpark-drafter methods under `--budget auto`), with a note.
+    #[arg(long, hide = true)]
     pub no_confidence: bool,
     /// SparklingTree candidates (sparkling only; default 128): top-C tokens per depth in the
     /// union table (C ≥ vocabulary takes every token; the device table costs O(n²) in the union
@@ -370,6 +370,13 @@ pub struct TreeArgs {
 }
 
 impl TreeArgs {
+    /// The note `--no-confidence` gets (it has no effect).
+    pub fn note_no_confidence(&self) {
+        if self.no_confidence {
+            eprintln!("note: --no-confidence has no effect: --budget auto no longer reads the drafter's confidence head (it did not pay, BENCHMARKS §26 c)");
+        }
+    }
+
     /// The options [`super::refuse_unused_options`] checks, with whether each was given;
     /// `budget` names the command's budget option (`--budget`, bench's `--budgets`) and
     /// `drafter` says whether `--drafter` was given.

@@ -13,11 +13,9 @@
 //!    accepted nodes of a tree is the sum of its nodes' path probabilities (DDTree,
 //!    Proposition 1), so every prefix of the pop order is the best tree of its size. The
 //!    drafter's probabilities are calibrated online, per depth, by the running ratio of the
-//!    accepted to the predicted mass (exponentially decayed). A DSpark drafter's confidence
-//!    head (reference §3.8) rescales each node by the product of the predicted acceptance
-//!    rates on its path, relative to their running level per depth; the pop order (and so the
-//!    candidate prefixes) stays the path-probability order, so with the head a prefix is the
-//!    best tree of its size only up to that rescaling.
+//!    accepted to the predicted mass (exponentially decayed). (Weighing the nodes by a DSpark
+//!    drafter's confidence head as well was measured neutral on the six sets, BENCHMARKS.md
+//!    §26 c, and removed.)
 //! 3. **The choice per round** ([`choose`], a pure function): `n* = argmax_n (1 + Σ_{i≤n} q̂_i)
 //!    / (t_draft + c(1+n) + t_round)`, `n = 0` included. Whether to run the drafter at all is
 //!    decided before it runs ([`AutoState::should_draft`]) from the predicted gain of the
@@ -95,14 +93,11 @@ pub struct AutoBudget {
     /// its calibration, timings and draft/skip schedule carry over (a server or a benchmark
     /// keeps learning across requests); ignored when its N_max differs from `tree.budget`.
     pub resume: Option<AutoState>,
-    /// Weigh each node's predicted acceptance by the drafter's DSpark confidence head, where
-    /// it has one ([`AutoState::choose`]); `false` uses the path probabilities alone.
-    pub confidence: bool,
 }
 
 impl Default for AutoBudget {
     fn default() -> Self {
-        AutoBudget { cost: None, resume: None, confidence: true }
+        AutoBudget { cost: None, resume: None }
     }
 }
 
@@ -462,11 +457,6 @@ pub struct AutoState {
     interval: usize,
     /// Depths of the trees kept in the last [`DEPTH_WINDOW`] drafted rounds (newest last).
     kept_depths: std::collections::VecDeque<usize>,
-    /// Per depth (index = depth), the running mean of the confidence head's path product over
-    /// a round's candidate nodes (weighted by their path probabilities): the head enters the
-    /// prediction relative to it, so it only moves a round above or below the level that the
-    /// calibration learns.
-    conf_level: Vec<Ema>,
     /// Drafted rounds left in the current probe ([`PROBE_BURST`]).
     burst: usize,
     /// Rows the rest of the batch feeds in the same target forward (0 alone): the extra rows
@@ -474,10 +464,6 @@ pub struct AutoState {
     /// ([`AutoState::verify_ms`]).
     load_rows: usize,
 }
-
-/// The most the confidence head may scale a node's predicted acceptance up or down (its path
-/// product relative to the running level, [`AutoState::choose`]).
-pub const MAX_CONFIDENCE_RATIO: f64 = 16.0;
 
 /// Drafted rounds whose kept tree depths steer [`AutoState::draft_depth`].
 pub const DEPTH_WINDOW: usize = 8;
@@ -489,8 +475,8 @@ pub struct Decision {
     pub tree: DraftTree,
     /// The choice (n, expected tokens, predicted ms).
     pub choice: Choice,
-    /// The raw (uncalibrated) predicted mass per depth of the kept nodes: path probabilities,
-    /// times the confidence head's relative factor when it is used.
+    /// The raw (uncalibrated) predicted mass per depth of the kept nodes: their path
+    /// probabilities.
     pub raw_mass: Vec<Option<f64>>,
 }
 
@@ -508,7 +494,6 @@ impl AutoState {
             skipped: 0,
             interval: FIRST_PROBE_INTERVAL,
             kept_depths: std::collections::VecDeque::new(),
-            conf_level: Vec::new(),
             burst: 0,
             load_rows: 0,
         }
@@ -592,48 +577,15 @@ impl AutoState {
 
     /// Choose the prefix of `tree`'s pop order to verify, the drafter's time this round
     /// (`draft_ms`, observed) included; updates the skip schedule. A node's predicted
-    /// acceptance is its path probability `exp(score)`, times — when `confidence` is given
-    /// (the DSpark confidence head's path product,
-    /// [`crate::model::drafter::ConfidenceHead::path_confidence`], one entry per tree node,
-    /// root first) — its ratio to the head's running level at that depth (the level starts at
-    /// the first round's probability-weighted mean, so a chain's first round is unchanged),
-    /// bounded to `[1/16, 16]` ([`MAX_CONFIDENCE_RATIO`]), times the depth's calibration
-    /// factor, learnt on the same product. So the calibration keeps the average level and the
-    /// head moves single rounds and subtrees around it.
-    pub fn choose(&mut self, tree: &DraftTree, draft_ms: f64, confidence: Option<&[f64]>) -> Decision {
+    /// acceptance is its path probability `exp(score)` times the depth's calibration factor.
+    pub fn choose(&mut self, tree: &DraftTree, draft_ms: f64) -> Decision {
         self.draft_ms.push(draft_ms);
         let order = pop_order(tree);
         let order = &order[..order.len().min(self.n_max)];
         let depths: Vec<u32> = order.iter().map(|&i| tree.depths[i]).collect();
         let dmax_all = depths.iter().copied().max().unwrap_or(0) as usize;
         let f = self.calib.factors(dmax_all);
-        // The head's factor per candidate node (1 elsewhere, and for the whole round when the
-        // head gave anything but finite non-negative values).
-        let mut rel = vec![1.0; tree.len()];
-        if let Some(c) = confidence.filter(|c| c.len() == tree.len() && order.iter().all(|&i| c[i].is_finite() && c[i] >= 0.0)) {
-            // This round's probability-weighted mean head value per depth.
-            let (mut num, mut den) = (vec![0.0; dmax_all + 1], vec![0.0; dmax_all + 1]);
-            for &i in order {
-                let p = (tree.scores[i] as f64).exp();
-                num[tree.depths[i] as usize] += p * c[i];
-                den[tree.depths[i] as usize] += p;
-            }
-            if self.conf_level.len() <= dmax_all {
-                self.conf_level.resize(dmax_all + 1, Ema::new(0.1));
-            }
-            let now: Vec<Option<f64>> = (0..=dmax_all).map(|d| Some(num[d] / den[d]).filter(|x| den[d] > 0.0 && x.is_finite() && *x > 0.0)).collect();
-            let level: Vec<f64> = (0..=dmax_all).map(|d| self.conf_level[d].get_or(now[d].unwrap_or(1.0)).max(f64::MIN_POSITIVE)).collect();
-            for (d, x) in now.iter().enumerate().skip(1) {
-                if let Some(x) = x {
-                    self.conf_level[d].push(*x);
-                }
-            }
-            // A deep node's ratio is a product of one ratio per depth (heavy-tailed): bounded.
-            for &i in order {
-                rel[i] = (c[i] / level[tree.depths[i] as usize]).clamp(1.0 / MAX_CONFIDENCE_RATIO, MAX_CONFIDENCE_RATIO);
-            }
-        }
-        let raw = |i: usize| (tree.scores[i] as f64).exp() * rel[i];
+        let raw = |i: usize| (tree.scores[i] as f64).exp();
         let q: Vec<f64> = order.iter().map(|&i| raw(i) * f[tree.depths[i] as usize]).collect();
         let expected = expected_tokens(&depths, &q);
         let (d, r) = (self.draft_ms(), self.round_ms());

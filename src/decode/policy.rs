@@ -83,16 +83,10 @@ pub trait RoundPolicy: Send {
     fn plan(&mut self, ctx: &RoundCtx<'_>) -> Plan;
 
     /// The part of the drafted `tree` to verify, given the drafter's time this round
-    /// (`draft_ms`: forward + tree build) and, where [`RoundPolicy::reads_confidence`], the
-    /// DSpark confidence head's path product per node. `None`: verify it whole.
-    fn prune(&mut self, tree: &DraftTree, draft_ms: f64, confidence: Option<&[f64]>) -> Option<Decision> {
-        let _ = (tree, draft_ms, confidence);
+    /// (`draft_ms`: forward + tree build). `None`: verify it whole.
+    fn prune(&mut self, tree: &DraftTree, draft_ms: f64) -> Option<Decision> {
+        let _ = (tree, draft_ms);
         None
-    }
-
-    /// Whether [`RoundPolicy::prune`] reads the confidence head.
-    fn reads_confidence(&self) -> bool {
-        false
     }
 
     /// Learn from a verified round.
@@ -136,8 +130,6 @@ impl RoundPolicy for Fixed {
 pub struct Auto {
     /// The policy state (cost model, calibration, draft/skip schedule).
     pub state: AutoState,
-    /// Weigh predictions by the drafter's confidence head (where it has one).
-    pub confidence: bool,
 }
 
 impl RoundPolicy for Auto {
@@ -150,12 +142,8 @@ impl RoundPolicy for Auto {
         }
     }
 
-    fn prune(&mut self, tree: &DraftTree, draft_ms: f64, confidence: Option<&[f64]>) -> Option<Decision> {
-        Some(self.state.choose(tree, draft_ms, confidence))
-    }
-
-    fn reads_confidence(&self) -> bool {
-        self.confidence
+    fn prune(&mut self, tree: &DraftTree, draft_ms: f64) -> Option<Decision> {
+        Some(self.state.choose(tree, draft_ms))
     }
 
     fn round_ms(&self, rows: usize) -> Option<f64> {
@@ -238,12 +226,8 @@ impl<P: RoundPolicy> RoundPolicy for Graft<P> {
         }
     }
 
-    fn prune(&mut self, tree: &DraftTree, draft_ms: f64, confidence: Option<&[f64]>) -> Option<Decision> {
-        self.inner.prune(tree, draft_ms, confidence)
-    }
-
-    fn reads_confidence(&self) -> bool {
-        self.inner.reads_confidence()
+    fn prune(&mut self, tree: &DraftTree, draft_ms: f64) -> Option<Decision> {
+        self.inner.prune(tree, draft_ms)
     }
 
     fn observe(&mut self, round: &Observed<'_>) {
@@ -339,10 +323,7 @@ pub fn for_params(p: &GenParams, drafter: bool, lookup_len: usize, auto: Option<
     let rule = if drafter { p.lookup } else { LookupGraft::OFF };
     match (p.method, auto) {
         (super::Method::Lookup, _) => Box::new(PromptLookup { len: lookup_len }),
-        (_, Some(state)) if drafter => {
-            let confidence = p.auto_budget.as_ref().is_some_and(|a| a.confidence);
-            graft(Auto { state, confidence }, rule)
-        }
+        (_, Some(state)) if drafter => graft(Auto { state }, rule),
         _ => graft(Fixed { drafter }, rule),
     }
 }

@@ -116,8 +116,7 @@ pub(super) struct Drafting<'s, 'a, B: Backend> {
 /// The drafted rounds of `seqs` (each planned [`Plan::Draft`]): every sequence of one drafter
 /// drafts in ONE packed forward over its own draft cache and pending taps
 /// ([`Drafter::draft_batch`], each sequence's logits the same bits as alone), then each builds
-/// its tree ([`propose_scored`]), reads the DSpark confidence head where its policy weighs it,
-/// lets its policy cut the tree ([`RoundPolicy::prune`]) and grafts its lookup chain.
+/// its tree ([`propose_scored`]), lets its policy cut the tree ([`RoundPolicy::prune`]) and grafts its lookup chain.
 /// Errors: a sequence without pending taps (a logic error), backend failures.
 pub(super) async fn draft<B: Backend>(b: &B, target: &Target<B>, platform: Platform, seqs: &mut [Drafting<'_, '_, B>]) -> Result<()> {
     let mut groups: Vec<&Drafter<B>> = Vec::new();
@@ -152,7 +151,7 @@ pub(super) async fn draft<B: Backend>(b: &B, target: &Target<B>, platform: Platf
         let outs = d.draft_batch(b, target, &mut jobs)?;
         drop(jobs);
         let forward_ms = ms(t);
-        for (&i, (logits, hidden)) in members.iter().zip(outs) {
+        for (&i, (logits, _hidden)) in members.iter().zip(outs) {
             let s = &mut seqs[i];
             let t = Instant::now();
             let depth = draft_depth(&s.round.plan);
@@ -161,22 +160,11 @@ pub(super) async fn draft<B: Backend>(b: &B, target: &Target<B>, platform: Platf
                 if s.params.method == Method::Sparkling && platform.tree_prep(s.spec.tree.prep) == TreePrep::Device { d.markov_device(b)? } else { None };
             let draft = DraftLogits::of(d, &logits, depth, markov_dev);
             let mut prop = propose_scored(b, s.params.method, &draft, anchor, &s.spec.tree, s.params.auto_budget.is_some()).await?;
-            // The DSpark confidence head, where the drafter has one and the policy weighs it:
-            // its slot terms need the hidden rows `[depth, H]` on the host.
-            let tc = Instant::now();
-            let conf = match (&d.confidence, s.policy.reads_confidence()) {
-                (Some(head), true) => {
-                    let rows = b.download_async(&hidden).await?;
-                    let slot = head.slot_terms(&rows, d.cfg.hidden)?;
-                    Some(head.path_confidence(&prop.tree, &slot, d.cfg.hidden, |t| d.markov_row(t)))
-                }
-                _ => None,
-            };
             // The tree build's own stages go to `Stats::record_round` (download, prep, heap).
-            s.stats.draft_ms += forward_ms + ms(tc);
+            s.stats.draft_ms += forward_ms;
             s.stats.drafter_rounds += 1;
             let tp = Instant::now();
-            if let Some(dec) = s.policy.prune(&prop.tree, forward_ms + ms(t), conf.as_deref()) {
+            if let Some(dec) = s.policy.prune(&prop.tree, forward_ms + ms(t)) {
                 prop.tree = dec.tree.clone();
                 s.round.decision = Some(dec);
             }

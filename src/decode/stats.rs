@@ -70,8 +70,8 @@ pub struct Stats {
     /// single round ([`Stats::prediction_rmse`]).
     pub predicted_sq_err: f64,
     /// `--budget auto`, per depth `d` (index `d - 1`): the drafter's raw predicted mass of the
-    /// verified depth-`d` nodes (path probabilities, × the confidence head's relative factor
-    /// when it is used; [`super::budget::Decision::raw_mass`]), summed over the rounds whose
+    /// verified depth-`d` nodes (path probabilities, [`super::budget::Decision::raw_mass`]),
+    /// summed over the rounds whose
     /// tree reached depth `d` …
     pub calib_predicted: Vec<f64>,
     /// … and the number of those rounds whose accepted path reached depth `d`.

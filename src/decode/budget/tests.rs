@@ -206,7 +206,7 @@ fn random_drafter_is_skipped_and_probed_with_backoff() {
     for round in 0..300 {
         if s.should_draft() {
             drafted.push(round);
-            let d = s.choose(&tree, 8.0, None);
+            let d = s.choose(&tree, 8.0);
             assert_eq!(d.choice.n, 0);
             s.observe(1, 10.0, 0.1, Some((&d.raw_mass, 0)));
         } else {
@@ -237,7 +237,7 @@ fn a_skewed_drafter_that_pays_on_average_keeps_drafting() {
         let tree = if round % 3 == 0 { &hit } else { &miss };
         if s.should_draft() {
             drafted += 1;
-            let d = s.choose(tree, 2.0, None);
+            let d = s.choose(tree, 2.0);
             assert!(d.choice.n >= 1, "both trees are worth verifying: {:?}", d.choice);
             let reached = if round % 3 == 0 { 2 } else { 0 };
             s.observe(1 + d.choice.n, 11.0, 0.1, Some((&d.raw_mass, reached)));
@@ -256,71 +256,10 @@ fn a_good_drafter_keeps_drafting() {
     tree.scores = vec![0.0, -0.05, -0.1, -0.15, -0.2];
     for _ in 0..50 {
         assert!(s.should_draft());
-        let d = s.choose(&tree, 3.0, None);
+        let d = s.choose(&tree, 3.0);
         assert_eq!(d.choice.n, 4);
         s.observe(5, 12.0, 0.1, Some((&d.raw_mass, 4)));
     }
-}
-
-/// The confidence head's path product weighs each node relative to its running level per
-/// depth: on a chain's first round (no level yet) it changes nothing; after rounds at a middle
-/// level, a round the head is sure of keeps the whole chain with the raised prediction,
-/// and a round it doubts becomes a plain AR step. The calibration's raw mass is the
-/// weighted one.
-#[test]
-fn confidence_weighs_the_nodes_against_its_level() {
-    let cost = CostModel::from_points(vec![1, 5, 17], vec![10.0, 14.0, 40.0], 3.0);
-    let mut tree = DraftTree::chain(1, &[2, 3, 4, 5]);
-    tree.scores = vec![0.0, -0.5, -1.0, -1.5, -2.0];
-    let p = |i: usize| (tree.scores[i] as f64).exp();
-    let plain = 1.0 + (1..5).map(p).sum::<f64>();
-    // Without the head (n = 3 here: the 5th row starts the next 1 ms step and the 4th node
-    // does not quite pay for it).
-    let base = AutoState::new(cost.clone(), 16).choose(&tree, 3.0, None).choice;
-    assert_eq!(base.n, 3);
-    let mid = [1.0, 0.5, 0.25, 0.125, 0.0625];
-    let d = AutoState::new(cost.clone(), 16).choose(&tree, 3.0, Some(&mid));
-    assert_eq!((d.choice.n, d.choice.expected), (base.n, base.expected), "a chain's first round: relative to itself");
-    let warmed = || {
-        let mut s = AutoState::new(cost.clone(), 16);
-        for _ in 0..30 {
-            s.choose(&tree, 3.0, Some(&mid));
-        }
-        s
-    };
-    let sure = [1.0, 0.95, 0.9, 0.85, 0.8];
-    let d = warmed().choose(&tree, 3.0, Some(&sure));
-    assert_eq!(d.choice.n, 4);
-    // Each depth's reach probability is clamped to the one above (≤ 1).
-    let (mut reach, mut want) = (1.0f64, 1.0f64);
-    for i in 1..5 {
-        reach = reach.min(p(i) * (sure[i] / mid[i]).min(MAX_CONFIDENCE_RATIO));
-        want += reach;
-    }
-    assert!(want > plain + 1.0, "the head raised the prediction: {want} vs {plain}");
-    assert!((d.choice.expected - want).abs() < 1e-9, "{} vs {want}", d.choice.expected);
-    assert!((d.raw_mass[2].unwrap() - p(2) * sure[2] / mid[2]).abs() < 1e-9);
-    // A NaN from the head leaves the round unweighted and the level unharmed.
-    let mut s = warmed();
-    let d = s.choose(&tree, 3.0, Some(&[1.0, f64::NAN, 0.25, 0.125, 0.0625]));
-    assert_eq!((d.choice.n, d.choice.expected), (base.n, base.expected));
-    let d = s.choose(&tree, 3.0, Some(&sure));
-    assert!((d.choice.expected - want).abs() < 1e-9, "{} vs {want}", d.choice.expected);
-    let doubtful = [1.0, 0.005, 0.0025, 0.00125, 0.000625];
-    let d = warmed().choose(&tree, 3.0, Some(&doubtful));
-    assert_eq!(d.choice.n, 0, "the head predicts this chain fails: no node is worth its verify row");
-    // No confidence: the path probabilities alone.
-    let d = warmed().choose(&tree, 3.0, None);
-    assert_eq!((d.choice.n, d.choice.expected), (base.n, base.expected));
-    // Siblings: the level is the probability-weighted mean of a depth, so even the first
-    // round moves mass between subtrees. p = 0.6 / 0.3, head 0.8 / 0.2, level 0.6: the
-    // first child is worth 0.8, the second 0.1 — the second is not worth its 1 ms row.
-    let sib =
-        DraftTree { tokens: vec![1, 2, 3], parents: vec![sparkling_core::NO_PARENT, 0, 0], depths: vec![0, 1, 1], scores: vec![0.0, 0.6f32.ln(), 0.3f32.ln()] };
-    let d = AutoState::new(cost.clone(), 16).choose(&sib, 3.0, Some(&[1.0, 0.8, 0.2]));
-    assert_eq!(d.choice.n, 1);
-    assert!((d.choice.expected - 1.8).abs() < 1e-6, "{}", d.choice.expected);
-    assert_eq!(AutoState::new(cost, 16).choose(&sib, 3.0, None).choice.n, 2, "without the head both are kept");
 }
 
 /// The drafting depth follows the kept trees: the full depth before any round, then the
@@ -332,14 +271,14 @@ fn draft_depth_follows_the_kept_trees() {
     assert_eq!(s.draft_depth(16), 16);
     let mut bad = DraftTree::chain(1, &[2, 3, 4]);
     bad.scores = vec![0.0, -9.0, -18.0, -27.0];
-    assert_eq!(s.choose(&bad, 3.0, None).choice.n, 0);
+    assert_eq!(s.choose(&bad, 3.0).choice.n, 0);
     assert_eq!((s.draft_depth(16), s.draft_depth(1)), (2, 1), "nothing kept: the smallest block");
     let mut good = DraftTree::chain(1, &[2, 3, 4, 5]);
     good.scores = vec![0.0, -0.05, -0.1, -0.15, -0.2];
-    assert_eq!(s.choose(&good, 3.0, None).choice.n, 4);
+    assert_eq!(s.choose(&good, 3.0).choice.n, 4);
     assert_eq!(s.draft_depth(16), 6);
     for _ in 0..DEPTH_WINDOW {
-        s.choose(&bad, 3.0, None);
+        s.choose(&bad, 3.0);
     }
     assert_eq!(s.draft_depth(16), 2, "the window forgets the deep tree");
 }
