@@ -1,14 +1,17 @@
-//! Conformance of the CUDA backend with the CPU backend (issue 5, design §5), through the
-//! backend-generic suite of `tests/common/conformance.rs`:
+//! Conformance of the CUDA backend with the CPU backend, through the backend-generic suite of
+//! `tests/common/conformance.rs` (one `#[test]` per check, the same checks wgpu runs), with f32
+//! and bf16 weights:
 //!
 //! - every op on awkward sizes (f32 weights: matmul within `2e-6·Σ|x·w|`; bf16 weights against
-//!   the CPU given the same bf16-rounded operands), bad shapes as errors;
-//! - the engine invariant on the device: a row alone equals the same row of a 65- and a
-//!   200-row call bit for bit (matmul crosses the 128-row GEMM block), a tree-attention row
-//!   equals the causal decode of its path;
-//! - argmax / sampling / top-k / Markov table ids and slots exactly as the CPU's;
-//! - target logits within `1e-4 + 1e-5·max|logit|`, and every method's greedy tokens equal to
-//!   the CPU's on the exactness-matrix models (near-ties reported explicitly).
+//!   the CPU given the same bf16-rounded operands), gathered weight rows, bad shapes as errors;
+//! - the engine invariant on the device: a row (and a 5-row block) alone equals the same rows of
+//!   a 65- and a 200-row call bit for bit (matmul crosses the 128-row GEMM block), a
+//!   tree-attention row equals the causal decode of its path;
+//! - argmax / sampling / top-k / Markov table / candidate table ids and slots exactly as the
+//!   CPU's, and the device-built SparklingTree tree equal to the host heap's;
+//! - target logits and taps within `1e-4 + 1e-5·max|row|` (f32), every method's greedy tokens
+//!   equal to the CPU's on the exactness-matrix models (near-ties reported explicitly), and on
+//!   bf16 every method equal to the device's own `ar`, the reduced draft vocabulary included.
 //!
 //! Without an NVIDIA driver/GPU (or libnvrtc / libcublas) every test skips with a message;
 //! `SPARKLING_REQUIRE_CUDA=1` makes that a failure (the device-check script sets it).

@@ -1,4 +1,4 @@
-//! Backend-generic conformance checks against the CPU reference backend (docs/design.md): every
+//! Backend-generic conformance checks against the CPU reference backend (docs/design.md §5): every
 //! op on awkward sizes, and every method's greedy tokens on the random models of the exactness
 //! matrix. A device backend's test binary implements [`Device`] (how to open the backend, which
 //! weight storages it offers) and stamps out one `#[test]` per check with
@@ -396,9 +396,10 @@ pub fn zeros_upload_and_download_round_trip<B: Backend>(g: &B) {
     }
 }
 
-/// A reduced draft vocabulary's output layer: [`Backend::gather_weight_rows`] and its awaiting
-/// twin (the browser's path, which may not block) give the same weight, whose rows are the
-/// chosen rows (read through `embedding`, exactly); bad rows are errors.
+/// A reduced draft vocabulary's output layer: [`Backend::gather_weight_rows_async`] awaited (the
+/// browser's path, which may not block) and the blocking [`ReadBack::gather_weight_rows`] give
+/// the same weight, whose rows are the chosen rows (read through `embedding`, exactly); bad
+/// rows are errors.
 pub fn gathered_weight_rows_are_the_rows<B: Backend>(g: &B) {
     let mut r = Rng(9);
     let (v, k) = (41, 64);
