@@ -83,7 +83,7 @@ impl BudgetChoice {
 }
 
 /// Options of `--budget auto` (see [`super::GenParams::auto_budget`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct AutoBudget {
     /// A cost model measured earlier for this model × backend × threads × weights (the CLI
     /// caches it in the asset directory); `None`: the engine measures one after the prefill
@@ -93,12 +93,6 @@ pub struct AutoBudget {
     /// its calibration, timings and draft/skip schedule carry over (a server or a benchmark
     /// keeps learning across requests); ignored when its N_max differs from `tree.budget`.
     pub resume: Option<AutoState>,
-}
-
-impl Default for AutoBudget {
-    fn default() -> Self {
-        AutoBudget { cost: None, resume: None }
-    }
 }
 
 /// The measured cost of a round's parts (ms).
