@@ -585,6 +585,9 @@ impl<'a, B: Backend> Batch<'a, B> {
         let sampled = match argmax.filter(|_| p.sampling.temperature < 1e-5) {
             Some(_) => None,
             None if platform.per_row_sampling() && tree.len() > 1 => None,
+            // A device draws the tree's rows in one call (one read-back); alone, they are every
+            // logits row, so no gather.
+            None if lr.start == 0 && lr.end == b.shape(logits).0 => Some(round::pick(b, logits, p, &positions).await?),
             None => Some(round::pick(b, &b.gather_rows(logits, &lr.clone().collect::<Vec<_>>())?, p, &positions).await?),
         };
         let (accepted, bonus) = round::accept(tree, |i| {
