@@ -269,7 +269,12 @@ pub fn answer(lt: &LoadedTarget, id: u32, prompt: &[u32], o: &GenOptions) -> Res
     let n = tokens.len();
     let mut cache = lt.target.new_cache(b, n)?;
     let positions: Vec<u32> = (0..n as u32).collect();
-    let out = lt.target.forward(b, &mut cache, SeqInput { ids: &tokens, positions: &positions, mask: AttnMask::Causal, logits: Some(LogitRows::All) }, &o.tap_layers)?;
+    let out = lt.target.forward(
+        b,
+        &mut cache,
+        SeqInput { ids: &tokens, positions: &positions, mask: AttnMask::Causal, logits: Some(LogitRows::All) },
+        &o.tap_layers,
+    )?;
     let taps = out.taps.ok_or_else(|| Error("target forward returned no taps".into()))?;
     let (_, width) = b.shape(&taps);
     let taps: Vec<f16> = b.download(&taps)?.iter().map(|&v| f16::from_f32(v)).collect();

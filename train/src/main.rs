@@ -418,7 +418,12 @@ fn export(run: &Path, out: &Path, step: Option<usize>, f32: bool, force: bool) -
     let summary = std::fs::read_to_string(run.join("summary.json")).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
     let info = serde_json::json!({"run": rc, "step": step, "summary": summary, "cache_target": meta.target, "cache_source": meta.source});
     let dtype = if f32 { ExportDtype::F32 } else { ExportDtype::Bf16 };
-    write_hf(out, Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: meta.width(), params: &params, draft_vocab: draft_vocab.as_ref(), dtype }, Some(&info), Some(&tcfg))?;
+    write_hf(
+        out,
+        Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: meta.width(), params: &params, draft_vocab: draft_vocab.as_ref(), dtype },
+        Some(&info),
+        Some(&tcfg),
+    )?;
     let cfg = verify_with_engine(out, &tcfg)?;
     let size = std::fs::metadata(out.join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
     eprintln!(

@@ -69,7 +69,9 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
         // Engine: fresh draft cache, whole context in one call.
         let mut dc = d.new_cache(b, s + d.cfg.block_size).unwrap();
         let ctx = b.upload(&taps[..s * nf], s, nf).unwrap();
-        let el = b.download(&d.draft(b, target, DraftJob { cache: &mut dc, taps: &ctx, anchor: tokens[s], root_pos: s, depth: d.cfg.draft_depth() }).unwrap()).unwrap();
+        let el = b
+            .download(&d.draft(b, target, DraftJob { cache: &mut dc, taps: &ctx, anchor: tokens[s], root_pos: s, depth: d.cfg.draft_depth() }).unwrap())
+            .unwrap();
         assert_close(&el, &cl[a * depth * v..(a + 1) * depth * v], &format!("{tag} anchor {s}"));
         // Engine: the context arrives over two calls (as in decoding); the second call's logits
         // must match the candle forward over the whole context.
@@ -79,7 +81,9 @@ fn compare(b: &CpuBackend, target: &Target<CpuBackend>, d: &Drafter<CpuBackend>,
             let c1 = b.upload(&taps[..s1 * nf], s1, nf).unwrap();
             d.draft(b, target, DraftJob { cache: &mut dc, taps: &c1, anchor: tokens[s1], root_pos: s1, depth: d.cfg.draft_depth() }).unwrap();
             let c2 = b.upload(&taps[s1 * nf..s * nf], s - s1, nf).unwrap();
-            let el2 = b.download(&d.draft(b, target, DraftJob { cache: &mut dc, taps: &c2, anchor: tokens[s], root_pos: s, depth: d.cfg.draft_depth() }).unwrap()).unwrap();
+            let el2 = b
+                .download(&d.draft(b, target, DraftJob { cache: &mut dc, taps: &c2, anchor: tokens[s], root_pos: s, depth: d.cfg.draft_depth() }).unwrap())
+                .unwrap();
             assert_close(&el2, &cl[a * depth * v..(a + 1) * depth * v], &format!("{tag} anchor {s} (two calls)"));
         }
     }
@@ -172,7 +176,13 @@ fn engine_and_trainer_agree_on_random_checkpoints() {
         let params = Params::init(&dcfg, nf, seed, None).unwrap();
         randomise(&params, seed);
         let ddir = tempfile::tempdir().unwrap();
-        write_hf(ddir.path(), Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: draft_vocab.as_ref(), dtype: ExportDtype::F32 }, None, None).unwrap();
+        write_hf(
+            ddir.path(),
+            Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: draft_vocab.as_ref(), dtype: ExportDtype::F32 },
+            None,
+            None,
+        )
+        .unwrap();
         let loaded_cfg = verify_with_engine(ddir.path(), &tcfg).unwrap();
         assert_eq!(loaded_cfg, dcfg);
         let d = Drafter::load(&b, open_source(ddir.path()).unwrap().as_ref(), loaded_cfg, &tcfg).unwrap();
@@ -208,10 +218,24 @@ fn export_refuses_a_reduced_drafter_without_its_map() {
     let params = Params::init(&dcfg, nf, 1, None).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("d");
-    let e = write_hf(&out, Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: None, dtype: ExportDtype::F32 }, None, None).unwrap_err().to_string();
+    let e = write_hf(
+        &out,
+        Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: None, dtype: ExportDtype::F32 },
+        None,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("draft vocabulary") && e.contains("no draft_to_target map"), "{e}");
     let nine = DraftVocab::from_ids(&(0..9).collect::<Vec<u32>>(), tcfg.vocab).unwrap();
-    let e = write_hf(&out, Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: Some(&nine), dtype: ExportDtype::F32 }, None, None).unwrap_err().to_string();
+    let e = write_hf(
+        &out,
+        Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: nf, params: &params, draft_vocab: Some(&nine), dtype: ExportDtype::F32 },
+        None,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("a map of 9 ids") && e.contains("draft_vocab_size 10"), "{e}");
     assert!(!out.exists(), "nothing is written on error");
 }
@@ -305,7 +329,13 @@ fn init_from_a_drafter_copies_it_and_matches_markov_rows_by_target_id() {
     randomise(&src, 1);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("drafter");
-    write_hf(&ckpt, Export { cfg: &src_cfg, num_target_layers: tcfg.layers, n_feat: nf, params: &src, draft_vocab: Some(&src_dv), dtype: ExportDtype::F32 }, None, None).unwrap();
+    write_hf(
+        &ckpt,
+        Export { cfg: &src_cfg, num_target_layers: tcfg.layers, n_feat: nf, params: &src, draft_vocab: Some(&src_dv), dtype: ExportDtype::F32 },
+        None,
+        None,
+    )
+    .unwrap();
 
     // Another draft vocabulary, block size and seed: target ids 9 and 5 are shared, 3 is new.
     let (mut cfg, dv) = reduced(&[9, 3, 5]);
@@ -360,7 +390,8 @@ fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
     randomise(&src, 5);
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("full");
-    write_hf(&ckpt, Export { cfg: &full, num_target_layers: tcfg.layers, n_feat: nf, params: &src, draft_vocab: None, dtype: ExportDtype::F32 }, None, None).unwrap();
+    write_hf(&ckpt, Export { cfg: &full, num_target_layers: tcfg.layers, n_feat: nf, params: &src, draft_vocab: None, dtype: ExportDtype::F32 }, None, None)
+        .unwrap();
     let scale = vec![1.0f32; nf];
     let w2 = |p: &Params| -> Vec<f32> { p.get("markov_head.markov_w2.weight").unwrap().flatten_all().unwrap().to_vec1().unwrap() };
 
@@ -385,7 +416,8 @@ fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
     let dflash = drafter_config(&tcfg, &DrafterInit { kind: DrafterKind::DFlash, markov_rank: 0, ..init.clone() });
     let fl = Params::init(&dflash, nf, 4, None).unwrap();
     let fl_dir = dir.path().join("dflash");
-    write_hf(&fl_dir, Export { cfg: &dflash, num_target_layers: tcfg.layers, n_feat: nf, params: &fl, draft_vocab: None, dtype: ExportDtype::F32 }, None, None).unwrap();
+    write_hf(&fl_dir, Export { cfg: &dflash, num_target_layers: tcfg.layers, n_feat: nf, params: &fl, draft_vocab: None, dtype: ExportDtype::F32 }, None, None)
+        .unwrap();
     let mut rank0 = drafter_config(&tcfg, &DrafterInit { markov_rank: 0, ..init.clone() });
     rank0.mask_token_id = dflash.mask_token_id;
     assert_eq!((rank0.kind, rank0.markov_rank), (DrafterKind::DSpark, 0));
@@ -397,7 +429,13 @@ fn init_from_a_full_vocabulary_drafter_and_refused_checkpoints() {
     let rsrc = Params::init(&cfg, nf, 6, None).unwrap();
     randomise(&rsrc, 6);
     let tamper = |name: &str, edit: &dyn Fn(&mut std::collections::HashMap<String, Tensor>)| -> String {
-        write_hf(&reduced_dir, Export { cfg: &cfg, num_target_layers: tcfg.layers, n_feat: nf, params: &rsrc, draft_vocab: Some(&dv), dtype: ExportDtype::F32 }, None, None).unwrap();
+        write_hf(
+            &reduced_dir,
+            Export { cfg: &cfg, num_target_layers: tcfg.layers, n_feat: nf, params: &rsrc, draft_vocab: Some(&dv), dtype: ExportDtype::F32 },
+            None,
+            None,
+        )
+        .unwrap();
         let st = reduced_dir.join("model.safetensors");
         let mut all = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
         edit(&mut all);

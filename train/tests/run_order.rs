@@ -95,7 +95,13 @@ fn init_from_is_checked_before_the_cache_loads_and_a_resume_ignores_it() {
     let rc = config(&target, &cache, 1, Some(&warm));
     let (meta, _, tcfg, dcfg) = run_context(&rc).unwrap();
     let p = Params::init(&dcfg, meta.width(), 5, None).unwrap();
-    write_hf(&warm, Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: meta.width(), params: &p, draft_vocab: None, dtype: ExportDtype::F32 }, None, None).unwrap();
+    write_hf(
+        &warm,
+        Export { cfg: &dcfg, num_target_layers: tcfg.layers, n_feat: meta.width(), params: &p, draft_vocab: None, dtype: ExportDtype::F32 },
+        None,
+        None,
+    )
+    .unwrap();
 
     // One step from it, then a resume to step 2 after the warm-start directory is gone.
     let out = root.path().join("run");
