@@ -35,7 +35,10 @@
 //! # KV caches
 //! Each sequence owns a [`KvCache`] sized for its own prompt + max-new-tokens + largest round
 //! (ragged lengths); a join allocates only the newcomer's cache and a leave frees only the
-//! leaver's.
+//! leaver's. With a [`PrefixCache`] ([`Batch::with_prefix_cache`]) a joining sequence takes
+//! the rows of the longest prompt prefix an earlier sequence fed (target K/V and the drafter's
+//! taps) and feeds only the rest; each sequence is kept there when its prompt is prefilled and
+//! when it leaves ([`super::prefix`]). Its tokens do not change.
 //!
 //! # Backends
 //! Read-backs are awaited ([`Batch::step_async`]), so the loop runs in a browser page too;
@@ -46,6 +49,7 @@
 use super::budget::{AutoBudget, AutoState, CostModel};
 use super::platform::Platform;
 use super::policy::{self, Observed, Plan, RoundPolicy};
+use super::prefix::PrefixCache;
 use super::propose::TreeParams;
 use super::round::{self, Drafting, Round, Spec};
 use super::stats::Stats;
@@ -96,6 +100,9 @@ pub struct Finished {
     pub cost_model: Option<CostModel>,
     /// Its `--budget auto` policy state at the end (pass it back in [`AutoBudget::resume`]).
     pub auto_state: Option<AutoState>,
+    /// Prompt tokens whose rows came from the batch's [`PrefixCache`] instead of the prefill
+    /// (0 without one).
+    pub cached_tokens: usize,
 }
 
 /// What one sequence did in a step.
@@ -181,6 +188,11 @@ struct Seq<'a, B: Backend> {
     cost_model: Option<CostModel>,
     /// Rows it fed in the last step (the load its neighbours see).
     last_rows: usize,
+    /// Prompt rows restored from the prefix cache.
+    cached: usize,
+    /// With a prefix cache and a drafter: the taps of every row in its cache so far, in order
+    /// (what the cache keeps for the drafter; `spec.pending` is consumed by the drafter).
+    taps_log: Vec<B::Tensor>,
 }
 
 impl<B: Backend> Seq<'_, B> {
@@ -239,8 +251,19 @@ impl<B: Backend> Seq<'_, B> {
             stats: self.stats,
             cost_model: self.cost_model,
             auto_state,
+            cached_tokens: self.cached,
         }
     }
+}
+
+/// Keep the rows `s` has fed in `prefix` ([`PrefixCache::capture`]): its prompt and answer up to
+/// its last fed token, with their taps when it has a drafter.
+async fn capture<B: Backend>(prefix: &mut Option<PrefixCache>, b: &B, s: &Seq<'_, B>) -> Result<()> {
+    let Some(p) = prefix.as_mut().filter(|p| p.enabled()) else { return Ok(()) };
+    let n = s.fed().min(s.prompt.len() + s.out.len().saturating_sub(1));
+    let tokens: Vec<u32> = s.prompt.iter().chain(&s.out).copied().take(n).collect();
+    let taps = s.spec.as_ref().map(|sp| (&sp.drafter.cfg.target_layer_ids[..], &s.taps_log[..]));
+    p.capture(b, &tokens, &s.cache, taps).await
 }
 
 /// One sequence's block of a step's packed input.
@@ -269,6 +292,8 @@ pub struct Batch<'a, B: Backend> {
     stats: BatchStats,
     /// Rows the last step's forward fed.
     last_rows: usize,
+    /// Reusable prompt prefixes ([`Batch::with_prefix_cache`]).
+    prefix: Option<PrefixCache>,
 }
 
 fn ms(t: Instant) -> f64 {
@@ -283,7 +308,18 @@ impl<'a, B: Backend> Batch<'a, B> {
             return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (never tap the last layer)", target.cfg.layers)));
         }
         let platform = Platform::of(backend);
-        Ok(Batch { backend, target, platform, opts, drafters: Vec::new(), seqs: Vec::new(), next_id: 0, stats: BatchStats::default(), last_rows: 0 })
+        Ok(Batch {
+            backend,
+            target,
+            platform,
+            opts,
+            drafters: Vec::new(),
+            seqs: Vec::new(),
+            next_id: 0,
+            stats: BatchStats::default(),
+            last_rows: 0,
+            prefix: None,
+        })
     }
 
     /// Let sequences of the methods that use `drafter`'s kind (DFlash: `dflash`, `ddtree`;
@@ -309,6 +345,34 @@ impl<'a, B: Backend> Batch<'a, B> {
         Ok(self)
     }
 
+    /// Reuse prompt prefixes through `cache` ([`super::prefix`]): a sequence that joins takes
+    /// the rows of the longest prefix of its prompt the cache holds, and every sequence is kept
+    /// in it when its prompt is prefilled and when it leaves. Tokens do not change.
+    /// Errors: a batch whose [`BatchOptions::taps`] are set (every row's taps must be computed).
+    pub fn with_prefix_cache(mut self, cache: PrefixCache) -> Result<Self> {
+        if !self.opts.taps.is_empty() {
+            return Err(Error::Input("a batch with taps (BatchOptions::taps, gen-data) computes every row: no prefix cache".into()));
+        }
+        self.prefix = Some(cache);
+        Ok(self)
+    }
+
+    /// The batch's prefix cache, if it has one.
+    pub fn prefix_cache(&self) -> Option<&PrefixCache> {
+        self.prefix.as_ref()
+    }
+
+    /// Take the batch's prefix cache out (to hand it to another batch of the same target).
+    pub fn take_prefix_cache(&mut self) -> Option<PrefixCache> {
+        self.prefix.take()
+    }
+
+    /// Prompt tokens sequence `id` took from the prefix cache instead of prefilling them;
+    /// `None` when `id` is not in the batch.
+    pub fn cached_tokens(&self, id: SeqId) -> Option<usize> {
+        self.seqs.iter().find(|s| s.id == id).map(|s| s.cached)
+    }
+
     /// Queue `prompt` with its own parameters; it joins the batch at the next step.
     /// Errors (nothing is queued): invalid parameters ([`GenParams::validate`]), the checks of
     /// [`Engine::check`] (empty prompt, ids outside the vocabulary, prompt + max-new-tokens +
@@ -324,8 +388,8 @@ impl<'a, B: Backend> Batch<'a, B> {
         };
         let engine = Engine { backend: self.backend, target: self.target, drafter };
         let checked = engine.check(prompt, params)?;
-        let cache = self.target.new_cache(self.backend, checked.capacity)?;
-        let spec = match drafter {
+        let mut cache = self.target.new_cache(self.backend, checked.capacity)?;
+        let mut spec = match drafter {
             Some(d) => Some(Spec {
                 drafter: d,
                 dcache: d.new_cache(self.backend, checked.capacity + d.cfg.block_size)?,
@@ -334,6 +398,17 @@ impl<'a, B: Backend> Batch<'a, B> {
             }),
             None => None,
         };
+        // The longest cached prefix of the prompt: its K/V rows, and its taps as the drafter's
+        // first context (kept in the log too, for this sequence's own capture).
+        let (mut cached, mut taps_log) = (0, Vec::new());
+        if let Some(pc) = self.prefix.as_mut() {
+            let (n, taps) = pc.restore(self.backend, prompt, &mut cache, spec.as_ref().map(|s| &s.drafter.cfg.target_layer_ids[..]))?;
+            cached = n;
+            if let (Some(sp), Some(t)) = (spec.as_mut(), taps) {
+                taps_log.push(self.backend.gather_rows(&t, &(0..n).collect::<Vec<_>>())?);
+                sp.pending.push(t);
+            }
+        }
         let lookup_len = self.platform.lookup_chain_len(params);
         // `--budget auto` with a drafter gets its policy after the prefill (its cost model).
         let policy = (params.auto_budget.is_none() || drafter.is_none()).then(|| policy::for_params(params, drafter.is_some(), lookup_len, None));
@@ -354,6 +429,8 @@ impl<'a, B: Backend> Batch<'a, B> {
             stats: Stats { prompt_tokens: prompt.len(), ..Stats::default() },
             cost_model: None,
             last_rows: 0,
+            cached,
+            taps_log,
         });
         Ok(id)
     }
@@ -363,6 +440,10 @@ impl<'a, B: Backend> Batch<'a, B> {
     pub fn cancel(&mut self, id: SeqId) -> Option<Finished> {
         let i = self.seqs.iter().position(|s| s.id == id)?;
         let s = self.seqs.remove(i);
+        // Its rows are kept for reuse too (best effort: a failed read-back keeps nothing; a
+        // browser page cannot block on it, so there it keeps nothing).
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = pollster::block_on(capture(&mut self.prefix, self.backend, &s));
         let cancelled = !s.done;
         Some(s.finish(cancelled))
     }
@@ -439,7 +520,7 @@ impl<'a, B: Backend> Batch<'a, B> {
             out.logits = fwd.logits;
             out.taps = if self.opts.taps.is_empty() { None } else { fwd.taps };
         }
-        self.leave(&mut out.finished);
+        self.leave(&mut out.finished).await?;
         if self.platform.yields_each_step() {
             super::yield_to_host().await;
         }
@@ -536,6 +617,7 @@ impl<'a, B: Backend> Batch<'a, B> {
     async fn finish_block(&mut self, k: usize, f: Feed, fwd: &BatchOutput<B>, argmax: Option<&[u32]>, forward_ms: f64, total_rows: usize) -> Result<SeqStep> {
         let b = self.backend;
         let platform = self.platform;
+        let logging = self.prefix.as_ref().is_some_and(PrefixCache::enabled);
         let s = &mut self.seqs[f.seq];
         let rows = fwd.input_rows[k].clone();
         let lr = fwd.logit_rows[k].clone();
@@ -558,7 +640,11 @@ impl<'a, B: Backend> Batch<'a, B> {
         };
         let Some(mut r) = f.round else {
             if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
-                spec.pending.push(b.gather_rows(tp, &rows.clone().collect::<Vec<_>>())?);
+                let r: Vec<usize> = rows.clone().collect();
+                spec.pending.push(b.gather_rows(tp, &r)?);
+                if logging {
+                    s.taps_log.push(b.gather_rows(tp, &r)?);
+                }
             }
             s.stats.prefill_ms += forward_ms;
             if let Some(row) = lr.clone().next() {
@@ -574,6 +660,10 @@ impl<'a, B: Backend> Batch<'a, B> {
                 step.logit_row = Some(row);
             }
             step.token = step.tokens.last().copied();
+            if step.logit_row.is_some() {
+                // The prompt is prefilled: keep it for requests that share it.
+                capture(&mut self.prefix, b, &self.seqs[f.seq]).await?;
+            }
             return Ok(step);
         };
         // Accept: the target's token per node walked down the tree.
@@ -625,7 +715,11 @@ impl<'a, B: Backend> Batch<'a, B> {
         // Compact the target KV to the accepted path; carry the accepted rows' taps.
         s.cache.compact(b, first_position, &accepted)?;
         if let (Some(spec), Some(tp)) = (s.spec.as_mut(), &fwd.taps) {
-            spec.pending.push(b.gather_rows(tp, &accepted.iter().map(|&a| rows.start + a).collect::<Vec<_>>())?);
+            let r: Vec<usize> = accepted.iter().map(|&a| rows.start + a).collect();
+            spec.pending.push(b.gather_rows(tp, &r)?);
+            if logging {
+                s.taps_log.push(b.gather_rows(tp, &r)?);
+            }
         }
         let compact_ms = ms(t);
         let tp = Instant::now();
@@ -702,17 +796,21 @@ impl<'a, B: Backend> Batch<'a, B> {
         Ok(())
     }
 
-    /// Sequences that are done (and, with taps, have fed their last token) leave.
-    fn leave(&mut self, finished: &mut Vec<Finished>) {
+    /// Sequences that are done (and, with taps, have fed their last token) leave, kept in the
+    /// prefix cache when there is one.
+    async fn leave(&mut self, finished: &mut Vec<Finished>) -> Result<()> {
         let tail = !self.opts.taps.is_empty();
         let mut i = 0;
         while i < self.seqs.len() {
             let s = &self.seqs[i];
             if s.done && s.prompt_input(self.opts.max_prefill_rows, tail).is_none() {
-                finished.push(self.seqs.remove(i).finish(false));
+                let s = self.seqs.remove(i);
+                capture(&mut self.prefix, self.backend, &s).await?;
+                finished.push(s.finish(false));
             } else {
                 i += 1;
             }
         }
+        Ok(())
     }
 }

@@ -10,6 +10,7 @@ pub mod budget;
 pub mod lookup;
 pub mod platform;
 pub mod policy;
+pub mod prefix;
 pub mod propose;
 pub mod rng;
 mod round;
