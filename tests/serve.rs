@@ -377,6 +377,304 @@ fn a_full_queue_is_429() {
     assert_eq!((a.join().unwrap(), b.join().unwrap()), (200, 200));
 }
 
+/// The value of the `/metrics` sample that starts with `name` (`-1` when absent).
+fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let (_, _, m) = http(addr, "GET", "/metrics", None, &[]);
+    String::from_utf8(m).unwrap().lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|x| x.parse().ok()).unwrap_or(-1.0)
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or_else(|| panic!("no cached_tokens in {v}"))
+}
+
+/// Prefix reuse: a request sharing a system prompt with an earlier one, and the next turn of a
+/// conversation, report the prompt tokens they reused in `usage` and `/metrics`, and answer
+/// exactly what `generate` answers (T = 0, and T > 0 with a seed), streamed too.
+#[test]
+fn a_shared_prefix_is_reused_and_the_answer_is_unchanged() {
+    let f = fixture();
+    let addr = start(&f, opts());
+    let sys = "You are a terse assistant. Answer in one line, without greetings.";
+    let body = |turns: &[(&str, &str)], t: f64, seed: u64| -> Value {
+        let mut m = vec![json!({"role": "system", "content": sys})];
+        m.extend(turns.iter().map(|(r, c)| json!({"role": r, "content": c})));
+        json!({"messages": m, "max_tokens": 12, "temperature": t, "seed": seed})
+    };
+    let want = |turns: &[(&str, &str)], t: f32, seed: u64| -> String {
+        let role = |r: &str| if r == "user" { Role::User } else { Role::Assistant };
+        let mut m = vec![Message { role: Role::System, content: sys }];
+        m.extend(turns.iter().map(|(r, c)| Message { role: role(r), content: c }));
+        reference(&f, &m, 12, t, seed)
+    };
+    let (st, first) = post(addr, "/v1/chat/completions", &body(&[("user", "first question")], 0.0, 0));
+    assert_eq!((st, cached(&first)), (200, 0), "{first}");
+    let answer = first["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let mut reused = 0;
+    for (t, seed) in [(0.0, 0), (0.9, 7)] {
+        // The same system prompt, another question.
+        let (st, v) = post(addr, "/v1/chat/completions", &body(&[("user", "second question")], t, seed));
+        assert_eq!(st, 200, "{v}");
+        let n = cached(&v);
+        assert!(n as usize > sys.len(), "{v}");
+        assert!(n < v["usage"]["prompt_tokens"].as_u64().unwrap());
+        assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), want(&[("user", "second question")], t as f32, seed), "T = {t}");
+        reused += n;
+    }
+    // The next turn of the first conversation reuses its first turn, streamed with usage.
+    let turns = [("user", "first question"), ("assistant", answer.as_str()), ("user", "and then?")];
+    let mut b = body(&turns, 0.0, 0);
+    b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
+    let (st, _, raw) = http(addr, "POST", "/v1/chat/completions", Some(b.to_string().as_bytes()), &[]);
+    assert_eq!(st, 200);
+    let ev = events(&raw);
+    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, want(&turns, 0.0, 0));
+    let n = cached(chunks.last().unwrap());
+    assert!(n >= first["usage"]["prompt_tokens"].as_u64().unwrap(), "the whole first prompt: {n}");
+    reused += n;
+    assert_eq!(metric(addr, "sparkling:prompt_tokens_cached_total "), reused as f64);
+    assert_eq!(metric(addr, "sparkling:prefix_cache_hits_total "), reused as f64);
+    assert!(metric(addr, "sparkling:prefix_cache_bytes ") > 0.0);
+}
+
+/// Under a budget that holds one conversation, a second one evicts the first; a budget of 0
+/// reuses nothing.
+#[test]
+fn the_prefix_cache_evicts_under_its_budget_and_zero_disables_it() {
+    let f = fixture();
+    let ask = |addr: SocketAddr, c: &str| -> u64 {
+        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": c.repeat(40), "max_tokens": 6}));
+        assert_eq!(st, 200, "{v}");
+        cached(&v)
+    };
+    // One request's entry, measured.
+    let addr = start(&f, opts());
+    assert_eq!(ask(addr, "a"), 0);
+    let one = metric(addr, "sparkling:prefix_cache_bytes ");
+    assert!(one > 0.0);
+    assert_eq!(ask(addr, "a"), 39);
+    let addr = start(&f, ServeOptions { prefix_cache_bytes: (one * 1.5) as usize, ..opts() });
+    assert_eq!(ask(addr, "a"), 0);
+    assert_eq!(ask(addr, "b"), 0);
+    assert!(metric(addr, "sparkling:prefix_cache_evictions_total ") >= 1.0);
+    assert_eq!(metric(addr, "sparkling:prefix_cache_entries "), 1.0);
+    assert_eq!(ask(addr, "a"), 0, "evicted");
+    assert_eq!(ask(addr, "a"), 39, "kept again");
+    let addr = start(&f, ServeOptions { prefix_cache_bytes: 0, ..opts() });
+    assert_eq!((ask(addr, "a"), ask(addr, "a")), (0, 0));
+    assert_eq!(metric(addr, "sparkling:prefix_cache_bytes "), 0.0);
+    assert_eq!(metric(addr, "sparkling:prompt_tokens_cached_total "), 0.0);
+}
+
+/// Send `raw` bytes as a whole request and read the answer (`None`: the server closed the
+/// connection without one).
+fn raw_request(addr: SocketAddr, raw: &[u8]) -> Option<(u16, Value)> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = s.write_all(raw);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    if out.is_empty() {
+        return None;
+    }
+    let (st, _, body) = parse_response(&out);
+    Some((st, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+}
+
+/// Bad input: malformed, truncated and mistyped JSON, invalid UTF-8, bodies shorter than they
+/// announce, and huge bodies each get a 4xx in OpenAI's error shape (413 for the huge ones),
+/// and the server answers the next request as before.
+#[test]
+fn bad_bodies_get_a_clear_4xx_and_change_nothing() {
+    let f = fixture();
+    let addr = start(&f, ServeOptions { max_body_bytes: 64 << 10, ..opts() });
+    let want = reference(&f, &[Message { role: Role::User, content: "ok" }], 6, 0.0, 0);
+    let good = json!({"messages": [{"role": "user", "content": "ok"}], "max_tokens": 6}).to_string();
+    let check = |body: &[u8], param: Option<&str>, what: &str| {
+        let (st, _, raw) = http(addr, "POST", "/v1/chat/completions", Some(body), &[]);
+        let v: Value = serde_json::from_slice(&raw).unwrap_or_else(|_| panic!("{what}: not JSON: {}", String::from_utf8_lossy(&raw)));
+        assert_eq!((st, v["error"]["type"].as_str()), (400, Some("invalid_request_error")), "{what}: {v}");
+        assert_eq!(v["error"]["param"].as_str(), param, "{what}: {v}");
+    };
+    // Every truncation of a valid body.
+    for n in 0..good.len() {
+        check(&good.as_bytes()[..n], None, &format!("truncated at {n}"));
+    }
+    // Malformed JSON and JSON that is not a request object.
+    for body in
+        ["{", "}", "{\"messages\": [}", "{'messages': []}", "[1, 2]", "null", "\"text\"", "42", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]} x"]
+    {
+        check(body.as_bytes(), None, body);
+    }
+    // Invalid UTF-8: the whole body, inside a string, an overlong encoding, a lone surrogate.
+    for body in [
+        &b"\xff\xfe\xfd"[..],
+        b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xc3\x28\"}]}",
+        b"{\"prompt\": \"\xc0\xaf\"}",
+        b"{\"prompt\": \"\xed\xa0\x80\"}",
+    ] {
+        check(body, None, &String::from_utf8_lossy(body));
+    }
+    // Wrong types name their field.
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (field, value) in [
+        ("messages", json!("hi")),
+        ("messages", json!([{"role": "user"}])),
+        ("messages", json!([{"role": 3, "content": "hi"}])),
+        ("messages", json!([{"role": "user", "content": [{"type": "image_url"}]}])),
+        ("max_tokens", json!("5")),
+        ("max_tokens", json!(-1)),
+        ("max_tokens", json!(2.5)),
+        ("max_completion_tokens", json!(true)),
+        ("temperature", json!([1])),
+        ("temperature", json!(-0.5)),
+        ("top_p", json!({})),
+        ("top_p", json!(0)),
+        ("top_k", json!(-3)),
+        ("seed", json!(1.5)),
+        ("stop", json!(5)),
+        ("stop", json!(["a", 1])),
+        ("stream", json!("yes")),
+        ("n", json!("one")),
+        ("sparkling.method", json!(4)),
+        ("sparkling.budget", json!(0)),
+    ] {
+        let mut b = json!({"messages": msgs, "max_tokens": 4});
+        match field.split_once('.') {
+            Some((a, c)) => b[a] = json!({c: value}),
+            None => b[field] = value.clone(),
+        }
+        let param = if field == "max_completion_tokens" { "max_completion_tokens" } else { field };
+        check(b.to_string().as_bytes(), Some(param), &format!("{field} = {value}"));
+    }
+    let completion = |body: &Value| post(addr, "/v1/completions", body);
+    for bad in [json!({"prompt": 5}), json!({"prompt": null}), json!({"prompt": ""}), json!({"prompt": ["a", "b"]}), json!({})] {
+        let (st, v) = completion(&bad);
+        assert_eq!((st, v["error"]["param"].as_str()), (400, Some("prompt")), "{bad}: {v}");
+    }
+    // A body shorter than its Content-Length, the client then closing its side: an error
+    // answer or a closed connection, never a generation.
+    let head = |len: usize| format!("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n");
+    let short = [head(good.len() + 40).as_bytes(), good.as_bytes()].concat();
+    if let Some((st, v)) = raw_request(addr, &short) {
+        assert!((400..500).contains(&st), "{st}: {v}");
+    }
+    // Huge bodies: announced (answered 413 from the headers alone, before any body byte is
+    // sent) and chunked without a length (cut at the limit).
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "{}", head(1 << 30)).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).unwrap();
+    let (st, _, body) = parse_response(&buf[..n]);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((st, v["error"]["code"].as_u64()), (413, Some(413)), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("1073741824 bytes"), "{v}");
+    drop(s);
+    let mut chunked = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..80 {
+        chunked.extend_from_slice(format!("{:x}\r\n{}\r\n", 1024, "z".repeat(1024)).as_bytes());
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let (st, v) = raw_request(addr, &chunked).expect("an answer");
+    assert_eq!((st, v["error"]["code"].as_u64()), (413, Some(413)), "{v}");
+    // The server is unharmed.
+    let (st, v) = post(addr, "/v1/chat/completions", &serde_json::from_str(&good).unwrap());
+    assert_eq!((st, v["choices"][0]["message"]["content"].as_str()), (200, Some(want.as_str())), "{v}");
+    assert_eq!(metric(addr, "sparkling:num_requests_running "), 0.0);
+}
+
+/// A client that sends its headers one byte at a time is cut off after the header timeout,
+/// while requests on other connections are answered meanwhile.
+#[test]
+fn a_slow_client_times_out_and_others_are_served() {
+    let f = fixture();
+    let addr = start(&f, ServeOptions { header_read_timeout: Duration::from_millis(800), ..opts() });
+    let slow = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let t0 = Instant::now();
+        let head =
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Padding: slowly-slowly-slowly\r\nContent-Length: 2\r\n\r\n{}";
+        let mut sent = 0;
+        for byte in head.bytes() {
+            if s.write_all(&[byte]).is_err() {
+                break;
+            }
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        (t0.elapsed(), sent, head.len(), out)
+    });
+    // Meanwhile: normal requests are answered.
+    let t0 = Instant::now();
+    let mut answered = 0;
+    while t0.elapsed() < Duration::from_millis(1500) {
+        let (st, v) = post(addr, "/v1/completions", &json!({"prompt": "fast", "max_tokens": 3}));
+        assert_eq!(st, 200, "{v}");
+        answered += 1;
+    }
+    let (took, sent, len, out) = slow.join().unwrap();
+    assert!(answered >= 2, "{answered} requests while the slow client dawdled");
+    // It was cut off well before it could finish its ~6.5 s of headers, and got no answer.
+    assert!(sent < len, "the slow client sent its whole request ({sent} bytes) in {took:?}");
+    assert!(took >= Duration::from_millis(700) && took < Duration::from_secs(5), "closed after {took:?}");
+    assert!(out.is_empty() || String::from_utf8_lossy(&out).starts_with("HTTP/1.1 4"), "{}", String::from_utf8_lossy(&out));
+    assert_eq!(metric(addr, "sparkling:num_requests_running "), 0.0);
+}
+
+/// 200 clients start streams and drop them (half after the first event, half before any
+/// answer): afterwards nothing is queued or running, and a new request is answered as before.
+#[test]
+fn two_hundred_clients_dropping_mid_stream_leave_nothing_in_flight() {
+    let f = fixture();
+    let addr = start(&f, ServeOptions { max_batch: 8, max_queue: 256, ..opts() });
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..200)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let body = json!({"prompt": format!("client {i}"), "max_tokens": 2000, "stream": true, "sparkling": {"method": "ar"}}).to_string();
+                write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+                    .unwrap();
+                if i % 2 == 0 {
+                    // Read up to the first event, then leave mid-stream.
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !String::from_utf8_lossy(&got).contains("data: ") {
+                        let n = s.read(&mut buf).unwrap();
+                        assert!(n > 0, "closed before the first event: {}", String::from_utf8_lossy(&got));
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    loop {
+        let (waiting, running) = (metric(addr, "sparkling:num_requests_waiting "), metric(addr, "sparkling:num_requests_running "));
+        if (waiting, running) == (0.0, 0.0) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "still in flight: {waiting} waiting, {running} running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(metric(addr, "sparkling:requests_cancelled_total ") >= 100.0);
+    let want = reference(&f, &[Message { role: Role::User, content: "after" }], 8, 0.0, 0);
+    let (st, v) = post(addr, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "after"}], "max_tokens": 8}));
+    assert_eq!((st, v["choices"][0]["message"]["content"].as_str()), (200, Some(want.as_str())), "{v}");
+    assert_eq!((metric(addr, "sparkling:num_requests_waiting "), metric(addr, "sparkling:num_requests_running ")), (0.0, 0.0));
+}
+
 /// The binary: SIGTERM makes new requests 503 while the one in flight finishes, then the
 /// process exits 0.
 #[test]

@@ -54,6 +54,14 @@ pub struct ServeArgs {
     /// The model id `/v1/models` lists (default: the target file's name).
     #[arg(long)]
     pub model_id: Option<String>,
+    /// Host memory, in MiB, for the K/V rows of recent prompts and answers: a request whose
+    /// prompt starts with them (a shared system prompt, earlier turns) skips prefilling them;
+    /// least recently used first out; 0 turns prefix reuse off.
+    #[arg(long, default_value_t = 512)]
+    pub prefix_cache_mb: usize,
+    /// Seconds a client may take to send a request's headers before its connection is closed.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout: f64,
 }
 
 /// Run `serve`.
@@ -68,6 +76,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     if !(a.drain_timeout.is_finite() && a.drain_timeout >= 0.0) {
         return Err(Error::Input(format!("--drain-timeout {}: expected seconds ≥ 0", a.drain_timeout)));
+    }
+    if !(a.header_timeout.is_finite() && a.header_timeout > 0.0 && a.header_timeout <= 3600.0) {
+        return Err(Error::Input(format!("--header-timeout {}: expected seconds in (0, 3600]", a.header_timeout)));
+    }
+    if a.prefix_cache_mb > 1 << 30 {
+        return Err(Error::Input(format!("--prefix-cache-mb {}: expected at most {} MiB", a.prefix_cache_mb, 1usize << 30)));
     }
     let model = a.model.clone();
     with_backend!(&model, |b, target| serve(b, target, a, method))
@@ -89,6 +103,8 @@ fn serve<B: Backend + 'static>(b: B, target: std::path::PathBuf, a: ServeArgs, m
         default_max_tokens: a.default_max_tokens,
         max_tokens_cap: a.max_tokens_cap,
         drain_timeout: Duration::from_secs_f64(a.drain_timeout),
+        prefix_cache_bytes: a.prefix_cache_mb << 20,
+        header_read_timeout: Duration::from_secs_f64(a.header_timeout),
         ..ServeOptions::default()
     };
     let kinds: Vec<_> = method.drafter_kind().into_iter().collect();

@@ -1,11 +1,14 @@
 //! The engine thread: it owns the models and ONE [`Batch`]; requests join and leave it between
 //! steps (continuous batching). Each request's events go back on its own channel; a request
 //! whose channel closed (the client went away, or its stop string was reached) is cancelled
-//! before the next step, which frees its caches.
+//! before the next step, which frees its caches. The batch keeps a [`PrefixCache`]: a request
+//! whose prompt starts with rows an earlier one fed (a system prompt, earlier turns) skips
+//! prefilling them ([`crate::decode::prefix`]).
 
 use super::metrics::Metrics;
 use crate::decode::batch::{Batch, BatchOptions, SeqId};
 use crate::decode::budget::AutoState;
+use crate::decode::prefix::PrefixCache;
 use crate::decode::{GenParams, Method, Models, Stats};
 use crate::error::{Error, Result};
 use sparkling_core::Backend;
@@ -42,6 +45,8 @@ pub enum Event {
         stopped: bool,
         /// Rounds, τ, acceptance.
         stats: Box<Stats>,
+        /// Prompt tokens reused from the prefix cache (not prefilled).
+        cached_tokens: usize,
     },
     /// It was refused (bad request: the prompt does not fit, …) or the engine failed.
     Failed(Error),
@@ -54,16 +59,22 @@ pub struct Limits {
     pub max_batch: usize,
     /// Most prompt rows a sequence feeds per step (chunked prefill keeps streams flowing).
     pub prefill_chunk: usize,
+    /// Bytes of host memory the prefix cache may hold (0: no prefix reuse).
+    pub prefix_cache_bytes: usize,
 }
 
 /// Run the engine until `jobs` is closed and every request has finished (or `stop` is set and
 /// the batch is empty). `learned`: the `--budget auto` state per method carries over from one
 /// request to the next (calibration, timings), as a long generation would keep it.
 pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, limits: Limits, metrics: &Arc<Metrics>) -> Result<()> {
-    let mut batch = Batch::new(backend, &models.target, BatchOptions { taps: Vec::new(), max_prefill_rows: limits.prefill_chunk })?;
-    for d in &models.drafters {
-        batch = batch.with_drafter(d)?;
-    }
+    let new_batch = |prefix: PrefixCache| -> Result<Batch<'_, B>> {
+        let mut batch = Batch::new(backend, &models.target, BatchOptions { taps: Vec::new(), max_prefill_rows: limits.prefill_chunk })?;
+        for d in &models.drafters {
+            batch = batch.with_drafter(d)?;
+        }
+        batch.with_prefix_cache(prefix)
+    };
+    let mut batch = new_batch(PrefixCache::new(limits.prefix_cache_bytes))?;
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut live: HashMap<SeqId, (UnboundedSender<Event>, Arc<AtomicBool>)> = HashMap::new();
     let mut method_of: HashMap<SeqId, Method> = HashMap::new();
@@ -99,7 +110,10 @@ pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, lim
             if let Some(f) = batch.cancel(id) {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                 metrics.generation(&f.stats);
-                let _ = tx.send(Event::Done { stopped: true, stats: Box::new(f.stats) });
+                if let Some(p) = batch.prefix_cache() {
+                    metrics.prefix(&p.stats());
+                }
+                let _ = tx.send(Event::Done { stopped: true, stats: Box::new(f.stats), cached_tokens: f.cached_tokens });
             }
         }
         let before = waiting.len();
@@ -115,6 +129,7 @@ pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, lim
             match batch.add(&j.prompt, &j.params) {
                 Ok(id) => {
                     metrics.prompt_tokens.fetch_add(j.prompt.len() as u64, Ordering::Relaxed);
+                    metrics.prompt_tokens_cached.fetch_add(batch.cached_tokens(id).unwrap_or(0) as u64, Ordering::Relaxed);
                     let _ = j.events.send(Event::Started);
                     method_of.insert(id, j.params.method);
                     live.insert(id, (j.events, j.cancel));
@@ -136,13 +151,15 @@ pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, lim
                     let _ = tx.send(Event::Failed(Error::Input(format!("the engine failed: {e}"))));
                 }
                 method_of.clear();
-                batch = Batch::new(backend, &models.target, BatchOptions { taps: Vec::new(), max_prefill_rows: limits.prefill_chunk })?;
-                for d in &models.drafters {
-                    batch = batch.with_drafter(d)?;
-                }
+                let prefix = batch.take_prefix_cache().unwrap_or_else(|| PrefixCache::new(limits.prefix_cache_bytes));
+                batch = new_batch(prefix)?;
                 continue;
             }
         };
+        if let Some(p) = batch.prefix_cache() {
+            // Before the requests that finished hear of it: their entries are counted.
+            metrics.prefix(&p.stats());
+        }
         metrics.steps.fetch_add(1, Ordering::Relaxed);
         metrics.step_seqs.fetch_add(out.seqs.len() as u64, Ordering::Relaxed);
         for s in out.seqs {
@@ -159,7 +176,7 @@ pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, lim
                 learned.insert(m, st);
             }
             if let Some((tx, _)) = live.remove(&f.id) {
-                let _ = tx.send(Event::Done { stopped: f.stopped, stats: Box::new(f.stats) });
+                let _ = tx.send(Event::Done { stopped: f.stopped, stats: Box::new(f.stats), cached_tokens: f.cached_tokens });
             }
         }
         metrics.running.store(live.len() as i64, Ordering::Relaxed);

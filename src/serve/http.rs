@@ -32,8 +32,75 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/completions", post(completions))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(shared.clone(), announced_size))
         .layer(middleware::from_fn_with_state(shared.clone(), count))
         .with_state(shared)
+}
+
+/// Serve `app` on `listener` until `shutdown` resolves, then stop accepting and let each open
+/// connection finish the response it is sending (HTTP/1.1, keep-alive). A connection that does
+/// not send a request's whole head within `header_timeout` (from its start, or from the end of
+/// its previous response) is closed: a client sending its headers byte by byte holds no
+/// connection for longer. Transient accept errors (out of file descriptors) are waited out.
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_timeout: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    // `close` tells the connections to finish; each holds a `done` receiver until it ends.
+    let (close_tx, close_rx) = tokio::sync::watch::channel(());
+    let (done_tx, done_rx) = tokio::sync::watch::channel(());
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        // Streamed events are small writes: send each at once.
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(app.clone());
+        let (mut close, done) = (close_rx.clone(), done_rx.clone());
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = close.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(done);
+        });
+    }
+    drop(listener);
+    let _ = close_tx.send(());
+    drop(done_rx);
+    done_tx.closed().await;
+    Ok(())
+}
+
+/// 413 at once for a request whose `Content-Length` is over the body limit, before any of its
+/// body is read (a body without a length is cut at the limit as it is read, also 413).
+async fn announced_size(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let announced = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    match announced {
+        Some(n) if n > s.opts.max_body_bytes as u64 => {
+            error(ApiError::status(413, format!("the request body of {n} bytes is larger than the server's limit of {} bytes", s.opts.max_body_bytes)))
+        }
+        _ => next.run(req).await,
+    }
 }
 
 /// Count every answered request by status.
@@ -183,6 +250,7 @@ async fn generate(s: Arc<Shared>, endpoint: Endpoint, headers: HeaderMap, body: 
         last: None,
         finish: None,
         stats: None,
+        cached_tokens: 0,
         _guard: guard,
     };
     let shape = Shape { id, model, created: now(), endpoint, prompt_tokens };
@@ -206,6 +274,8 @@ struct Run {
     last: Option<Instant>,
     finish: Option<&'static str>,
     stats: Option<Stats>,
+    /// Prompt tokens reused from the prefix cache.
+    cached_tokens: usize,
     _guard: InFlight,
 }
 
@@ -243,10 +313,11 @@ impl Run {
                         return Ok(Some(out));
                     }
                 }
-                Some(Event::Done { stopped, stats }) => {
+                Some(Event::Done { stopped, stats, cached_tokens }) => {
                     let rest = if self.stop.stopped() { String::new() } else { self.stop.finish() };
                     self.finish = Some(if stopped || self.stop.stopped() { "stop" } else { "length" });
                     self.stats = Some(*stats);
+                    self.cached_tokens = cached_tokens;
                     if !rest.is_empty() {
                         return Ok(Some(rest));
                     }
@@ -284,7 +355,7 @@ impl Shape {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": run.completion_tokens,
             "total_tokens": self.prompt_tokens + run.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": run.cached_tokens},
             "speculation": spec,
         })
     }

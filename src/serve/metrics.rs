@@ -4,6 +4,7 @@
 //! them read ours; every name carries the `sparkling:` prefix as theirs carry `vllm:` /
 //! `llamacpp:`.
 
+use crate::decode::prefix::PrefixStats;
 use crate::decode::Stats;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -52,6 +53,14 @@ pub struct Metrics {
     pub requests: Mutex<BTreeMap<u16, u64>>,
     /// Prompt tokens of admitted generation requests.
     pub prompt_tokens: AtomicU64,
+    /// Of those, the tokens reused from the prefix cache instead of prefilled.
+    pub prompt_tokens_cached: AtomicU64,
+    /// Bytes the prefix cache holds.
+    pub prefix_cache_bytes: AtomicI64,
+    /// Entries the prefix cache holds.
+    pub prefix_cache_entries: AtomicI64,
+    /// Prefix-cache entries evicted (least recently used first) to stay within its budget.
+    pub prefix_cache_evictions: AtomicU64,
     /// Tokens generated.
     pub generation_tokens: AtomicU64,
     /// Requests waiting for a place in the batch.
@@ -104,6 +113,13 @@ impl Metrics {
         }
     }
 
+    /// Take the prefix cache's gauges and evictions from its counters.
+    pub fn prefix(&self, p: &PrefixStats) {
+        self.prefix_cache_bytes.store(p.bytes as i64, Ordering::Relaxed);
+        self.prefix_cache_entries.store(p.entries as i64, Ordering::Relaxed);
+        self.prefix_cache_evictions.store(p.evictions, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut o = String::new();
@@ -120,6 +136,14 @@ impl Metrics {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         counter(&mut o, "prompt_tokens_total", "Prompt tokens of admitted generation requests.", ld(&self.prompt_tokens));
         counter(&mut o, "generation_tokens_total", "Tokens generated.", ld(&self.generation_tokens));
+        counter(&mut o, "prompt_tokens_cached_total", "Prompt tokens reused from the prefix cache instead of prefilled.", ld(&self.prompt_tokens_cached));
+        // vLLM's names for the same counts (queried and hit prompt tokens), so its hit-rate
+        // panels read ours.
+        counter(&mut o, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", ld(&self.prompt_tokens));
+        counter(&mut o, "prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", ld(&self.prompt_tokens_cached));
+        gauge(&mut o, "prefix_cache_bytes", "Host memory the prefix cache holds, bytes.", self.prefix_cache_bytes.load(Ordering::Relaxed));
+        gauge(&mut o, "prefix_cache_entries", "Prompt prefixes the prefix cache holds.", self.prefix_cache_entries.load(Ordering::Relaxed));
+        counter(&mut o, "prefix_cache_evictions_total", "Prefix-cache entries evicted to stay within its budget.", ld(&self.prefix_cache_evictions));
         gauge(&mut o, "num_requests_waiting", "Requests queued for a place in the batch.", self.queued.load(Ordering::Relaxed));
         gauge(&mut o, "num_requests_running", "Sequences in the batch (its occupancy).", self.running.load(Ordering::Relaxed));
         counter(&mut o, "batch_steps_total", "Target forwards run (one per batch step).", ld(&self.steps));

@@ -11,6 +11,14 @@
 //!   template, streams server-sent events, cuts stop strings ([`stop`]) and counts everything
 //!   for `/metrics` ([`metrics`]). A client that disconnects has its sequence cancelled before
 //!   the next step;
+//! - prefix reuse: the batch keeps the K/V rows (and drafter taps) of recent prompts and
+//!   answers in a [`PrefixCache`](crate::decode::prefix::PrefixCache) within
+//!   [`ServeOptions::prefix_cache_bytes`]; a request whose prompt starts with them (the same
+//!   system prompt, the earlier turns of a conversation) prefills only the rest, and its
+//!   `usage.prompt_tokens_details.cached_tokens` says how many it reused. Its tokens are the
+//!   same as without;
+//! - a client must send its request headers within [`ServeOptions::header_read_timeout`], else
+//!   its connection is closed (a slow client cannot hold a connection open forever);
 //! - SIGTERM / SIGINT: new requests get 503, requests in flight finish (up to the drain
 //!   timeout), then the process exits with status 0.
 
@@ -60,6 +68,11 @@ pub struct ServeOptions {
     pub prefill_chunk: usize,
     /// How long SIGTERM waits for requests in flight.
     pub drain_timeout: Duration,
+    /// Host memory for reusable prompt prefixes, bytes (0: no prefix reuse).
+    pub prefix_cache_bytes: usize,
+    /// How long a client may take to send a request's headers (the whole head, from the
+    /// connection's first byte or the previous response) before its connection is closed.
+    pub header_read_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -78,6 +91,8 @@ impl Default for ServeOptions {
             max_tokens_cap: 4096,
             prefill_chunk: 256,
             drain_timeout: Duration::from_secs(30),
+            prefix_cache_bytes: 512 << 20,
+            header_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -175,7 +190,11 @@ where
                     let _ = shared.tokenizer.set(Arc::new(m.tokenizer));
                     shared.ready.store(true, Ordering::SeqCst);
                     eprintln!("serve: ready");
-                    let limits = engine::Limits { max_batch: shared.opts.max_batch, prefill_chunk: shared.opts.prefill_chunk };
+                    let limits = engine::Limits {
+                        max_batch: shared.opts.max_batch,
+                        prefill_chunk: shared.opts.prefill_chunk,
+                        prefix_cache_bytes: shared.opts.prefix_cache_bytes,
+                    };
                     engine::run(&m.backend, &m.models, rx, limits, &shared.metrics)
                 })();
                 if let Err(e) = r {
@@ -199,7 +218,7 @@ where
         }
     };
     let served = rt.block_on(async {
-        let server = axum::serve(listener, app).with_graceful_shutdown(drain);
+        let server = http::serve(listener, app, opts.header_read_timeout, drain);
         // Graceful shutdown waits for open connections; a stream still open after the drain
         // timeout is cut.
         let cut = {
