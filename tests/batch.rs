@@ -308,7 +308,9 @@ fn joins_leaves_cancels_and_bad_requests() {
     let dir = tmpdir("target");
     let t = random_target(dir.path(), Arch::Llama, 32, 9);
     let mut batch = Batch::new(&b, &t, BatchOptions::default()).unwrap();
-    assert!(Batch::new(&b, &t, BatchOptions { taps: vec![t.cfg.layers - 1], max_prefill_rows: 0 }).is_err());
+    // Every layer can be tapped, the last one's raw output included; past it is refused.
+    assert!(Batch::new(&b, &t, BatchOptions { taps: vec![t.cfg.layers - 1], max_prefill_rows: 0 }).is_ok());
+    assert!(Batch::new(&b, &t, BatchOptions { taps: vec![t.cfg.layers], max_prefill_rows: 0 }).is_err());
     // Refused up front, nothing queued.
     assert!(batch.add(&[], &params(Method::Ar, 1, 0.0, 0, 4, vec![])).is_err());
     assert!(batch.add(&[99], &params(Method::Ar, 1, 0.0, 0, 4, vec![])).is_err());

@@ -116,7 +116,8 @@ pub struct Drafter<B: Backend> {
 
 impl<B: Backend> Drafter<B> {
     /// Load a drafter and check that it fits `target`: same hidden size and vocabulary, tap
-    /// layers inside the target and not its last layer. Unknown tensors are refused.
+    /// layers inside the target (the last layer's raw output included, see [`super::target`]). Unknown
+    /// tensors are refused.
     pub fn load(b: &B, src: &dyn TensorSource, cfg: DrafterConfig, target: &TargetConfig) -> Result<Self> {
         let p = src.path();
         if cfg.hidden != target.hidden {
@@ -125,11 +126,11 @@ impl<B: Backend> Drafter<B> {
         if cfg.vocab != target.vocab {
             return Err(Error::config(p, "vocab_size", format!("drafter vocabulary {} does not match the target's {}", cfg.vocab, target.vocab)));
         }
-        if let Some(&l) = cfg.target_layer_ids.iter().find(|&&l| l + 1 >= target.layers) {
+        if let Some(&l) = cfg.target_layer_ids.iter().find(|&&l| l >= target.layers) {
             return Err(Error::config(
                 p,
                 "target_layer_ids",
-                format!("layer {l} is not a tappable layer of a {}-layer target (0..{})", target.layers, target.layers - 1),
+                format!("layer {l} is not a layer of a {}-layer target (0..={})", target.layers, target.layers - 1),
             ));
         }
         if cfg.mask_token_id as usize >= cfg.vocab {

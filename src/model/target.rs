@@ -1,6 +1,9 @@
 //! The target decoder (reference §1.3) with KV cache, explicit positions, tree attention and
 //! hidden-state taps (§1.4: raw residual outputs of the listed layers, never the final-normed
-//! state).
+//! state). Every layer can be tapped, the last one included: its tap is the raw residual stream
+//! before the final norm. (Reference §7.3 forbids the last layer for HF-trained drafters, whose
+//! `hidden_states[-1]` is the *normed* state; a drafter trained on this engine's taps reads the
+//! same raw output the trainer saw.)
 
 use super::config::TargetConfig;
 use super::layer::{load_matrix, load_vector, DecoderLayer, KvCache, LayerDims, Owner};
@@ -159,7 +162,7 @@ impl<B: Backend> Target<B> {
     /// `seq.logits` names and, if `taps` is non-empty, the raw outputs of those layers
     /// concatenated in the listed order. A batch of one [`Target::forward_batch`] (the model's
     /// one layer loop).
-    /// Errors: empty input, length mismatch, cache overflow, a tap at the last layer, no logits
+    /// Errors: empty input, length mismatch, cache overflow, a tap layer ≥ the layer count, no logits
     /// rows asked (`seq.logits == None`).
     pub fn forward(&self, b: &B, cache: &mut KvCache<B>, seq: SeqInput<'_>, taps: &[usize]) -> Result<TargetOutput<B>> {
         let out = self.forward_batch(b, &mut [cache], &[seq], taps)?;
@@ -174,14 +177,14 @@ impl<B: Backend> Target<B> {
     /// others in its call, each sequence's logits and taps are bit-identical to a forward of
     /// that sequence alone.
     /// Errors: a count mismatch between `caches` and `seqs`, an empty block, ids/positions of
-    /// different lengths, a cache overflow, a tap at the last layer; backend failures.
+    /// different lengths, a cache overflow, a tap layer ≥ the layer count; backend failures.
     pub fn forward_batch(&self, b: &B, caches: &mut [&mut KvCache<B>], seqs: &[SeqInput<'_>], taps: &[usize]) -> Result<BatchOutput<B>> {
         let c = &self.cfg;
         if seqs.is_empty() || caches.len() != seqs.len() {
             return Err(Error::Input(format!("batch forward: {} sequences with {} caches", seqs.len(), caches.len())));
         }
-        if let Some(&bad) = taps.iter().find(|&&l| l + 1 >= c.layers) {
-            return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (never tap the last layer, reference §7.3)", c.layers)));
+        if let Some(&bad) = taps.iter().find(|&&l| l >= c.layers) {
+            return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (layers 0..{})", c.layers, c.layers - 1)));
         }
         let mut input_rows = Vec::with_capacity(seqs.len());
         let mut ids = Vec::new();

@@ -348,8 +348,8 @@ pub fn run(o: &GenOptions) -> Result<GenSummary> {
     }
     let lt = load_target(&o.target, o.weights)?;
     let tcfg = lt.target.cfg.clone();
-    if let Some(&bad) = o.tap_layers.iter().find(|&&l| l + 1 >= tcfg.layers) {
-        return Err(Error::arg("taps", format!("layer {bad} is not tappable in a {}-layer target (never the last layer)", tcfg.layers)));
+    if let Some(&bad) = o.tap_layers.iter().find(|&&l| l >= tcfg.layers) {
+        return Err(Error::arg("taps", format!("layer {bad} is not a layer of a {}-layer target (0..={})", tcfg.layers, tcfg.layers - 1)));
     }
     let tok = lt.tokenizer.as_ref().ok_or_else(|| Error::file(&o.target, "no tokenizer found next to the target"))?;
     // Checked before anything is written: an answer that cannot fit would skip every prompt.
