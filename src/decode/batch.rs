@@ -47,6 +47,7 @@
 //! sequences inside attention (everything else in the step is batched on them).
 
 use super::budget::{AutoBudget, AutoState, CostModel};
+use super::governor::{ForcedAr, Governor, StepArm};
 use super::platform::Platform;
 use super::policy::{self, Observed, Plan, RoundPolicy};
 use super::prefix::PrefixCache;
@@ -292,6 +293,8 @@ pub struct Batch<'a, B: Backend> {
     stats: BatchStats,
     /// Rows the last step's forward fed.
     last_rows: usize,
+    /// Speculate or force AR steps when several `--budget auto` sequences run rounds together.
+    governor: Governor,
     /// Reusable prompt prefixes ([`Batch::with_prefix_cache`]).
     prefix: Option<PrefixCache>,
 }
@@ -302,10 +305,10 @@ fn ms(t: Instant) -> f64 {
 
 impl<'a, B: Backend> Batch<'a, B> {
     /// An empty batch over `target` on `backend`.
-    /// Errors: a tap layer the target cannot tap (the last layer or beyond).
+    /// Errors: a tap layer beyond the target's layers.
     pub fn new(backend: &'a B, target: &'a Target<B>, opts: BatchOptions) -> Result<Self> {
-        if let Some(&bad) = opts.taps.iter().find(|&&l| l + 1 >= target.cfg.layers) {
-            return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (never tap the last layer)", target.cfg.layers)));
+        if let Some(&bad) = opts.taps.iter().find(|&&l| l >= target.cfg.layers) {
+            return Err(Error::Input(format!("tap layer {bad} invalid for a {}-layer target (layers 0..={})", target.cfg.layers, target.cfg.layers - 1)));
         }
         let platform = Platform::of(backend);
         Ok(Batch {
@@ -318,6 +321,7 @@ impl<'a, B: Backend> Batch<'a, B> {
             next_id: 0,
             stats: BatchStats::default(),
             last_rows: 0,
+            governor: Governor::default(),
             prefix: None,
         })
     }
@@ -487,10 +491,11 @@ impl<'a, B: Backend> Batch<'a, B> {
     /// dropped).
     pub async fn step_async(&mut self) -> Result<StepOutput<B>> {
         let t = Instant::now();
+        let step_start = t;
         for d in &self.drafters {
             d.prepare_output_head_async(self.backend, self.target).await?;
         }
-        let mut feeds = self.plan();
+        let (mut feeds, governed) = self.plan();
         self.draft(&mut feeds).await?;
         self.stats.draft_ms += ms(t);
         let mut out = StepOutput { seqs: Vec::new(), logits: None, taps: None, finished: Vec::new() };
@@ -511,6 +516,10 @@ impl<'a, B: Backend> Batch<'a, B> {
                 let step = self.finish_block(k, f, &fwd, argmax.as_deref(), forward_ms, total_rows).await?;
                 self.stats.tokens += step.tokens.len();
                 out.seqs.push(step);
+            }
+            if let Some((rounds, arm, true)) = governed {
+                let tokens = out.seqs.iter().map(|s| s.tokens.len()).sum();
+                self.governor.observe(rounds, arm, tokens, ms(step_start));
             }
             self.start_policies().await?;
             self.stats.pick_ms += ms(t);
@@ -537,11 +546,19 @@ impl<'a, B: Backend> Batch<'a, B> {
     }
 
     /// Step 1: every sequence's block — a prompt chunk, a tail feed, or a planned round (whose
-    /// drafted tree [`Batch::draft`] fills in).
-    fn plan(&mut self) -> Vec<Feed> {
+    /// drafted tree [`Batch::draft`] fills in). Where two or more `--budget auto` sequences run
+    /// rounds, the [`Governor`] picks the step's arm; returns it with their count and whether
+    /// the step feeds rounds only (so its time measures the arm).
+    fn plan(&mut self) -> (Vec<Feed>, Option<(usize, StepArm, bool)>) {
         let tail = !self.opts.taps.is_empty();
         let chunk = if self.opts.max_prefill_rows > 0 { self.opts.max_prefill_rows } else { self.platform.prefill_chunk() };
         let mut feeds = Vec::new();
+        // Governed: past the prefill, with a cost model (`--budget auto`), more to generate.
+        let governed = |s: &Seq<'_, B>| !s.done && s.fed() >= s.prompt.len() && s.policy.as_deref().is_some_and(|p| p.round_ms(1).is_some());
+        let rounds = self.seqs.iter().filter(|s| governed(s)).count();
+        let only_rounds = self.seqs.iter().all(|s| s.done || s.fed() >= s.prompt.len());
+        let arm = self.governor.choose(rounds);
+        let mut forced_ar = ForcedAr;
         for (i, s) in self.seqs.iter_mut().enumerate() {
             let root = s.fed();
             if let Some((ids, wants_logits)) = s.prompt_input(chunk, tail) {
@@ -550,11 +567,13 @@ impl<'a, B: Backend> Batch<'a, B> {
             } else if !s.done {
                 let policy = s.policy.as_deref_mut().expect("a sequence past its prefill has its policy");
                 let other_rows = self.last_rows.saturating_sub(s.last_rows);
+                let forced = arm == Some(StepArm::ForceAr) && policy.round_ms(1).is_some();
+                let policy: &mut dyn RoundPolicy = if forced { &mut forced_ar } else { policy };
                 let r = round::plan(policy, s.spec.as_ref(), &s.params, &s.prompt, &s.out, other_rows, &mut s.stats);
                 feeds.push(Feed { seq: i, ids: Vec::new(), positions: Vec::new(), wants_logits: true, round: Some(r) });
             }
         }
-        feeds
+        (feeds, arm.map(|a| (rounds, a, only_rounds)))
     }
 
     /// Step 2: the drafted rounds draft ([`round::draft`]); then every round's block is its

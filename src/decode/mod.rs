@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod budget;
+pub mod governor;
 pub mod lookup;
 pub mod platform;
 pub mod policy;
