@@ -124,6 +124,20 @@ impl Sequence {
         self.taps[lo * self.width..hi * self.width].iter().map(|v| v.to_f32()).collect()
     }
 
+    /// The same sequence with only the taps `idx` (indices into its tap layers, each of width
+    /// `hidden`), in that order: `[len, idx.len() * hidden]`.
+    pub fn select_taps(self, idx: &[usize], hidden: usize) -> Sequence {
+        let n = self.len();
+        let mut taps = Vec::with_capacity(n * idx.len() * hidden);
+        for r in 0..n {
+            let row = &self.taps[r * self.width..(r + 1) * self.width];
+            for &i in idx {
+                taps.extend_from_slice(&row[i * hidden..(i + 1) * hidden]);
+            }
+        }
+        Sequence { width: idx.len() * hidden, taps, ..self }
+    }
+
     /// Check internal consistency; the error names `path`.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let n = self.len();
@@ -222,12 +236,27 @@ pub fn list(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// Read the sequence files `names` of `dir` (in that order) and check each against `meta`.
+/// When `meta.tap_layers` is a subset of the layers the cache stores (its own `meta.json`), only
+/// those taps are kept, in `meta`'s order (`train --use-taps`).
 /// Errors name the file (missing, corrupt, or not matching `meta`).
 pub fn load_files(dir: &Path, meta: &CacheMeta, names: &[String]) -> Result<Vec<Sequence>> {
+    let stored = CacheMeta::read(dir)?.unwrap_or_else(|| meta.clone());
+    let select: Option<Vec<usize>> = if stored.tap_layers == meta.tap_layers {
+        None
+    } else {
+        let idx: Option<Vec<usize>> = meta.tap_layers.iter().map(|l| stored.tap_layers.iter().position(|s| s == l)).collect();
+        Some(idx.ok_or_else(|| Error::file(&dir.join("meta.json"), format!("holds taps {:?}, not all of {:?}", stored.tap_layers, meta.tap_layers)))?)
+    };
     let mut out = Vec::with_capacity(names.len());
     for n in names {
         let p = dir.join(n);
-        let s = Sequence::read(&p)?;
+        let mut s = Sequence::read(&p)?;
+        if let Some(idx) = &select {
+            if s.width != stored.width() {
+                return Err(Error::file(&p, format!("width {} differs from meta.json ({})", s.width, stored.width())));
+            }
+            s = s.select_taps(idx, stored.hidden);
+        }
         if s.width != meta.width() || s.topk != meta.topk {
             return Err(Error::file(&p, format!("width {} / top-k {} differ from meta.json ({} / {})", s.width, s.topk, meta.width(), meta.topk)));
         }
@@ -265,6 +294,17 @@ mod tests {
         assert_eq!(back.topk_at(3).unwrap().0, &[4, 8]);
         assert!(back.topk_at(1).is_none());
         assert_eq!(back.taps_f32(1, 2), vec![1.5, 2.0, 2.5]);
+    }
+
+    #[test]
+    fn select_taps_keeps_the_listed_taps_in_order() {
+        // Width 4 = two taps of hidden 2; row r holds 4r..4r+4 (× 0.5).
+        let s = Sequence { width: 4, taps: (0..16).map(|i| f16::from_f32(i as f32)).collect(), ..sample() };
+        let t = s.select_taps(&[1, 0], 2);
+        assert_eq!(t.width, 4);
+        assert_eq!(t.taps_f32(0, 2), vec![2.0, 3.0, 0.0, 1.0, 6.0, 7.0, 4.0, 5.0]);
+        let u = t.select_taps(&[1], 2);
+        assert_eq!(u.taps_f32(0, 4), vec![0.0, 1.0, 4.0, 5.0, 8.0, 9.0, 12.0, 13.0]);
     }
 
     #[test]

@@ -65,6 +65,11 @@ enum Cmd {
         /// Number of tap layers (evenly spaced from layer 1 to N-3, z-lab's rule).
         #[arg(long, default_value_t = 3)]
         taps: usize,
+        /// Tap exactly these target layers (comma-separated, 0-based, the last layer's raw
+        /// output allowed) instead of --taps' evenly spaced ones, e.g. `1,14,27,29`: one cache
+        /// then serves drafters reading any subset (`train --use-taps`).
+        #[arg(long, value_delimiter = ',', conflicts_with = "taps")]
+        tap_layers: Option<Vec<usize>>,
         /// Stop after this many minutes (rerun to continue).
         #[arg(long)]
         max_minutes: Option<f64>,
@@ -83,7 +88,10 @@ enum Cmd {
     },
     /// Train a drafter on a cache (resumable with --resume).
     Train {
-        /// `dspark` (shifted slots, Markov + confidence heads) or `dflash` (in-place slots).
+        /// `dspark` (shifted slots, Markov + confidence heads), `dflash` (in-place slots), or
+        /// `eagle`: the EAGLE-style reference head of issue 40's diagnosis (one causal pass over
+        /// taps + next-token embeddings, depth 1 only, every answer position a loss row —
+        /// `--anchors × --block-size` of them per sequence; not exportable, not resumable).
         #[arg(long)]
         kind: String,
         /// Cache directory written by gen-data.
@@ -173,6 +181,10 @@ enum Cmd {
         /// once, frozen into --out/draft_vocab.json); CE to a label outside it is skipped.
         #[arg(long)]
         draft_vocab: Option<usize>,
+        /// The cached tap layers this drafter reads (comma-separated, a subset of the cache's
+        /// `tap_layers`, in any order: the drafter's `target_layer_ids`); default: all of them.
+        #[arg(long, value_delimiter = ',')]
+        use_taps: Option<Vec<usize>>,
         /// Train on the first N cache files (by name) only. The file list is frozen into
         /// --out/data.json at the start either way, so a resumed run sees the same data.
         #[arg(long)]
@@ -262,7 +274,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Export { .. } => {}
     }
     match cli.cmd {
-        Cmd::GenData { target, prompts, out, start, limit, max_new_tokens, topk, taps, max_minutes, batch, max_tokens, weights } => {
+        Cmd::GenData { target, prompts, out, start, limit, max_new_tokens, topk, taps, tap_layers, max_minutes, batch, max_tokens, weights } => {
             use sparkling::cpu::WeightDtype;
             let weights = match weights.as_deref() {
                 None => None,
@@ -286,10 +298,31 @@ fn run(cli: Cli) -> Result<()> {
             if topk == 0 || topk > tcfg.vocab {
                 return Err(Error::arg("topk", format!("{topk}: expected 1..={} (the target vocabulary)", tcfg.vocab)));
             }
-            let tap_layers = default_target_layer_ids(tcfg.layers, taps);
+            let explicit = tap_layers.is_some();
+            let tap_layers = match tap_layers {
+                Some(t) => {
+                    if t.is_empty() {
+                        return Err(Error::arg("tap-layers", "give at least one layer"));
+                    }
+                    if let Some(&bad) = t.iter().find(|&&l| l >= tcfg.layers) {
+                        return Err(Error::arg(
+                            "tap-layers",
+                            format!("layer {bad} is not a layer of the {}-layer target (0..={})", tcfg.layers, tcfg.layers - 1),
+                        ));
+                    }
+                    let mut d = t.clone();
+                    d.sort_unstable();
+                    d.dedup();
+                    if d.len() != t.len() {
+                        return Err(Error::arg("tap-layers", format!("{t:?} lists a layer twice")));
+                    }
+                    t
+                }
+                None => default_target_layer_ids(tcfg.layers, taps),
+            };
             let mut distinct = tap_layers.clone();
             distinct.dedup();
-            if distinct.len() != tap_layers.len() {
+            if !explicit && distinct.len() != tap_layers.len() {
                 return Err(Error::arg(
                     "taps",
                     format!("{taps} taps do not fit a {}-layer target (distinct layers from 1 to {} only)", tcfg.layers, tcfg.layers.saturating_sub(3)),
@@ -347,12 +380,16 @@ fn run(cli: Cli) -> Result<()> {
             init_from_target,
             init_from,
             draft_vocab,
+            use_taps,
             max_seqs,
             resume,
             max_minutes,
         } => {
             let target = target.unwrap_or_else(default_target);
             let dspark = kind == "dspark";
+            if kind == "eagle" && (resume || init_from.is_some() || init_from_target.is_some()) {
+                return Err(Error::arg("kind", "an eagle reference head trains from scratch in one go (no --resume / --init-from)"));
+            }
             if !dspark {
                 // DFlash drafters have neither head: these options would be ignored, so they are refused.
                 for (given, arg) in [(markov_rank != 32, "markov-rank"), (no_confidence, "no-confidence"), (conf != 1.0, "conf")] {
@@ -388,7 +425,12 @@ fn run(cli: Cli) -> Result<()> {
                 init_from: init_from.map(|p| p.display().to_string()),
                 draft_vocab,
                 max_seqs,
+                use_taps,
             };
+            if rc.kind == "eagle" {
+                sparkling_train::eagle::run(&rc, &sparkling_train::eagle::EagleControl { out, eval_every, max_minutes })?;
+                return Ok(());
+            }
             let ctl = TrainControl { out, resume, ckpt_every, eval_every, max_minutes };
             train::run(&rc, &ctl)?;
             Ok(())

@@ -100,6 +100,10 @@ pub struct RunConfig {
     /// files present when the run starts.
     #[serde(default)]
     pub max_seqs: Option<usize>,
+    /// The cached tap layers the drafter reads (`--use-taps`; a subset of the cache's, in the
+    /// drafter's `target_layer_ids` order); `None` = every cached tap.
+    #[serde(default)]
+    pub use_taps: Option<Vec<usize>>,
 }
 
 impl RunConfig {
@@ -108,7 +112,10 @@ impl RunConfig {
         match self.kind.as_str() {
             "dspark" => Ok(DrafterKind::DSpark),
             "dflash" => Ok(DrafterKind::DFlash),
-            k => Err(Error::arg("kind", format!("`{k}` (expected dspark or dflash)"))),
+            // The EAGLE-style reference head (`crate::eagle`) borrows a drafter config for its
+            // geometry only (hidden, heads, MLP, layers, RoPE).
+            "eagle" => Ok(DrafterKind::DSpark),
+            k => Err(Error::arg("kind", format!("`{k}` (expected dspark, dflash or eagle)"))),
         }
     }
 
@@ -396,7 +403,8 @@ pub struct TrainControl {
     pub max_minutes: Option<f64>,
 }
 
-/// Everything needed to rebuild a run's drafter: cache meta, target config, drafter config.
+/// Everything needed to rebuild a run's drafter: cache meta (its `tap_layers` narrowed to
+/// `--use-taps`, which [`load_files`] then selects), target config, drafter config.
 pub fn run_context(rc: &RunConfig) -> Result<(CacheMeta, Tensor, TargetConfig, DrafterConfig)> {
     let cache = PathBuf::from(&rc.cache);
     let meta = CacheMeta::read(&cache)?.ok_or_else(|| Error::file(&cache, "no meta.json: not a training cache (run gen-data first)"))?;
@@ -404,12 +412,30 @@ pub fn run_context(rc: &RunConfig) -> Result<(CacheMeta, Tensor, TargetConfig, D
     if tcfg.hidden != meta.hidden || tcfg.vocab != meta.vocab {
         return Err(Error::file(&cache, format!("cache is for H {} / V {} but the target has H {} / V {}", meta.hidden, meta.vocab, tcfg.hidden, tcfg.vocab)));
     }
-    if let Some(&bad) = meta.tap_layers.iter().find(|&&l| l + 1 >= tcfg.layers) {
+    if let Some(&bad) = meta.tap_layers.iter().find(|&&l| l >= tcfg.layers) {
         return Err(Error::file(
             &cache.join("meta.json"),
-            format!("tap layer {bad} is not below the last of the target's {} layers: this cache was made for another target", tcfg.layers),
+            format!("tap layer {bad} is not a layer of the target's {}: this cache was made for another target", tcfg.layers),
         ));
     }
+    let meta = match &rc.use_taps {
+        None => meta,
+        Some(sel) => {
+            if sel.is_empty() {
+                return Err(Error::arg("use-taps", "give at least one tap layer"));
+            }
+            if let Some(&bad) = sel.iter().find(|l| !meta.tap_layers.contains(l)) {
+                return Err(Error::arg("use-taps", format!("layer {bad} is not in the cache {} (its tap layers are {:?})", cache.display(), meta.tap_layers)));
+            }
+            let mut d = sel.clone();
+            d.sort_unstable();
+            d.dedup();
+            if d.len() != sel.len() {
+                return Err(Error::arg("use-taps", format!("{sel:?} lists a layer twice")));
+            }
+            CacheMeta { tap_layers: sel.clone(), ..meta }
+        }
+    };
     let dcfg = drafter_cfg(rc, &tcfg, &meta.tap_layers)?;
     Ok((meta, head, tcfg, dcfg))
 }

@@ -75,6 +75,7 @@ fn config(target: &Path, cache: &Path, steps: usize, init_from: Option<&Path>) -
         init_from: init_from.map(|p| p.display().to_string()),
         draft_vocab: None,
         max_seqs: None,
+        use_taps: None,
     }
 }
 
