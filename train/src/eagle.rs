@@ -267,7 +267,7 @@ pub fn run(rc: &RunConfig, ctl: &EagleControl) -> Result<f64> {
         let items: Vec<&Sequence> = (0..rc.seqs_per_step)
             .map(|i| {
                 let gi = step * rc.seqs_per_step + i;
-                if gi % n == 0 {
+                if gi.is_multiple_of(n) {
                     Rng::new(rc.seed, 1_000_000 + (gi / n) as u64).shuffle(&mut perm);
                 }
                 &train[perm[gi % n]]

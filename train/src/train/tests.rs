@@ -56,6 +56,7 @@ fn test_run(cache: &Path) -> RunConfig {
         init_from: None,
         draft_vocab: None,
         max_seqs: Some(2),
+        use_taps: None,
     }
 }
 
