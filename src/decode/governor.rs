@@ -86,7 +86,7 @@ impl Governor {
             }
         } else {
             let best = if s.rate >= a.rate { StepArm::Speculate } else { StepArm::ForceAr };
-            let explore = self.steps[b] % Self::EXPLORE == 0;
+            let explore = self.steps[b].is_multiple_of(Self::EXPLORE);
             match (best, explore) {
                 (StepArm::Speculate, true) => StepArm::ForceAr,
                 (StepArm::ForceAr, true) => StepArm::Speculate,
