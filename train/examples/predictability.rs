@@ -1,4 +1,4 @@
-//! What is predictable at all (issue 40's diagnosis), per prompt set of a `gen-data` cache:
+//! What is predictable at all — how much a drafter could agree with the target — per prompt set of a `gen-data` cache:
 //! how confident the target is in its own greedy token at each answer position (the top-1
 //! probability of its full softmax, from the cached top-k), and what a context-free bigram
 //! model (`x_S → x_{S+1}`, counted on the even-indexed sequences, scored on the odd ones)

@@ -1,4 +1,4 @@
-//! `train-eagle`: an EAGLE-style **reference drafter** for diagnosis (issue 40) — the
+//! `train --kind eagle`: an EAGLE-style **reference drafter** for diagnosis — the
 //! best-understood kind of drafter, trained on the same cache, draft vocabulary and loss as the
 //! block drafters, so its held-out depth-1 agreement is the floor a block drafter must reach at
 //! depth 1 with the same information.
@@ -36,27 +36,14 @@ use std::time::Instant;
 /// Name and shape of every parameter of an EAGLE-style head with `layers` decoder layers over
 /// `n_feat` tap features, with the geometry (hidden, heads, MLP width) of `cfg`.
 pub fn tensor_shapes(cfg: &DrafterConfig, n_feat: usize) -> Vec<(String, Vec<usize>)> {
-    let (h, q, kv, hd, i) = (cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.head_dim, cfg.intermediate);
+    let h = cfg.hidden;
     let mut v: Vec<(String, Vec<usize>)> = vec![
         ("fc.weight".into(), vec![h, n_feat]),
         ("hidden_norm.weight".into(), vec![h]),
         ("embed_norm.weight".into(), vec![h]),
         ("fuse.weight".into(), vec![h, 2 * h]),
     ];
-    for l in 0..cfg.layers {
-        let p = |s: &str| format!("layers.{l}.{s}");
-        v.push((p("input_layernorm.weight"), vec![h]));
-        v.push((p("self_attn.q_proj.weight"), vec![q, h]));
-        v.push((p("self_attn.k_proj.weight"), vec![kv, h]));
-        v.push((p("self_attn.v_proj.weight"), vec![kv, h]));
-        v.push((p("self_attn.o_proj.weight"), vec![h, q]));
-        v.push((p("self_attn.q_norm.weight"), vec![hd]));
-        v.push((p("self_attn.k_norm.weight"), vec![hd]));
-        v.push((p("post_attention_layernorm.weight"), vec![h]));
-        v.push((p("mlp.gate_proj.weight"), vec![i, h]));
-        v.push((p("mlp.up_proj.weight"), vec![i, h]));
-        v.push((p("mlp.down_proj.weight"), vec![h, i]));
-    }
+    crate::model::push_layer_shapes(cfg, &mut v);
     v.push(("norm.weight".into(), vec![h]));
     v
 }

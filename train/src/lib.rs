@@ -12,7 +12,7 @@
 //!    ([`head`]: CE to the target's greedy token + distribution matching to its top-k, position
 //!    weights `exp(-(k-1)/γ)`, Markov head trained jointly, confidence head), AdamW ([`optim`]),
 //!    resumable checkpoints ([`checkpoint`]), held-out evaluation ([`eval`]).
-//!    [`eagle`] trains an EAGLE-style reference head on the same data (issue 40's diagnosis:
+//!    [`eagle`] trains an EAGLE-style reference head on the same data (a diagnosis:
 //!    the depth-1 agreement a drafter with the same information reaches).
 //! 3. [`export`] — the HF-layout checkpoint (`config.json` + bf16 `model.safetensors`) the
 //!    engine loads unchanged, verified by loading it with `Drafter::load`.

@@ -89,7 +89,7 @@ enum Cmd {
     /// Train a drafter on a cache (resumable with --resume).
     Train {
         /// `dspark` (shifted slots, Markov + confidence heads), `dflash` (in-place slots), or
-        /// `eagle`: the EAGLE-style reference head of issue 40's diagnosis (one causal pass over
+        /// `eagle`: an EAGLE-style reference head for diagnosis (one causal pass over
         /// taps + next-token embeddings, depth 1 only, every answer position a loss row —
         /// `--anchors × --block-size` of them per sequence; not exportable, not resumable).
         #[arg(long)]

@@ -38,8 +38,26 @@ pub struct Params {
 /// stays `[V, r]` (indexed by the previous token's target id). The `draft_to_target` map is not
 /// a parameter (the exporter writes it).
 pub fn tensor_shapes(cfg: &DrafterConfig, n_feat: usize) -> Vec<(String, Vec<usize>)> {
-    let (h, q, kv, hd, i) = (cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.head_dim, cfg.intermediate);
+    let h = cfg.hidden;
     let mut v: Vec<(String, Vec<usize>)> = vec![("fc.weight".into(), vec![h, n_feat]), ("hidden_norm.weight".into(), vec![h])];
+    push_layer_shapes(cfg, &mut v);
+    v.push(("norm.weight".into(), vec![h]));
+    if cfg.kind == DrafterKind::DSpark && cfg.markov_rank > 0 {
+        v.push(("markov_head.markov_w1.weight".into(), vec![cfg.vocab, cfg.markov_rank]));
+        v.push(("markov_head.markov_w2.weight".into(), vec![cfg.draft_vocab, cfg.markov_rank]));
+    }
+    if cfg.kind == DrafterKind::DSpark && cfg.confidence_head {
+        v.push(("confidence_head.proj.weight".into(), vec![1, h + cfg.markov_rank]));
+        v.push(("confidence_head.proj.bias".into(), vec![1]));
+    }
+    v
+}
+
+/// Append the names and shapes of `cfg.layers` Qwen3 decoder layers (`layers.{l}.…`: norms,
+/// q/k/v/o projections with q/k RMSNorm, SwiGLU MLP) in HF layout; shared by the block drafters
+/// and the reference head ([`crate::eagle`]).
+pub fn push_layer_shapes(cfg: &DrafterConfig, v: &mut Vec<(String, Vec<usize>)>) {
+    let (h, q, kv, hd, i) = (cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.head_dim, cfg.intermediate);
     for l in 0..cfg.layers {
         let p = |s: &str| format!("layers.{l}.{s}");
         v.push((p("input_layernorm.weight"), vec![h]));
@@ -54,16 +72,6 @@ pub fn tensor_shapes(cfg: &DrafterConfig, n_feat: usize) -> Vec<(String, Vec<usi
         v.push((p("mlp.up_proj.weight"), vec![i, h]));
         v.push((p("mlp.down_proj.weight"), vec![h, i]));
     }
-    v.push(("norm.weight".into(), vec![h]));
-    if cfg.kind == DrafterKind::DSpark && cfg.markov_rank > 0 {
-        v.push(("markov_head.markov_w1.weight".into(), vec![cfg.vocab, cfg.markov_rank]));
-        v.push(("markov_head.markov_w2.weight".into(), vec![cfg.draft_vocab, cfg.markov_rank]));
-    }
-    if cfg.kind == DrafterKind::DSpark && cfg.confidence_head {
-        v.push(("confidence_head.proj.weight".into(), vec![1, h + cfg.markov_rank]));
-        v.push(("confidence_head.proj.bias".into(), vec![1]));
-    }
-    v
 }
 
 impl Params {
