@@ -31,6 +31,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let c = e % p.k;
     let id = ids[i];
     if (id >= p.row0 && id < p.row0 + p.rows) {
-        out[e] = load_w(c * p.stride + (id - p.row0));
+        out[e] = load_w(c, id - p.row0);
     }
 }

@@ -69,7 +69,7 @@ fn main(
             let c = col0 + e % BN;
             var v = 0.0;
             if (c < p.nc && k0 + kk < p.k) {
-                v = load_w((k0 + kk) * p.stride + c);
+                v = load_w(k0 + kk, c);
             }
             ws[e] = v;
         }

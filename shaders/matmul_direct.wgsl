@@ -65,7 +65,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
     for (var kk = 0u; kk < p.k; kk++) {
-        let wv = load_w4(kk * p.stride + c);
+        let wv = load_w4(kk, c);
         a0 = fma(vec4<f32>(x[x0 + kk]), wv, a0);
         a1 = fma(vec4<f32>(x[x1 + kk]), wv, a1);
         a2 = fma(vec4<f32>(x[x2 + kk]), wv, a2);

@@ -1,13 +1,15 @@
 // Weight storage prelude: f32. A weight chunk is stored transposed and column-padded,
 // Wᵀ[K, stride] with stride = nc rounded up to a multiple of 4 (padding is zero), and bound at
-// binding 1 as vec4s. `load_w(e)` returns element e; `load_w4(e)` the 4 consecutive elements
-// e .. e+3 (e a multiple of 4).
+// binding 1 as vec4s. `load_w(k, j)` returns element k of chunk row j (weight row n0 + j);
+// `load_w4(k, j)` element k of the 4 rows j .. j+3 (j a multiple of 4). The including kernel's
+// uniform `p` has the chunk's `stride`.
 @group(0) @binding(1) var<storage, read> w: array<vec4<f32>>;
 
-fn load_w(e: u32) -> f32 {
+fn load_w(k: u32, j: u32) -> f32 {
+    let e = k * p.stride + j;
     return w[e >> 2u][e & 3u];
 }
 
-fn load_w4(e: u32) -> vec4<f32> {
-    return w[e >> 2u];
+fn load_w4(k: u32, j: u32) -> vec4<f32> {
+    return w[(k * p.stride + j) >> 2u];
 }

@@ -50,7 +50,7 @@ pub struct ModelArgs {
     /// blocks and run on int8 kernels, ~0.58–1.06 B/weight; GGUF F16/F32 matrices stay as stored;
     /// other block types become f16), `q8_0` (cpu: quantize float matrices — safetensors, GGUF F16/F32/BF16 — to Q8_0 at load, 1.06 B/weight;
     /// GGUF blocks the cpu runs natively stay as stored), `f16` (2 B), `f32` (4 B), `bf16`
-    /// (wgpu only), or `auto`: native for GGUF targets on the cpu (f16 on wgpu), f32 otherwise.
+    /// (wgpu only), or `auto`: native for GGUF targets on the cpu and wgpu, f32 otherwise.
     #[arg(long, default_value = "auto", value_parser = lenient::<WeightsArg>())]
     pub weights: WeightsArg,
     /// KV cache storage: `f16` (cpu: half the bytes each attention reads — faster at long
@@ -95,7 +95,7 @@ enum Weights {
     F32,
     F16,
     Bf16,
-    /// GGUF formats as stored (cpu); f16 on wgpu.
+    /// GGUF formats as stored (cpu: int8 kernels; wgpu: blocks dequantized in registers).
     Native,
     Q8_0,
 }
@@ -155,9 +155,10 @@ fn open_wgpu(adapter: Option<&str>, w: Weights) -> Result<AnyBackend> {
     use sparkling::wgpu_backend::{WeightDtype, WgpuBackend, WgpuOptions};
     let weight_dtype = match w {
         Weights::F32 => WeightDtype::F32,
-        Weights::F16 | Weights::Native => WeightDtype::F16,
+        Weights::F16 => WeightDtype::F16,
+        Weights::Native => WeightDtype::Native,
         Weights::Bf16 => WeightDtype::Bf16,
-        Weights::Q8_0 => return Err(Error::Input("--weights q8_0 is only available with --backend cpu (wgpu: f32, f16, bf16, auto)".into())),
+        Weights::Q8_0 => return Err(Error::Input("--weights q8_0 is only available with --backend cpu (wgpu: native, f32, f16, bf16, auto)".into())),
     };
     let opts = WgpuOptions { adapter: adapter.map(str::to_string), weight_dtype, ..Default::default() };
     Ok(AnyBackend::Wgpu(WgpuBackend::with_options(&opts)?))

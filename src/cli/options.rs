@@ -128,7 +128,8 @@ impl BackendKind {
 /// `--weights`: how the target's weights are stored on the backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum WeightsArg {
-    /// GGUF tensors as stored (cpu: quantized blocks on int8 kernels); f16 on wgpu.
+    /// GGUF tensors as stored (cpu: quantized blocks on int8 kernels; wgpu: Q8_0 / Q4_0 / Q4_1 /
+    /// Q5_0 / Q4_K / Q6_K blocks dequantized in registers, other types f16).
     #[value(name = "native")]
     Native,
     /// Float matrices quantized to Q8_0 at load (cpu).
@@ -143,7 +144,7 @@ pub enum WeightsArg {
     /// 2 bytes a weight (wgpu, cuda).
     #[value(name = "bf16")]
     Bf16,
-    /// native for GGUF targets on the cpu (f16 on wgpu, bf16 on cuda), f32 otherwise.
+    /// native for GGUF targets on the cpu and wgpu (bf16 on cuda), f32 otherwise.
     #[value(name = "auto")]
     Auto,
 }

@@ -56,5 +56,6 @@ macro_rules! gpu_or_skip {
 mod attention;
 mod conformance;
 mod limits;
+mod quant;
 mod select;
 mod syncs;

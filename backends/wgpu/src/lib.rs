@@ -5,7 +5,12 @@
 //!
 //! - Tensors are f32 storage buffers from a size-bucketed pool; weights are f32, or f16 / bf16
 //!   packed two per `u32` and widened in-shader ([`WeightDtype`]), stored transposed per chunk
-//!   (`Wᵀ[K, N]`, so neighbouring invocations read neighbouring addresses). Weights larger than
+//!   (`Wᵀ[K, N]`, so neighbouring invocations read neighbouring addresses), or — under
+//!   [`WeightDtype::Native`] — GGUF Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q4_K / Q6_K blocks as stored
+//!   ([`QFormat`]; repacked so neighbouring output rows' words are neighbours, no byte added
+//!   but ≤ 3 padding rows per chunk) and dequantized in registers by the same matmul and
+//!   embedding kernels, into the same f32 fma chain: a native matmul is bit-identical to the
+//!   f32 matmul of the loader's dequantized values. Weights larger than
 //!   one storage binding (`max_storage_buffer_binding_size`) are split by rows across
 //!   bindings; an activation tensor that does not fit one binding is a clear [`Error::Device`].
 //! - Matmul has two kernels with bit-identical results ([`MatmulKernel`]): a workgroup-memory
@@ -67,10 +72,12 @@ mod device;
 mod ops;
 mod pipelines;
 mod pool;
+mod quant;
 mod select;
 mod tensor;
 
-pub use tensor::{WeightDtype, WgpuTensor, WgpuWeight};
+pub use quant::QFormat;
+pub use tensor::{WeightDtype, WeightStorage, WgpuTensor, WgpuWeight};
 
 use ctx::Gpu;
 use sparkling_core::{Error, Result};

@@ -8,10 +8,12 @@
 use crate::ctx::Bind;
 use crate::pipelines::{Kernel, MatmulTile, ELEMS_PER_GROUP, MAX_HEAD_DIM};
 use crate::pool;
+use crate::quant::QFormat;
 use crate::tensor::{chunk_stride, encode, rows_per_chunk, stored_chunk_bytes, transpose_rows, WeightChunk, WgpuTensor, WgpuWeight};
+use crate::tensor::{WeightDtype, WeightStorage};
 use crate::WgpuBackend;
 use sparkling_core::select::ancestor_table;
-use sparkling_core::{AttnMask, AttnShape, Backend, CandidateArgs, CandidateTable, DraftTree, Error, Result, SampleParams, TopK};
+use sparkling_core::{ggml, AttnMask, AttnShape, Backend, CandidateArgs, CandidateTable, DraftTree, Error, GgmlWeight, Result, SampleParams, TopK};
 
 fn shape_err(op: &'static str, detail: String) -> Error {
     Error::Shape { op, detail }
@@ -67,51 +69,83 @@ impl Backend for WgpuBackend {
         (t.rows, t.cols)
     }
 
-    /// Upload a `[n, k]` weight in this backend's [`crate::WeightDtype`], split by rows into
-    /// chunks of at most `max_storage_buffer_binding_size` bytes each, each chunk stored
-    /// transposed (`[k, rows]`) for coalesced reads by the matmul kernels.
+    /// Upload a `[n, k]` weight in this backend's [`crate::WeightDtype`] (`native`: f16), split
+    /// by rows into chunks of at most `max_storage_buffer_binding_size` bytes each, each chunk
+    /// stored transposed (`[k, rows]`) for coalesced reads by the matmul kernels.
     /// Errors: `data.len() != n*k` ([`Error::Shape`]); one row larger than a binding, or an
     /// allocation failure ([`Error::Device`], naming the sizes and the limit).
     fn upload_weight(&self, data: Vec<f32>, n: usize, k: usize) -> Result<WgpuWeight> {
-        let g = &self.gpu;
-        g.check()?;
+        self.gpu.check()?;
         if data.len() != n.saturating_mul(k) {
             return Err(shape_err("upload_weight", format!("{} values for [{n}, {k}]", data.len())));
         }
-        let dt = self.weight_dtype;
-        let per_chunk = rows_per_chunk(dt, k, g.max_binding);
-        if per_chunk == 0 {
-            return Err(Error::Device(format!(
-                "upload_weight: a [{n}, {k}] {} weight is split by rows, 4 at a time, and 4 rows need {} bytes, but {} allows at most {} bytes per storage binding",
-                dt.name(),
-                stored_chunk_bytes(dt, k, 4),
-                g.info.name,
-                g.max_binding
-            )));
-        }
-        let mut chunks = Vec::new();
-        let mut row0 = 0usize;
-        while row0 < n || (n == 0 && chunks.is_empty()) {
-            let rows = per_chunk.min(n - row0);
-            let vals = transpose_rows(&data, k, row0, rows);
-            let bytes = stored_chunk_bytes(dt, k, rows);
-            let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-            let buffer = pool::create_buffer(&g.device, usage, bytes.max(4), "weight chunk").map_err(|e| {
-                Error::Device(format!("upload_weight: a [{n}, {k}] {} weight ({} bytes in all) does not fit: {e}", dt.name(), dt.chunk_bytes((n * k) as u64)))
-            })?;
-            if !vals.is_empty() {
+        let dt = if self.weight_dtype == WeightDtype::Native { WeightDtype::F16 } else { self.weight_dtype };
+        let per_chunk = rows_per_chunk(dt, k, self.gpu.max_binding);
+        self.upload_chunks(
+            n,
+            k,
+            dt.float_storage(),
+            per_chunk,
+            |rows| stored_chunk_bytes(dt, k, rows),
+            |row0, rows| {
+                let vals = transpose_rows(&data, k, row0, rows);
                 match dt {
-                    crate::WeightDtype::F32 => g.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&vals)),
-                    _ => g.queue.write_buffer(&buffer, 0, &encode(dt, &vals)),
+                    WeightDtype::F32 => bytemuck::cast_slice(&vals).to_vec(),
+                    _ => encode(dt, &vals),
                 }
+            },
+        )
+    }
+
+    /// Under [`WeightDtype::Native`]: the block formats of [`QFormat`] (kept as stored) and
+    /// f16 (stored as f16).
+    fn accepts_ggml(&self, ggml_type: u32) -> bool {
+        self.weight_dtype == WeightDtype::Native && (QFormat::from_ggml(ggml_type).is_some() || ggml_type == ggml::F16)
+    }
+
+    /// Upload a GGUF tensor as stored: its blocks repacked into the chunk layout of
+    /// `quant.rs` (no value changes; row padding only), read by the quantized WGSL preludes.
+    /// An f16 tensor is widened and stored as f16 (exact).
+    /// Errors: a byte count that does not fit `[n, k]` of the type, or `k` not a multiple of
+    /// the block ([`Error::Shape`]); a type without a prelude ([`Error::Unavailable`]); a
+    /// chunk of 4 rows beyond one binding or an allocation failure ([`Error::Device`]).
+    fn upload_weight_ggml(&self, w: GgmlWeight) -> Result<WgpuWeight> {
+        let GgmlWeight { ggml_type, n, k, bytes } = w;
+        let Some(f) = QFormat::from_ggml(ggml_type) else {
+            if ggml_type == ggml::F16 {
+                if bytes.len() != n.saturating_mul(k).saturating_mul(2) {
+                    return Err(shape_err("upload_weight_ggml", format!("{} bytes for a [{n}, {k}] f16 weight", bytes.len())));
+                }
+                let vals = bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+                return self.upload_weight(vals, n, k);
             }
-            chunks.push(WeightChunk { row0, rows, stride: chunk_stride(rows), bytes, buffer });
-            row0 += rows;
-            if n == 0 {
-                break;
-            }
+            return Err(Error::Unavailable(format!("upload_weight_ggml: the wgpu backend has no kernel for ggml type {ggml_type}")));
+        };
+        self.gpu.check()?;
+        let block = f.layout().values;
+        if !k.is_multiple_of(block) || bytes.len() != f.file_bytes(n, k) {
+            return Err(shape_err(
+                "upload_weight_ggml",
+                format!("{} bytes for a [{n}, {k}] {} weight (K must be a multiple of {block}; expected {} bytes)", bytes.len(), f.name(), f.file_bytes(n, k)),
+            ));
         }
-        Ok(WgpuWeight { n, k, dtype: dt, chunks })
+        let per_chunk = f.rows_per_chunk(k, self.gpu.max_binding);
+        self.upload_chunks(
+            n,
+            k,
+            WeightStorage::Quant(f),
+            per_chunk,
+            |rows| f.chunk_bytes(k, rows),
+            |row0, rows| bytemuck::cast_slice(&f.repack_chunk(&bytes, k, row0, rows)).to_vec(),
+        )
+    }
+
+    fn weight_kernel(&self, w: &WgpuWeight) -> String {
+        let how = match w.storage {
+            WeightStorage::Quant(_) => "dequantized in registers",
+            _ => "widened in registers",
+        };
+        format!("wgsl f32 fma, {} weights {how}", w.storage.name())
     }
 
     fn weight_shape(&self, w: &WgpuWeight) -> (usize, usize) {
@@ -149,7 +183,7 @@ impl Backend for WgpuBackend {
             let params = [ids.len() as u32, k as u32, c.row0 as u32, c.rows as u32, groups as u32, c.stride as u32];
             g.dispatch(
                 &mut b,
-                Kernel::Embedding(table.dtype),
+                Kernel::Embedding(table.storage),
                 &params,
                 &[Bind::b(&c.buffer, c.bytes), Bind::b(idb.buffer(), ids.len() as u64 * 4), Bind::t(&out)],
                 groups,
@@ -209,7 +243,7 @@ impl Backend for WgpuBackend {
             let params = [m as u32, n as u32, k as u32, c.row0 as u32, c.rows as u32, tiles_n as u32, total as u32, has_bias, c.stride as u32];
             g.dispatch(
                 &mut b,
-                Kernel::Matmul(w.dtype, tile),
+                Kernel::Matmul(w.storage, tile),
                 &params,
                 &[Bind::b(&c.buffer, c.bytes), Bind::t(x), Bind::b(bias_buf, bias_bytes), Bind::t(&out)],
                 total,
@@ -532,5 +566,51 @@ impl WgpuBackend {
         g.dispatch(b, Kernel::GatherRows, &params, &[Bind::t(x), Bind::b(ib.buffer(), words.len() as u64 * 4), Bind::t(out)], groups)?;
         b.keep(ib);
         Ok(())
+    }
+}
+
+impl WgpuBackend {
+    /// Upload a `[n, k]` weight in `storage` as row chunks of `per_chunk` rows (the last one
+    /// shorter), chunk `rows` rows taking `chunk_bytes(rows)` bytes filled by
+    /// `fill(row0, rows)`. Errors: `per_chunk == 0` (4 rows beyond one binding) or an
+    /// allocation failure ([`Error::Device`], naming the sizes and the limit).
+    fn upload_chunks(
+        &self,
+        n: usize,
+        k: usize,
+        storage: WeightStorage,
+        per_chunk: usize,
+        chunk_bytes: impl Fn(usize) -> u64,
+        fill: impl Fn(usize, usize) -> Vec<u8>,
+    ) -> Result<WgpuWeight> {
+        let g = &self.gpu;
+        let name = storage.name();
+        if per_chunk == 0 {
+            return Err(Error::Device(format!(
+                "upload_weight: a [{n}, {k}] {name} weight is split by rows, 4 at a time, and 4 rows need {} bytes, but {} allows at most {} bytes per storage binding",
+                chunk_bytes(4),
+                g.info.name,
+                g.max_binding
+            )));
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0usize;
+        while row0 < n || (n == 0 && chunks.is_empty()) {
+            let rows = per_chunk.min(n - row0);
+            let bytes = chunk_bytes(rows);
+            let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+            let buffer = pool::create_buffer(&g.device, usage, bytes.max(4), "weight chunk")
+                .map_err(|e| Error::Device(format!("upload_weight: a [{n}, {k}] {name} weight does not fit: {e}")))?;
+            let data = if rows > 0 { fill(row0, rows) } else { Vec::new() };
+            if !data.is_empty() {
+                g.queue.write_buffer(&buffer, 0, &data);
+            }
+            chunks.push(WeightChunk { row0, rows, stride: chunk_stride(rows), bytes, buffer });
+            row0 += rows;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(WgpuWeight { n, k, storage, chunks })
     }
 }

@@ -11,7 +11,8 @@
 //! the per-backend directive of [`subgroup_directive`] (platform.md §1: naga rejects
 //! `enable subgroups;`, Chrome requires it).
 
-use crate::tensor::WeightDtype;
+use crate::quant::QFormat;
+use crate::tensor::WeightStorage;
 use sparkling_core::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,13 @@ const PRELUDE: &str = include_str!("../../../shaders/prelude.wgsl");
 const WEIGHTS_F32: &str = include_str!("../../../shaders/weights_f32.wgsl");
 const WEIGHTS_F16: &str = include_str!("../../../shaders/weights_f16.wgsl");
 const WEIGHTS_BF16: &str = include_str!("../../../shaders/weights_bf16.wgsl");
+const WEIGHTS_QUANT: &str = include_str!("../../../shaders/weights_quant.wgsl");
+const WEIGHTS_Q8_0: &str = include_str!("../../../shaders/weights_q8_0.wgsl");
+const WEIGHTS_Q4_0: &str = include_str!("../../../shaders/weights_q4_0.wgsl");
+const WEIGHTS_Q4_1: &str = include_str!("../../../shaders/weights_q4_1.wgsl");
+const WEIGHTS_Q5_0: &str = include_str!("../../../shaders/weights_q5_0.wgsl");
+const WEIGHTS_Q4_K: &str = include_str!("../../../shaders/weights_q4_k.wgsl");
+const WEIGHTS_Q6_K: &str = include_str!("../../../shaders/weights_q6_k.wgsl");
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
 const MATMUL_DIRECT: &str = include_str!("../../../shaders/matmul_direct.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
@@ -135,8 +143,8 @@ impl MatmulTile {
 /// Every compiled kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Kernel {
-    Matmul(WeightDtype, MatmulTile),
-    Embedding(WeightDtype),
+    Matmul(WeightStorage, MatmulTile),
+    Embedding(WeightStorage),
     RmsNorm,
     Rope,
     SiluMul,
@@ -158,11 +166,12 @@ pub(crate) enum Kernel {
 
 impl Kernel {
     /// Every kernel variant an adapter may run: both matmul tiles and the embedding for each
-    /// weight dtype, every elementwise / attention / selection kernel, with the reduction
+    /// weight storage (float precisions and block formats), every elementwise / attention / selection kernel, with the reduction
     /// library `reduce` (plus the portable one, which `CandidateUnion` always uses).
     pub(crate) fn all(reduce: Reduce) -> Vec<Kernel> {
         let mut v = Vec::new();
-        for dt in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+        let floats = [WeightStorage::F32, WeightStorage::F16, WeightStorage::Bf16];
+        for dt in floats.into_iter().chain(QFormat::ALL.map(WeightStorage::Quant)) {
             v.extend([Kernel::Matmul(dt, MatmulTile::Direct), Kernel::Matmul(dt, MatmulTile::Tiled), Kernel::Embedding(dt)]);
         }
         v.extend([
@@ -188,11 +197,24 @@ impl Kernel {
         v
     }
 
-    fn weights_prelude(dtype: WeightDtype) -> &'static str {
-        match dtype {
-            WeightDtype::F32 => WEIGHTS_F32,
-            WeightDtype::F16 => WEIGHTS_F16,
-            WeightDtype::Bf16 => WEIGHTS_BF16,
+    /// The weight-storage prelude (binding 1, `load_w` / `load_w4`): a float one, or for a
+    /// block format its constants, the shared helpers and its own decoder.
+    fn weights_prelude(storage: WeightStorage) -> String {
+        match storage {
+            WeightStorage::F32 => WEIGHTS_F32.to_string(),
+            WeightStorage::F16 => WEIGHTS_F16.to_string(),
+            WeightStorage::Bf16 => WEIGHTS_BF16.to_string(),
+            WeightStorage::Quant(f) => {
+                let decoder = match f {
+                    QFormat::Q8_0 => WEIGHTS_Q8_0,
+                    QFormat::Q4_0 => WEIGHTS_Q4_0,
+                    QFormat::Q4_1 => WEIGHTS_Q4_1,
+                    QFormat::Q5_0 => WEIGHTS_Q5_0,
+                    QFormat::Q4K => WEIGHTS_Q4_K,
+                    QFormat::Q6K => WEIGHTS_Q6_K,
+                };
+                format!("{}{WEIGHTS_QUANT}{decoder}", f.wgsl_consts())
+            }
         }
     }
 
@@ -213,18 +235,18 @@ impl Kernel {
         match self {
             Kernel::Matmul(dt, MatmulTile::Tiled) => {
                 let (wx, wy, tm, tn, bk) = MatmulTile::TILED;
-                s.push_str(Kernel::weights_prelude(dt));
+                s.push_str(&Kernel::weights_prelude(dt));
                 s.push_str(&format!(
                     "const WX: u32 = {wx}u;\nconst WY: u32 = {wy}u;\nconst TM: u32 = {tm}u;\nconst TN: u32 = {tn}u;\nconst BK: u32 = {bk}u;\n"
                 ));
                 s.push_str(MATMUL);
             }
             Kernel::Matmul(dt, MatmulTile::Direct) => {
-                s.push_str(Kernel::weights_prelude(dt));
+                s.push_str(&Kernel::weights_prelude(dt));
                 s.push_str(MATMUL_DIRECT);
             }
             Kernel::Embedding(dt) => {
-                s.push_str(Kernel::weights_prelude(dt));
+                s.push_str(&Kernel::weights_prelude(dt));
                 s.push_str(EMBEDDING);
             }
             Kernel::RmsNorm => s.push_str(RMS_NORM),

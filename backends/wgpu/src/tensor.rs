@@ -3,6 +3,7 @@
 //! `shaders/weights_f16.wgsl` / `weights_bf16.wgsl`.
 
 use crate::pool::PooledBuffer;
+use crate::quant::QFormat;
 
 /// An `f32 [rows, cols]` row-major activation tensor in a pooled storage buffer (returned to
 /// the pool when dropped).
@@ -48,24 +49,64 @@ pub enum WeightDtype {
     /// bfloat16, round-to-nearest-even at upload (lossless for bf16 checkpoints), widened
     /// in-shader by a 16-bit shift.
     Bf16,
+    /// GGUF tensors of a block format with a WGSL prelude ([`QFormat`]: Q8_0, Q4_0, Q4_1, Q5_0,
+    /// Q4_K, Q6_K) stay as stored, dequantized in registers by the matmul kernels
+    /// (`shaders/weights_quant.wgsl`); every other weight is stored as [`WeightDtype::F16`].
+    Native,
 }
 
 impl WeightDtype {
     /// Bytes of a chunk of `elems` weight values in this storage (packed formats round up to
-    /// whole `u32` words).
+    /// whole `u32` words; `Native` floats are f16).
     pub(crate) fn chunk_bytes(self, elems: u64) -> u64 {
         match self {
             WeightDtype::F32 => elems * 4,
-            WeightDtype::F16 | WeightDtype::Bf16 => elems.div_ceil(2) * 4,
+            WeightDtype::F16 | WeightDtype::Bf16 | WeightDtype::Native => elems.div_ceil(2) * 4,
         }
     }
 
-    /// Short name (`f32`, `f16`, `bf16`).
+    /// Short name (`f32`, `f16`, `bf16`, `native`).
     pub fn name(self) -> &'static str {
         match self {
             WeightDtype::F32 => "f32",
             WeightDtype::F16 => "f16",
             WeightDtype::Bf16 => "bf16",
+            WeightDtype::Native => "native",
+        }
+    }
+
+    /// How a float matrix is stored under this choice (`Native` keeps floats in f16).
+    pub(crate) fn float_storage(self) -> WeightStorage {
+        match self {
+            WeightDtype::F32 => WeightStorage::F32,
+            WeightDtype::F16 | WeightDtype::Native => WeightStorage::F16,
+            WeightDtype::Bf16 => WeightStorage::Bf16,
+        }
+    }
+}
+
+/// How one uploaded weight is stored on the device: which WGSL prelude its kernels read it
+/// through (`shaders/weights_*.wgsl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightStorage {
+    /// f32 values, `Wᵀ[K, stride]`.
+    F32,
+    /// IEEE half values, two per word, `Wᵀ[K, stride]`.
+    F16,
+    /// bfloat16 values, two per word, `Wᵀ[K, stride]`.
+    Bf16,
+    /// GGUF blocks of this format, in the chunk layout of `quant.rs`.
+    Quant(QFormat),
+}
+
+impl WeightStorage {
+    /// Short name (`f32`, `f16`, `bf16`, or the block format's: `q4_k`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightStorage::F32 => "f32",
+            WeightStorage::F16 => "f16",
+            WeightStorage::Bf16 => "bf16",
+            WeightStorage::Quant(f) => f.name(),
         }
     }
 }
@@ -87,7 +128,7 @@ pub(crate) struct WeightChunk {
 pub struct WgpuWeight {
     pub(crate) n: usize,
     pub(crate) k: usize,
-    pub(crate) dtype: WeightDtype,
+    pub(crate) storage: WeightStorage,
     pub(crate) chunks: Vec<WeightChunk>,
 }
 
@@ -102,9 +143,9 @@ impl WgpuWeight {
         self.k
     }
 
-    /// Storage precision.
-    pub fn dtype(&self) -> WeightDtype {
-        self.dtype
+    /// How the weight is stored (float precision or block format).
+    pub fn storage(&self) -> WeightStorage {
+        self.storage
     }
 
     /// Number of storage bindings the weight is split across.
@@ -132,7 +173,7 @@ pub(crate) fn rows_per_chunk(dtype: WeightDtype, k: usize, limit: u64) -> usize 
     }
     let per_row = match dtype {
         WeightDtype::F32 => 4 * k as u64,
-        _ => 2 * k as u64,
+        WeightDtype::F16 | WeightDtype::Bf16 | WeightDtype::Native => 2 * k as u64,
     };
     // Whole groups of 4 rows only, so every chunk but the last needs no padding.
     let mut r = (limit / per_row) / 4 * 4;
@@ -167,7 +208,7 @@ pub(crate) fn transpose_rows(data: &[f32], k: usize, row0: usize, rows: usize) -
 pub(crate) fn encode(dtype: WeightDtype, vals: &[f32]) -> Vec<u8> {
     match dtype {
         WeightDtype::F32 => bytemuck::cast_slice(vals).to_vec(),
-        WeightDtype::F16 => pack_u16(vals, |v| half::f16::from_f32(v).to_bits()),
+        WeightDtype::F16 | WeightDtype::Native => pack_u16(vals, |v| half::f16::from_f32(v).to_bits()),
         WeightDtype::Bf16 => pack_u16(vals, |v| half::bf16::from_f32(v).to_bits()),
     }
 }

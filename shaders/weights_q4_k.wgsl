@@ -1,0 +1,25 @@
+// Q4_K (after weights_quant.wgsl): 256 values per block; payload = 12 bytes packing eight 6-bit
+// (scale, min) pairs, then 128 nibble bytes; f16 d and dmin. Value i is in chunk c = i / 64:
+// byte 32c + i % 32 of the nibbles, low nibble for i % 64 < 32 (sub-block 2c), high otherwise
+// (sub-block 2c + 1); x = (d * scale) * q - dmin * min.
+fn load_w4(k: u32, j: u32) -> vec4<f32> {
+    let kb = k / 256u;
+    let i = k % 256u;
+    let c = i / 64u;
+    let l = i % 64u;
+    let s = 2u * c + l / 32u;
+    let q = (q_byte4(kb, 12u + 32u * c + l % 32u, j) >> vec4<u32>((l / 32u) * 4u)) & vec4<u32>(15u);
+    var sc: vec4<u32>;
+    var mn: vec4<u32>;
+    if (s < 4u) {
+        sc = q_byte4(kb, s, j) & vec4<u32>(63u);
+        mn = q_byte4(kb, s + 4u, j) & vec4<u32>(63u);
+    } else {
+        let hi = q_byte4(kb, s + 4u, j);
+        sc = (hi & vec4<u32>(15u)) | ((q_byte4(kb, s - 4u, j) >> vec4<u32>(6u)) << vec4<u32>(4u));
+        mn = (hi >> vec4<u32>(4u)) | ((q_byte4(kb, s, j) >> vec4<u32>(6u)) << vec4<u32>(4u));
+    }
+    let d1 = q_half4(kb, 0u, j) * vec4<f32>(sc);
+    let m1 = q_half4(kb, 1u, j) * vec4<f32>(mn);
+    return d1 * vec4<f32>(q) - m1;
+}

@@ -1,0 +1,18 @@
+// Q6_K (after weights_quant.wgsl): 256 values per block; payload = ql (128 bytes of low
+// nibbles), qh (64 bytes of 2-bit high parts), sixteen signed 8-bit scales; one f16 d. In half
+// h = i / 128, quarter t = (i % 128) / 32, lane l = i % 32: the low nibble of ql byte
+// 64h + l + 32(t % 2) (t < 2) or its high nibble (t ≥ 2), the 2 high bits from bit pair t of
+// qh byte 32h + l, scale 8h + 2t + l / 16; x = (d * scale) * (q - 32).
+fn load_w4(k: u32, j: u32) -> vec4<f32> {
+    let kb = k / 256u;
+    let i = k % 256u;
+    let h = i / 128u;
+    let t = (i % 128u) / 32u;
+    let l = i % 32u;
+    let b = q_byte4(kb, 64u * h + l + 32u * (t % 2u), j);
+    let low = select(b & vec4<u32>(15u), b >> vec4<u32>(4u), t >= 2u);
+    let hi = (q_byte4(kb, 128u + 32u * h + l, j) >> vec4<u32>(2u * t)) & vec4<u32>(3u);
+    let q = vec4<i32>(low | (hi << vec4<u32>(4u))) - vec4<i32>(32);
+    let sc = sext8(q_byte4(kb, 192u + 8u * h + 2u * t + l / 16u, j));
+    return q_half4(kb, 0u, j) * vec4<f32>(sc) * vec4<f32>(q);
+}

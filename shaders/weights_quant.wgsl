@@ -1,0 +1,45 @@
+// Weight storage prelude for GGUF blocks kept quantized: the helpers every quantized format's
+// prelude (weights_q8_0.wgsl, weights_q4_k.wgsl, …) builds its `load_w4` on. The host prepends
+// the format's constants QK (values per block), QW (payload words per block) and QH (f16
+// scales per block); the layout of a chunk (backends/wgpu/src/quant.rs) is
+// - payload word wi of block kb of chunk row j at (kb * QW + wi) * stride + j,
+// - then, from word (K / QK) * QW * stride, f16 scale h of block kb of row j as half
+//   (kb * stride + j) * QH + h, two per word, the even one in the low 16 bits.
+// Each value is dequantized in registers to f32 with the products of the loader's reference
+// (src/loader/gguf/dequant.rs, ggml's order) and fed to the kernel's f32 fma chain.
+// `load_w(k, j)` / `load_w4(k, j)` are the functions of weights_f32.wgsl (element k of chunk
+// row j; of rows j .. j+3 for j a multiple of 4); the including kernel's uniform `p` has the
+// chunk's `stride` and the full `k`.
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+
+// Payload word wi of block kb for chunk rows j .. j+3.
+fn q_word4(kb: u32, wi: u32, j: u32) -> vec4<u32> {
+    let o = (kb * QW + wi) * p.stride + j;
+    return vec4<u32>(w[o], w[o + 1u], w[o + 2u], w[o + 3u]);
+}
+
+// Payload byte b of block kb for rows j .. j+3.
+fn q_byte4(kb: u32, b: u32, j: u32) -> vec4<u32> {
+    return (q_word4(kb, b >> 2u, j) >> vec4<u32>((b & 3u) * 8u)) & vec4<u32>(255u);
+}
+
+// f16 scale h of block kb for rows j .. j+3.
+fn q_half4(kb: u32, h: u32, j: u32) -> vec4<f32> {
+    let base = (p.k / QK) * QW * p.stride;
+    var r = vec4<f32>(0.0);
+    for (var t = 0u; t < 4u; t++) {
+        let i = (kb * p.stride + j + t) * QH + h;
+        let pair = unpack2x16float(w[base + (i >> 1u)]);
+        r[t] = select(pair.x, pair.y, (i & 1u) == 1u);
+    }
+    return r;
+}
+
+// The low 8 bits of each lane as a signed byte.
+fn sext8(v: vec4<u32>) -> vec4<i32> {
+    return bitcast<vec4<i32>>(v << vec4<u32>(24u)) >> vec4<u32>(24u);
+}
+
+fn load_w(k: u32, j: u32) -> f32 {
+    return load_w4(k, j & ~3u)[j & 3u];
+}
