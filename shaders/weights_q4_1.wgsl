@@ -3,5 +3,6 @@ fn load_w4(k: u32, j: u32) -> vec4<f32> {
     let kb = k / 32u;
     let i = k % 32u;
     let q = (q_byte4(kb, i % 16u, j) >> vec4<u32>((i / 16u) * 4u)) & vec4<u32>(15u);
-    return q_half4(kb, 0u, j) * vec4<f32>(q) + q_half4(kb, 1u, j);
+    let dm = q_pairs4(kb, j);
+    return dm[0] * vec4<f32>(q) + dm[1];
 }

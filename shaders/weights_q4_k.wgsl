@@ -19,7 +19,8 @@ fn load_w4(k: u32, j: u32) -> vec4<f32> {
         sc = (hi & vec4<u32>(15u)) | ((q_byte4(kb, s - 4u, j) >> vec4<u32>(6u)) << vec4<u32>(4u));
         mn = (hi >> vec4<u32>(4u)) | ((q_byte4(kb, s, j) >> vec4<u32>(6u)) << vec4<u32>(4u));
     }
-    let d1 = q_half4(kb, 0u, j) * vec4<f32>(sc);
-    let m1 = q_half4(kb, 1u, j) * vec4<f32>(mn);
+    let dm = q_pairs4(kb, j);
+    let d1 = dm[0] * vec4<f32>(sc);
+    let m1 = dm[1] * vec4<f32>(mn);
     return d1 * vec4<f32>(q) - m1;
 }

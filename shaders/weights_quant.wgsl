@@ -23,16 +23,27 @@ fn q_byte4(kb: u32, b: u32, j: u32) -> vec4<u32> {
     return (q_word4(kb, b >> 2u, j) >> vec4<u32>((b & 3u) * 8u)) & vec4<u32>(255u);
 }
 
-// f16 scale h of block kb for rows j .. j+3.
+// f16 scale h of block kb for rows j .. j+3 (j a multiple of 4, so with QH = 1 the four
+// halves are two whole words, with QH = 2 one word per row holds both scales).
 fn q_half4(kb: u32, h: u32, j: u32) -> vec4<f32> {
     let base = (p.k / QK) * QW * p.stride;
-    var r = vec4<f32>(0.0);
-    for (var t = 0u; t < 4u; t++) {
-        let i = (kb * p.stride + j + t) * QH + h;
-        let pair = unpack2x16float(w[base + (i >> 1u)]);
-        r[t] = select(pair.x, pair.y, (i & 1u) == 1u);
+    if (QH == 1u) {
+        let o = base + ((kb * p.stride + j) >> 1u);
+        return vec4<f32>(unpack2x16float(w[o]), unpack2x16float(w[o + 1u]));
     }
-    return r;
+    let pairs = q_pairs4(kb, j);
+    return select(pairs[0], pairs[1], h == 1u);
+}
+
+// Both f16 scales of block kb (QH = 2: d and m, or d and dmin) for rows j .. j+3: column 0 the
+// first scale of each row, column 1 the second.
+fn q_pairs4(kb: u32, j: u32) -> mat2x4<f32> {
+    let o = (p.k / QK) * QW * p.stride + kb * p.stride + j;
+    let a = unpack2x16float(w[o]);
+    let b = unpack2x16float(w[o + 1u]);
+    let c = unpack2x16float(w[o + 2u]);
+    let d = unpack2x16float(w[o + 3u]);
+    return mat2x4<f32>(vec4<f32>(a.x, b.x, c.x, d.x), vec4<f32>(a.y, b.y, c.y, d.y));
 }
 
 // The low 8 bits of each lane as a signed byte.
