@@ -143,7 +143,8 @@ impl Backend for WgpuBackend {
     fn weight_kernel(&self, w: &WgpuWeight) -> String {
         let how = match w.storage {
             WeightStorage::Quant(_) => "dequantized in registers",
-            _ => "widened in registers",
+            WeightStorage::F32 => "read as stored",
+            WeightStorage::F16 | WeightStorage::Bf16 => "widened in registers",
         };
         format!("wgsl f32 fma, {} weights {how}", w.storage.name())
     }
