@@ -6,7 +6,7 @@
 // workgroup memory, no barriers. Used for decode-shaped calls (M ≤ 4: a GEMV, memory bound,
 // nothing to share) and for every call on CPU adapters (lavapipe/llvmpipe emulate barriers at
 // a high cost and load vec4s much faster than scalars, platform.md §1). The host prepends
-// prelude.wgsl and a weight prelude (binding 1, `load_w4`).
+// prelude.wgsl and a weight prelude (binding 1, `load_w4`, `load_w16`).
 //
 // Numerics are those of matmul.wgsl: each output is ONE sequential chain
 // acc = fma(x[i,k], W[j,k], acc) over k = 0..K-1, then + bias (a vec4 fma is four independent
@@ -64,7 +64,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
-    for (var kk = 0u; kk < p.k; kk++) {
+    // Four k at a time (`load_w16`: a quantized block's scales and payload word read once for
+    // four values), then the tail; the chain per output is still k = 0, 1, 2, … in order.
+    let k4 = p.k & ~3u;
+    var kk = 0u;
+    for (; kk < k4; kk += 4u) {
+        let wm = load_w16(kk, c);
+        for (var t = 0u; t < 4u; t++) {
+            let wv = wm[t];
+            a0 = fma(vec4<f32>(x[x0 + kk + t]), wv, a0);
+            a1 = fma(vec4<f32>(x[x1 + kk + t]), wv, a1);
+            a2 = fma(vec4<f32>(x[x2 + kk + t]), wv, a2);
+            a3 = fma(vec4<f32>(x[x3 + kk + t]), wv, a3);
+        }
+    }
+    for (; kk < p.k; kk++) {
         let wv = load_w4(kk, c);
         a0 = fma(vec4<f32>(x[x0 + kk]), wv, a0);
         a1 = fma(vec4<f32>(x[x1 + kk]), wv, a1);

@@ -14,3 +14,8 @@ fn load_w4(k: u32, j: u32) -> vec4<f32> {
     let i = (k * p.stride + j) >> 1u;
     return vec4<f32>(unpack2x16float(w[i]), unpack2x16float(w[i + 1u]));
 }
+
+// Elements k .. k+3 of rows j .. j+3 (k and j multiples of 4): column t is `load_w4(k + t, j)`.
+fn load_w16(k: u32, j: u32) -> mat4x4<f32> {
+    return mat4x4<f32>(load_w4(k, j), load_w4(k + 1u, j), load_w4(k + 2u, j), load_w4(k + 3u, j));
+}

@@ -16,3 +16,21 @@ fn load_w4(k: u32, j: u32) -> vec4<f32> {
     let sc = sext8(q_byte4(kb, 192u + 8u * h + 2u * t + l / 16u, j));
     return q_half4(kb, 0u, j) * vec4<f32>(sc) * vec4<f32>(q);
 }
+
+// Values k .. k+3 (k a multiple of 4: one scale, one ql word, one qh word) of rows j .. j+3.
+fn load_w16(k: u32, j: u32) -> mat4x4<f32> {
+    let kb = k / 256u;
+    let i = k % 256u;
+    let h = i / 128u;
+    let t = (i % 128u) / 32u;
+    let l = i % 32u;
+    let low = q_fields4(q_word4(kb, (64u * h + l + 32u * (t % 2u)) / 4u, j), select(0u, 4u, t >= 2u), 4u);
+    let hi = q_fields4(q_word4(kb, (128u + 32u * h + l) / 4u, j), 2u * t, 2u);
+    let sc = sext8(q_byte4(kb, 192u + 8u * h + 2u * t + l / 16u, j));
+    let ds = q_half4(kb, 0u, j) * vec4<f32>(sc);
+    var r: mat4x4<f32>;
+    for (var u = 0u; u < 4u; u++) {
+        r[u] = ds * vec4<f32>(vec4<i32>(low[u] | (hi[u] << vec4<u32>(4u))) - vec4<i32>(32));
+    }
+    return r;
+}

@@ -54,3 +54,16 @@ fn sext8(v: vec4<u32>) -> vec4<i32> {
 fn load_w(k: u32, j: u32) -> f32 {
     return load_w4(k, j & ~3u)[j & 3u];
 }
+
+// The four bit fields of width `bits` at bit offsets shift, shift + 8, shift + 16, shift + 24 of
+// each lane: one byte's field per value t, for rows j .. j+3 (lane) — column t of the result
+// holds value t of the four rows.
+fn q_fields4(wd: vec4<u32>, shift: u32, bits: u32) -> array<vec4<u32>, 4> {
+    let m = vec4<u32>((1u << bits) - 1u);
+    return array<vec4<u32>, 4>(
+        (wd >> vec4<u32>(shift)) & m,
+        (wd >> vec4<u32>(shift + 8u)) & m,
+        (wd >> vec4<u32>(shift + 16u)) & m,
+        (wd >> vec4<u32>(shift + 24u)) & m,
+    );
+}
