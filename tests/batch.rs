@@ -302,6 +302,52 @@ fn batched_taps_and_logits_equal_one_forward_over_the_whole_sequence() {
     }
 }
 
+/// `max_prefill_rows` is one budget per step over every joining sequence, first come first
+/// served: three 5-token prompts queued together with a budget of 4 feed 4, then 1 + 3, then
+/// 2 + 2, then 3 prompt rows, so their first tokens come at steps 1, 2 and 3 (0-based) instead
+/// of all at step 1 — and each still decodes its tokens alone.
+#[test]
+fn prompt_rows_are_one_budget_per_step_first_come_first_served() {
+    let b = CpuBackend::new();
+    let dir = tmpdir("target");
+    let t = random_target(dir.path(), Arch::Llama, 32, 9);
+    let prompts: [Vec<u32>; 3] = [vec![1, 2, 3, 4, 5], vec![6, 7, 8, 9, 10], vec![11, 12, 13, 14, 15]];
+    let p = params(Method::Ar, 1, 0.0, 0, 6, vec![]);
+    let mut batch = Batch::new(&b, &t, BatchOptions { taps: vec![], max_prefill_rows: 4 }).unwrap();
+    let ids: Vec<SeqId> = prompts.iter().map(|q| batch.add(q, &p).unwrap()).collect();
+    let mut first_token_step: HashMap<SeqId, usize> = HashMap::new();
+    let mut prompt_rows_per_step = Vec::new();
+    let mut finished = HashMap::new();
+    let mut step = 0;
+    while !batch.is_empty() {
+        let out = batch.step().unwrap();
+        let mut rows = 0;
+        for s in &out.seqs {
+            if s.first_position < 5 {
+                rows += s.input_rows.len();
+            }
+            if s.token.is_some() {
+                first_token_step.entry(s.id).or_insert(step);
+            }
+        }
+        prompt_rows_per_step.push(rows);
+        for f in out.finished {
+            finished.insert(f.id, f.tokens);
+        }
+        step += 1;
+        assert!(step < 100, "batch never drained");
+    }
+    assert_eq!(&prompt_rows_per_step[..4], &[4, 4, 4, 3], "prompt rows fed per step");
+    assert!(prompt_rows_per_step[4..].iter().all(|&r| r == 0));
+    assert_eq!(ids.iter().map(|id| first_token_step[id]).collect::<Vec<_>>(), vec![1, 2, 3]);
+    for (id, q) in ids.iter().zip(&prompts) {
+        let mut alone = Batch::new(&b, &t, BatchOptions::default()).unwrap();
+        alone.add(q, &p).unwrap();
+        let want = alone.run_to_end().unwrap().remove(0).tokens;
+        assert_eq!(finished[id], want, "sequence {id} batched with a shared prompt budget");
+    }
+}
+
 #[test]
 fn joins_leaves_cancels_and_bad_requests() {
     let b = CpuBackend::new();

@@ -75,9 +75,12 @@ pub struct BatchOptions {
     /// step feeding its last token (no logits), so every token of prompt + answer has its taps
     /// (what a drafter's training cache stores). Such a batch decodes `ar` only.
     pub taps: Vec<usize>,
-    /// Most prompt rows one sequence feeds per step (chunked prefill, so a long prompt joining
-    /// does not stall the others for a whole prefill); 0 = the whole prompt in one step.
-    /// Chunking does not change any token (each row sees the same keys in the same order).
+    /// Most prompt rows a step feeds, over all sequences together (chunked prefill: a long
+    /// prompt joining does not stall the others for a whole prefill, and prompts arriving
+    /// together prefill first come, first served, so the first of them gets its first token
+    /// after one small step instead of all of them after one large one); 0 = every prompt
+    /// whole in one step. Chunking does not change any token (each row sees the same keys in
+    /// the same order).
     pub max_prefill_rows: usize,
 }
 
@@ -559,9 +562,19 @@ impl<'a, B: Backend> Batch<'a, B> {
         let only_rounds = self.seqs.iter().all(|s| s.done || s.fed() >= s.prompt.len());
         let arm = self.governor.choose(rounds);
         let mut forced_ar = ForcedAr;
+        // The step's prompt-row budget, shared in joining order.
+        let mut prompt_rows_left = if chunk == 0 { usize::MAX } else { chunk };
         for (i, s) in self.seqs.iter_mut().enumerate() {
             let root = s.fed();
-            if let Some((ids, wants_logits)) = s.prompt_input(chunk, tail) {
+            let prefilling = root < s.prompt.len() && !(s.done && s.out.is_empty());
+            if prefilling && prompt_rows_left == 0 {
+                continue; // waits for the next step's budget
+            }
+            let limit = if chunk == 0 { 0 } else { prompt_rows_left }; // 0: the whole prompt
+            if let Some((ids, wants_logits)) = s.prompt_input(limit, tail) {
+                if prefilling {
+                    prompt_rows_left -= ids.len();
+                }
                 let positions = (root as u32..(root + ids.len()) as u32).collect();
                 feeds.push(Feed { seq: i, ids, positions, wants_logits, round: None });
             } else if !s.done {

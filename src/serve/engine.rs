@@ -57,7 +57,8 @@ pub enum Event {
 pub struct Limits {
     /// Most sequences in the batch at once.
     pub max_batch: usize,
-    /// Most prompt rows a sequence feeds per step (chunked prefill keeps streams flowing).
+    /// Most prompt rows a step feeds over all joining sequences, first come first served
+    /// (chunked prefill keeps streams flowing and the first arrival's first token early).
     pub prefill_chunk: usize,
     /// Bytes of host memory the prefix cache may hold (0: no prefix reuse).
     pub prefix_cache_bytes: usize,

@@ -64,7 +64,8 @@ pub struct ServeOptions {
     pub default_max_tokens: usize,
     /// The most `max_tokens` a request may ask for.
     pub max_tokens_cap: usize,
-    /// Most prompt rows a sequence feeds per step (long prompts prefill in chunks).
+    /// Most prompt rows a step feeds over all joining sequences (long prompts prefill in
+    /// chunks, prompts arriving together first come, first served).
     pub prefill_chunk: usize,
     /// How long SIGTERM waits for requests in flight.
     pub drain_timeout: Duration,
