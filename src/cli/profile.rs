@@ -12,7 +12,7 @@ use super::generate::{gen_params, Decoding};
 use super::load::{Loaded, ModelArgs};
 use super::options::TreeArgs;
 use clap::Args;
-use sparkling::core::{AttnMask, Backend, CandidateArgs, ReadBack, SampleParams};
+use sparkling::core::{AttnMask, Backend, CandidateArgs, OpCounts, ReadBack, SampleParams};
 use sparkling::decode::budget::{BudgetChoice, CostModel};
 use sparkling::decode::{Engine, GenParams, Method, Platform};
 use sparkling::model::config::DrafterKind;
@@ -131,11 +131,13 @@ fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// One timed part: its name, what it runs, and (median, min) ms.
+/// One timed part: its name, what it runs, (median, min) ms, and the work one repetition
+/// issued on a backend that counts it ([`Backend::op_counts`]).
 struct Part {
     name: &'static str,
     what: String,
     ms: (f64, f64),
+    counts: Option<OpCounts>,
 }
 
 /// The timed parts of a round, one method each, over what they share: the backend, the models,
@@ -159,17 +161,31 @@ struct Parts<'a, B: Backend> {
     taps: Vec<usize>,
     /// A 1-value tensor whose read-back is the sync.
     tiny: B::Tensor,
+    /// Read-backs of `tiny` so far: the timing's own syncs, left out of a part's counts.
+    timing_syncs: std::cell::Cell<u64>,
 }
 
 impl<B: Backend> Parts<'_, B> {
-    /// Time `f` over the warm-up and timed repetitions.
-    fn time(&self, f: impl FnMut() -> Result<f64>) -> Result<(f64, f64)> {
-        time_ms(self.warmup, self.reps, f)
+    /// Time `f` over the warm-up and timed repetitions, then count the work of one more
+    /// (every part's repetition is self-contained, so one more changes nothing), the timing's
+    /// own read-backs ([`Parts::sync`]) left out of the host syncs.
+    fn time(&self, mut f: impl FnMut() -> Result<f64>) -> Result<((f64, f64), Option<OpCounts>)> {
+        let ms = time_ms(self.warmup, self.reps, &mut f)?;
+        let (before, timing_before) = (self.b.op_counts(), self.timing_syncs.get());
+        f()?;
+        let timing = self.timing_syncs.get() - timing_before;
+        let counts = self.b.op_counts().zip(before).map(|(after, before)| {
+            let mut c = after.since(before);
+            c.host_syncs = c.host_syncs.saturating_sub(timing);
+            c
+        });
+        Ok((ms, counts))
     }
 
     /// Wait for every op enqueued so far.
     fn sync(&self) -> Result<()> {
         self.b.download(&self.tiny)?;
+        self.timing_syncs.set(self.timing_syncs.get() + 1);
         Ok(())
     }
 
@@ -192,18 +208,18 @@ impl<B: Backend> Parts<'_, B> {
 
     /// The empty sync: the floor every other number includes once.
     fn sync_part(&self) -> Result<Part> {
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             let t0 = Instant::now();
-            self.sync()?;
+            self.b.download(&self.tiny)?; // the read-back itself, counted as such
             Ok(ms_since(t0))
         })?;
-        Ok(Part { name: "sync", what: "1-value read-back".into(), ms })
+        Ok(Part { name: "sync", what: "1-value read-back".into(), ms, counts })
     }
 
     /// The AR step: 1 row at position P, argmax (a read-back), cache cropped back.
     fn ar_step(&self, cache: &mut KvCache<B>, root: u32) -> Result<Part> {
         let (b, p) = (self.b, self.p);
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             let t0 = Instant::now();
             let o = self.t.forward(b, cache, SeqInput { ids: &[root], positions: &[p as u32], mask: AttnMask::Causal, logits: Some(LogitRows::Last) }, &[])?;
             b.argmax(&o.logits)?;
@@ -211,7 +227,7 @@ impl<B: Backend> Parts<'_, B> {
             cache.crop(p);
             Ok(ms)
         })?;
-        Ok(Part { name: "ar_step", what: format!("1 row at position {p}, + argmax"), ms })
+        Ok(Part { name: "ar_step", what: format!("1 row at position {p}, + argmax"), ms, counts })
     }
 
     /// The drafter forward over the last `ctx_rows` context rows (after one untimed call that
@@ -227,7 +243,7 @@ impl<B: Backend> Parts<'_, B> {
             d.draft(b, self.t, DraftJob { cache: &mut dcache, taps: &first_ctx, anchor: root, root_pos: p - lc, depth: self.budget })?;
         }
         let mut logits = None;
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             dcache.crop(p - lc);
             let t0 = Instant::now();
             let l = d.draft(b, self.t, DraftJob { cache: &mut dcache, taps: &ctx, anchor: root, root_pos: p, depth: self.budget })?;
@@ -237,7 +253,7 @@ impl<B: Backend> Parts<'_, B> {
             Ok(ms)
         })?;
         let what = format!("drafter forward, {lc} context rows + {} of {bk} block rows (depth {})", d.block_rows(self.budget), self.depth);
-        Ok((Part { name: "draft", what, ms }, logits.expect("at least one repetition")))
+        Ok((Part { name: "draft", what, ms, counts }, logits.expect("at least one repetition")))
     }
 
     /// The selection arguments over `logits` (draft ids: `droot` is the anchor's draft id).
@@ -250,31 +266,31 @@ impl<B: Backend> Parts<'_, B> {
     fn candidate_table(&self, logits: &B::Tensor, droot: u32) -> Result<(Part, CandidateTable)> {
         let markov = self.d.markov_device(self.b)?;
         let mut table = CandidateTable::default();
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             let t0 = Instant::now();
             table = self.b.candidate_table(self.selection(logits, markov, droot))?;
             Ok(ms_since(t0))
         })?;
         let what = format!("topk C={} over [{}, {}] + union + markov_table + read-back", self.candidates, self.depth, self.d.draft_vocab());
-        Ok((Part { name: "candidate_table", what, ms }, table))
+        Ok((Part { name: "candidate_table", what, ms, counts }, table))
     }
 
     /// The host heap over the table; returns the tree it builds (in draft ids).
     fn heap(&self, table: &CandidateTable, root: u32, droot: u32) -> Result<(Part, DraftTree)> {
         let mut tree = DraftTree::root(root);
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             let t0 = Instant::now();
             tree = build_sparkling_precompute(table, droot, self.budget);
             Ok(ms_since(t0))
         })?;
-        Ok((Part { name: "heap", what: format!("build_sparkling_precompute, budget {}, {} candidates", self.budget, table.n()), ms }, tree))
+        Ok((Part { name: "heap", what: format!("build_sparkling_precompute, budget {}, {} candidates", self.budget, table.n()), ms, counts }, tree))
     }
 
     /// What the decode loop runs on a host-memory backend (the CPU: `TreePrep::Host`):
     /// download the draft logits and build the tree with the lazy-row builder.
     fn host_prep(&self, logits: &B::Tensor, droot: u32) -> Result<Part> {
         let d = self.d;
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             let t0 = Instant::now();
             let host = self.b.download(logits)?;
             let lc = sparkling::tree::LazyCandidates::new(&host, self.depth, d.draft_vocab(), d.markov.as_ref(), droot, self.candidates);
@@ -282,7 +298,7 @@ impl<B: Backend> Parts<'_, B> {
             Ok(ms_since(t0))
         })?;
         let what = format!("decode's CPU path: download [{}, {}] + build_sparkling_lazy, budget {}", self.depth, d.draft_vocab(), self.budget);
-        Ok(Part { name: "host_prep", what, ms })
+        Ok(Part { name: "host_prep", what, ms, counts })
     }
 
     /// The tree built on the device, where the backend offers it (one read-back of the nodes
@@ -293,13 +309,13 @@ impl<B: Backend> Parts<'_, B> {
         if self.b.sparkling_tree(args, self.budget)?.is_none() {
             return Ok(None);
         }
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             let t0 = Instant::now();
             self.b.sparkling_tree(args, self.budget)?;
             Ok(ms_since(t0))
         })?;
         let what = format!("sparkling_tree: candidate_table + heap on the device, {} nodes read back", self.budget);
-        Ok(Some(Part { name: "device_tree", what, ms }))
+        Ok(Some(Part { name: "device_tree", what, ms, counts }))
     }
 
     /// The verify forward of `tree` (taps as the engine requests them), cache cropped back;
@@ -308,7 +324,7 @@ impl<B: Backend> Parts<'_, B> {
         let (b, p) = (self.b, self.p);
         let tpos: Vec<u32> = tree.depths.iter().map(|&dp| p as u32 + dp).collect();
         let mut last = None;
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             let t0 = Instant::now();
             let o = self.t.forward(
                 b,
@@ -323,17 +339,17 @@ impl<B: Backend> Parts<'_, B> {
             Ok(ms)
         })?;
         let n = tree.len();
-        Ok((Part { name: "verify", what: format!("{n} tree rows (1+{}), tree attention, taps", n - 1), ms }, last.expect("at least one repetition")))
+        Ok((Part { name: "verify", what: format!("{n} tree rows (1+{}), tree attention, taps", n - 1), ms, counts }, last.expect("at least one repetition")))
     }
 
     /// The acceptance argmax over the verify logits (`n` rows) and its read-back.
     fn accept(&self, logits: &B::Tensor, n: usize) -> Result<Part> {
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             let t0 = Instant::now();
             self.b.argmax(logits)?;
             Ok(ms_since(t0))
         })?;
-        Ok(Part { name: "accept", what: format!("argmax of {n} rows + read-back"), ms })
+        Ok(Part { name: "accept", what: format!("argmax of {n} rows + read-back"), ms, counts })
     }
 
     /// KV compaction to a real root-to-leaf path of `tree` (≤ 8 rows) + the taps gather of
@@ -348,7 +364,7 @@ impl<B: Backend> Parts<'_, B> {
                 break;
             }
         }
-        let ms = self.time(|| {
+        let (ms, counts) = self.time(|| {
             // Re-create the verify rows' cache state (untimed), then compact.
             cache.crop(p);
             cache.len = p + tree.len();
@@ -362,7 +378,7 @@ impl<B: Backend> Parts<'_, B> {
             cache.crop(p);
             Ok(ms)
         })?;
-        Ok(Part { name: "compaction", what: format!("KV compaction of {} layers to a {}-row path + taps gather", self.t.cfg.layers, keep.len()), ms })
+        Ok(Part { name: "compaction", what: format!("KV compaction of {} layers to a {}-row path + taps gather", self.t.cfg.layers, keep.len()), ms, counts })
     }
 
     /// The `--budget auto` cost curve on this cache (context P): the verify forward + argmax
@@ -454,6 +470,7 @@ fn profile<B: Backend>(m: Loaded<B>, a: &ProfileArgs) -> Result<()> {
         reps: a.reps,
         taps: d.cfg.target_layer_ids.clone(),
         tiny: b.upload(&[0.0], 1, 1)?,
+        timing_syncs: std::cell::Cell::new(0),
     };
     let vocab = tc.vocab as u64;
     let prompt: Vec<u32> = (0..p as u64).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
@@ -539,12 +556,44 @@ fn report<B: Backend>(m: &Loaded<B>, parts: &Parts<'_, B>, a: &ProfileArgs, timi
     );
     let _ = writeln!(report, "target matmul kernels: {}", t.kernel_paths(b));
     let _ = writeln!(report, "prefill P = {p}, budget B = {}, candidates C = {}, {} reps (median, min)", parts.budget, parts.candidates, parts.reps);
-    let _ = writeln!(report, "| part | what | median ms | min ms |");
-    let _ = writeln!(report, "|---|---|---|---|");
-    for Part { name, what, ms: (med, min) } in rows {
-        let _ = writeln!(report, "| {name} | {what} | {med:.3} | {min:.3} |");
+    // Counted work per repetition, on backends that count it (device backends).
+    let counted = rows.iter().any(|r| r.counts.is_some());
+    if counted {
+        let _ = writeln!(report, "| part | what | median ms | min ms | kernels | host syncs | bytes uploaded | buffers created |");
+        let _ = writeln!(report, "|---|---|---|---|---|---|---|---|");
+    } else {
+        let _ = writeln!(report, "| part | what | median ms | min ms |");
+        let _ = writeln!(report, "|---|---|---|---|");
+    }
+    for Part { name, what, ms: (med, min), counts } in rows {
+        let c = counts.map_or(String::new(), |c| format!(" {} | {} | {} | {} |", c.kernels, c.host_syncs, c.bytes_uploaded, c.buffers_created));
+        let _ = writeln!(report, "| {name} | {what} | {med:.3} | {min:.3} |{c}");
     }
     let _ = writeln!(report, "| outside forwards | accept + {prep_parts} + compaction (the tree prep decode runs here) | {outside:.3} | |");
+    if counted {
+        // A verify round as decode runs it: draft, tree prep, verify, accept, compaction.
+        let round_parts: Vec<&str> = ["draft", "verify", "accept", "compaction"].into_iter().chain(prep_parts.split(" + ")).collect();
+        let round = rows.iter().filter(|r| round_parts.contains(&r.name)).filter_map(|r| r.counts).fold(OpCounts::default(), |a, c| OpCounts {
+            kernels: a.kernels + c.kernels,
+            host_syncs: a.host_syncs + c.host_syncs,
+            bytes_uploaded: a.bytes_uploaded + c.bytes_uploaded,
+            buffers_created: a.buffers_created + c.buffers_created,
+        });
+        let step = rows.iter().find(|r| r.name == "ar_step").and_then(|r| r.counts).unwrap_or_default();
+        let _ = writeln!(
+            report,
+            "counted work: a decode step (ar_step) {} kernels, {} host syncs, {} B uploaded, {} buffers created; a verify round ({}) {} kernels, {} host syncs, {} B uploaded, {} buffers created",
+            step.kernels,
+            step.host_syncs,
+            step.bytes_uploaded,
+            step.buffers_created,
+            round_parts.join(" + "),
+            round.kernels,
+            round.host_syncs,
+            round.bytes_uploaded,
+            round.buffers_created
+        );
+    }
     let _ = writeln!(
         report,
         "\n`--budget auto` cost curve at context {p} (verify forward + argmax, min of ≤ 2 runs; measured in {:.0} ms; drafter forward {:.2} ms):",
@@ -572,7 +621,14 @@ fn report<B: Backend>(m: &Loaded<B>, parts: &Parts<'_, B>, a: &ProfileArgs, timi
         gb / (get("ar_step") / 1e3)
     );
     let json_parts: serde_json::Map<String, serde_json::Value> =
-        rows.iter().map(|r| (r.name.to_string(), serde_json::json!({"what": r.what, "median_ms": r.ms.0, "min_ms": r.ms.1}))).collect();
+        rows.iter()
+            .map(|r| {
+                let counts = r.counts.map(|c| {
+                    serde_json::json!({"kernels": c.kernels, "host_syncs": c.host_syncs, "bytes_uploaded": c.bytes_uploaded, "buffers_created": c.buffers_created})
+                });
+                (r.name.to_string(), serde_json::json!({"what": r.what, "median_ms": r.ms.0, "min_ms": r.ms.1, "counts": counts}))
+            })
+            .collect();
     let v = serde_json::json!({
         "backend": b.name(),
         "kernels": t.kernel_paths(b),

@@ -111,3 +111,36 @@ fn only_read_back_ops_wait_for_the_gpu() {
         eprintln!("sync audit ({sg:?}, subgroups in use: {}): 0 waits for the layer, 1 per read-back op", g.uses_subgroups());
     }
 }
+
+/// `op_counts` (what `sparkling profile` reports per decode step and round): one kernel per
+/// compute op, the bytes of each host upload (uniforms excepted), one host sync per read-back,
+/// and no buffer created once the pool holds what a repeated op needs.
+#[test]
+fn op_counts_count_kernels_uploads_syncs_and_new_buffers() {
+    let Some(g) = open(&WgpuOptions::default(), "op counts") else { return };
+    let mut r = Rng(77);
+    let (n, k) = (48usize, 40usize);
+    let w = g.upload_weight(r.vec(n * k), n, k).unwrap();
+    let data = r.vec(3 * k);
+    let run = || {
+        let x = g.upload(&data, 3, k).unwrap();
+        let y = g.matmul(&x, &w, None).unwrap();
+        let z = g.silu_mul(&y, &y).unwrap();
+        g.download(&z).unwrap()
+    };
+    let first = run(); // fills the pool
+    let before = g.op_counts().expect("wgpu counts its work");
+    let again = run();
+    let c = g.op_counts().unwrap().since(before);
+    assert_eq!(again, first);
+    assert_eq!(c.kernels, 2, "matmul + silu_mul");
+    assert_eq!(c.bytes_uploaded, (3 * k * 4) as u64, "the input tensor only");
+    assert_eq!(c.host_syncs, 1, "the download");
+    assert_eq!(c.buffers_created, 0, "steady state: every buffer recycled");
+    // A larger tensor than the pool has seen needs a new buffer, and is counted.
+    let before = g.op_counts().unwrap();
+    let big = g.upload(&vec![1.0; 1 << 16], 1 << 8, 1 << 8).unwrap();
+    let c = g.op_counts().unwrap().since(before);
+    assert_eq!((c.kernels, c.bytes_uploaded, c.host_syncs, c.buffers_created), (0, 1 << 18, 0, 1));
+    drop(big);
+}

@@ -192,6 +192,36 @@ impl<T> Clone for CandidateArgs<'_, T> {
 
 impl<T> Copy for CandidateArgs<'_, T> {}
 
+/// Work a device backend has issued since it was created ([`Backend::op_counts`]), for
+/// auditing what a decode step or a verify round costs besides its time (`sparkling profile`).
+/// Every counter only grows; [`OpCounts::since`] gives what ran between two reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// Kernels launched (compute dispatches, indirect ones included).
+    pub kernels: u64,
+    /// Times the host waited for the device: one per read-back op, one per explicit sync.
+    pub host_syncs: u64,
+    /// Bytes of data written from the host into device buffers (tensors, index lists, tree
+    /// tables, weights at load time), not counting each kernel's small uniform block of
+    /// parameters.
+    pub bytes_uploaded: u64,
+    /// Device buffers created (a buffer pool's misses, weights and tables at load time); none
+    /// in a steady-state decode step when the pool recycles everything.
+    pub buffers_created: u64,
+}
+
+impl OpCounts {
+    /// The counts between `earlier` and `self` (a later read of the same backend).
+    pub fn since(self, earlier: OpCounts) -> OpCounts {
+        OpCounts {
+            kernels: self.kernels.saturating_sub(earlier.kernels),
+            host_syncs: self.host_syncs.saturating_sub(earlier.host_syncs),
+            bytes_uploaded: self.bytes_uploaded.saturating_sub(earlier.bytes_uploaded),
+            buffers_created: self.buffers_created.saturating_sub(earlier.buffers_created),
+        }
+    }
+}
+
 /// A compute backend: buffers plus the coarse ops of design §3, in three families.
 ///
 /// - **Core ops** (buffers, weights, matmul, norms, RoPE, attention, row moves): each one
@@ -228,6 +258,12 @@ pub trait Backend: Send + Sync {
     /// Callers of the engine never need to ask. Default: `false`.
     fn host_memory(&self) -> bool {
         false
+    }
+
+    /// The work this backend has issued so far ([`OpCounts`]), where it counts it (device
+    /// backends); `None` where ops are plain host function calls. Default: `None`.
+    fn op_counts(&self) -> Option<OpCounts> {
+        None
     }
 
     /// Upload `data` (length `rows*cols`) as a `[rows, cols]` tensor.

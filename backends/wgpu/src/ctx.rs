@@ -48,6 +48,10 @@ pub(crate) struct Gpu {
     pub(crate) open: Mutex<Option<Batch>>,
     /// Host waits for the GPU so far (read-backs and `synchronize`), for the sync audit.
     pub(crate) syncs: std::sync::atomic::AtomicU64,
+    /// Compute dispatches encoded so far (`OpCounts::kernels`).
+    pub(crate) kernels: std::sync::atomic::AtomicU64,
+    /// Bytes written from the host so far, uniforms excepted (`OpCounts::bytes_uploaded`).
+    pub(crate) uploaded: std::sync::atomic::AtomicU64,
 }
 
 /// One storage binding of a dispatch: buffer and the bytes of it the kernel may touch.
@@ -192,6 +196,12 @@ impl Gpu {
         Ok(bytes)
     }
 
+    /// Write `data` from the host at the start of `buffer`, counted in `uploaded`.
+    pub(crate) fn write(&self, buffer: &wgpu::Buffer, data: &[u8]) {
+        self.uploaded.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.queue.write_buffer(buffer, 0, data);
+    }
+
     /// An uninitialised `[rows, cols]` tensor from the pool.
     pub(crate) fn alloc(&self, op: &str, rows: usize, cols: usize) -> Result<WgpuTensor> {
         let bytes = self.tensor_bytes(op, rows, cols)?;
@@ -206,7 +216,7 @@ impl Gpu {
         }
         let b = self.pool.get(Kind::Storage, bytes)?;
         if !words.is_empty() {
-            self.queue.write_buffer(b.buffer(), 0, bytemuck::cast_slice(words));
+            self.write(b.buffer(), bytemuck::cast_slice(words));
         }
         Ok(b)
     }
@@ -277,6 +287,7 @@ impl Gpu {
             }
         }
         batch.dispatches += 1;
+        self.kernels.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         batch.keep(uni);
         Ok(())
     }

@@ -236,6 +236,8 @@ impl WgpuBackend {
             health,
             open: std::sync::Mutex::new(None),
             syncs: std::sync::atomic::AtomicU64::new(0),
+            kernels: std::sync::atomic::AtomicU64::new(0),
+            uploaded: std::sync::atomic::AtomicU64::new(0),
         };
         Ok(WgpuBackend { gpu: Arc::new(gpu), weight_dtype: opts.weight_dtype, matmul_kernel: opts.matmul_kernel, rope: Mutex::new(HashMap::new()), dummy })
     }
@@ -336,8 +338,8 @@ impl WgpuBackend {
                 row[half + j] = a.sin();
             }
         }
-        let buffer = pool::create_buffer(&self.gpu.device, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, bytes.max(4), "rope table")?;
-        self.gpu.queue.write_buffer(&buffer, 0, bytemuck::cast_slice(&data));
+        let buffer = self.gpu.pool.create(wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, bytes.max(4), "rope table")?;
+        self.gpu.write(&buffer, bytemuck::cast_slice(&data));
         let t = Arc::new(RopeTable { n_pos, buffer });
         cache.insert(key, Arc::clone(&t));
         Ok(t)

@@ -7,7 +7,6 @@
 
 use crate::ctx::Bind;
 use crate::pipelines::{Kernel, MatmulTile, ELEMS_PER_GROUP, MAX_HEAD_DIM};
-use crate::pool;
 use crate::quant::QFormat;
 use crate::tensor::{chunk_stride, encode, rows_per_chunk, stored_chunk_bytes, transpose_rows, WeightChunk, WgpuTensor, WgpuWeight};
 use crate::tensor::{WeightDtype, WeightStorage};
@@ -30,6 +29,19 @@ impl Backend for WgpuBackend {
 
     // ---- Core ops: buffers and weights -----------------------------------------------------------
 
+    /// Dispatches encoded, host waits, bytes written (uniform parameter blocks excepted) and
+    /// buffers created on this backend's device so far.
+    fn op_counts(&self) -> Option<sparkling_core::OpCounts> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let g = &self.gpu;
+        Some(sparkling_core::OpCounts {
+            kernels: g.kernels.load(Relaxed),
+            host_syncs: g.syncs.load(Relaxed),
+            bytes_uploaded: g.uploaded.load(Relaxed),
+            buffers_created: g.pool.created(),
+        })
+    }
+
     fn name(&self) -> String {
         let i = &self.gpu.info;
         // Browsers may hide the adapter name (WebGPU exposes vendor / architecture at most).
@@ -47,7 +59,7 @@ impl Backend for WgpuBackend {
         }
         let t = g.alloc("upload", rows, cols)?;
         if !data.is_empty() {
-            g.queue.write_buffer(t.buffer(), 0, bytemuck::cast_slice(data));
+            g.write(t.buffer(), bytemuck::cast_slice(data));
         }
         Ok(t)
     }
@@ -600,11 +612,13 @@ impl WgpuBackend {
             let rows = per_chunk.min(n - row0);
             let bytes = chunk_bytes(rows);
             let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-            let buffer = pool::create_buffer(&g.device, usage, bytes.max(4), "weight chunk")
+            let buffer = g
+                .pool
+                .create(usage, bytes.max(4), "weight chunk")
                 .map_err(|e| Error::Device(format!("upload_weight: a [{n}, {k}] {name} weight does not fit: {e}")))?;
             let data = if rows > 0 { fill(row0, rows) } else { Vec::new() };
             if !data.is_empty() {
-                g.queue.write_buffer(&buffer, 0, &data);
+                g.write(&buffer, &data);
             }
             chunks.push(WeightChunk { row0, rows, stride: chunk_stride(rows), bytes, buffer });
             row0 += rows;

@@ -72,12 +72,19 @@ pub(crate) struct Pool {
     /// Storage buffers get `INDIRECT` usage (the adapter executes indirect dispatches).
     indirect: bool,
     state: Mutex<State>,
+    /// Buffers created on this device through the pool (misses, weights, tables).
+    created: std::sync::atomic::AtomicU64,
 }
 
 impl Pool {
     /// An empty pool for `device`; `indirect`: give storage buffers `INDIRECT` usage.
     pub(crate) fn new(device: wgpu::Device, indirect: bool) -> Arc<Pool> {
-        Arc::new(Pool { device, indirect, state: Mutex::new(State { free: HashMap::new(), idle_bytes: 0, retired: Vec::new(), batch_open: false }) })
+        Arc::new(Pool {
+            device,
+            indirect,
+            state: Mutex::new(State { free: HashMap::new(), idle_bytes: 0, retired: Vec::new(), batch_open: false }),
+            created: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
     /// A buffer of at least `bytes` bytes (contents unspecified: a recycled buffer keeps old
@@ -94,7 +101,7 @@ impl Pool {
         };
         let buffer = match reused {
             Some(b) => b,
-            None => create_buffer(&self.device, kind.usage(self.indirect), size, "sparkling pooled buffer")?,
+            None => self.create(kind.usage(self.indirect), size, "sparkling pooled buffer")?,
         };
         Ok(PooledBuffer { buffer, kind, size, pool: Arc::clone(self) })
     }
@@ -130,6 +137,19 @@ impl Pool {
         for (kind, size, buffer) in std::mem::take(&mut st.retired) {
             Pool::make_free(&mut st, kind, size, buffer);
         }
+    }
+
+    /// A new buffer outside the free lists (a weight chunk, a table), counted with the
+    /// pool's own misses in [`Pool::created`]. Errors as [`create_buffer`].
+    pub(crate) fn create(&self, usage: wgpu::BufferUsages, size: u64, label: &str) -> Result<wgpu::Buffer> {
+        let b = create_buffer(&self.device, usage, size, label)?;
+        self.created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(b)
+    }
+
+    /// Buffers created so far ([`Pool::create`], and every miss of [`Pool::get`]).
+    pub(crate) fn created(&self) -> u64 {
+        self.created.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bytes currently idle in the pool (for tests and stats).
