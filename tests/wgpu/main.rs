@@ -1,7 +1,8 @@
 //! The wgpu backend's tests, one test binary (each binary links the whole engine): the generic
 //! conformance suite against the CPU backend (`conformance`, from `tests/common/conformance.rs`,
-//! shared with CUDA), attention, the selection ops on both reduction paths, adapter limits, and
-//! the host-sync audit.
+//! shared with CUDA), attention, batches (each sequence equal to itself alone and to `ar`), the
+//! selection ops on both reduction paths, adapter limits, quantized weights, and the host-sync
+//! and op-count audits.
 //!
 //! Without an adapter every test skips loudly; `SPARKLING_REQUIRE_GPU=1` makes that a failure.
 //! Run: `cargo test --release --features wgpu --test wgpu` (on a machine without a GPU:
@@ -54,6 +55,7 @@ macro_rules! gpu_or_skip {
 }
 
 mod attention;
+mod batch;
 mod conformance;
 mod limits;
 mod quant;
