@@ -30,6 +30,7 @@ struct Params {
     mode: u32,      // 0 causal, 1 full, 2 tree
     scale: f32,     // head_dim^-0.5
     total: u32,     // t * n_heads workgroups
+    row0: u32,      // first row of this block in q and out (a ragged batch's sequence)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -66,7 +67,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kh = h / p.group;
     let hd = p.head_dim;
     for (var d = li; d < hd; d += WG) {
-        qs[d] = q[i * p.q_cols + h * hd + d];
+        qs[d] = q[(p.row0 + i) * p.q_cols + h * hd + d];
     }
     if (li == 0u) {
         var n = p.kv_len;
@@ -142,7 +143,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var r = 0u; r < DPT; r++) {
         let d = li + r * WG;
         if (d < hd) {
-            out[i * p.q_cols + h * hd + d] = acc[r] * inv;
+            out[(p.row0 + i) * p.q_cols + h * hd + d] = acc[r] * inv;
         }
     }
 }

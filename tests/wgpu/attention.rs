@@ -8,7 +8,7 @@
 //! 64-key chunk where the CPU uses one global max; outputs are convex combinations of values
 //! in [-1, 1].
 use crate::common::*;
-use sparkling_core::{AttnMask, AttnShape, Backend, Error, ReadBack, NO_PARENT};
+use sparkling_core::{AttnMask, AttnShape, Backend, Error, RaggedSeq, ReadBack, NO_PARENT};
 use sparkling_cpu::CpuBackend;
 use sparkling_wgpu::WgpuBackend;
 
@@ -151,4 +151,48 @@ fn attention_rejects_bad_geometry_and_parents() {
     let big = AttnShape { n_heads: 1, n_kv_heads: 1, head_dim: 512 };
     let q = g.upload(&[0.0; 512], 1, 512).unwrap();
     assert!(shape_err(g.attention(&q, &q, &q, 1, big, AttnMask::Causal).map(|_| ())));
+}
+
+/// `attention_ragged` on wgpu: one attention dispatch per sequence writing its rows of one
+/// output (no gathers, no concatenation) — each sequence's rows bit-identical to `attention`
+/// on that sequence alone (a causal prompt chunk after a prefix, a 1-row decode step, a tree
+/// block), and refused with the sequence named when one does not fit.
+#[test]
+fn ragged_attention_equals_each_sequence_alone() {
+    let Some(g) = crate::gpu("ragged attention") else { return };
+    let shape = AttnShape { n_heads: 9, n_kv_heads: 3, head_dim: 64 };
+    let (qc, kvc) = (9 * 64, 3 * 64);
+    let mut r = Rng(515);
+    let parents = random_parents(&mut r, 5);
+    // (query rows, kv_len, mask) per sequence.
+    let seqs: [(usize, usize, AttnMask<'_>); 3] = [(4, 70, AttnMask::Causal), (1, 9, AttnMask::Causal), (5, 133, AttnMask::Tree { parents: &parents })];
+    let rows: usize = seqs.iter().map(|s| s.0).sum();
+    let q = r.vec(rows * qc);
+    let caches: Vec<(_, _)> = seqs
+        .iter()
+        .map(|&(_, kv, _)| (g.upload(&r.vec((kv + 3) * kvc), kv + 3, kvc).unwrap(), g.upload(&r.vec((kv + 3) * kvc), kv + 3, kvc).unwrap()))
+        .collect();
+    let ragged: Vec<RaggedSeq<'_, _>> =
+        seqs.iter().zip(&caches).map(|(&(t, kv_len, mask), (k, v))| RaggedSeq { k_cache: k, v_cache: v, kv_len, q_rows: t, mask }).collect();
+    let qt = g.upload(&q, rows, qc).unwrap();
+    let before = g.op_counts().unwrap();
+    let got = g.attention_ragged(&qt, &ragged, shape).unwrap();
+    assert_eq!(g.op_counts().unwrap().since(before).kernels, 3, "one dispatch per sequence");
+    let got = g.download(&got).unwrap();
+    let mut r0 = 0;
+    for (i, (s, (k, v))) in seqs.iter().zip(&caches).enumerate() {
+        let qs = g.upload(&q[r0 * qc..(r0 + s.0) * qc], s.0, qc).unwrap();
+        let alone = g.download(&g.attention(&qs, k, v, s.1, shape, s.2).unwrap()).unwrap();
+        assert_bits(&format!("sequence {i} ragged vs alone"), &got[r0 * qc..(r0 + s.0) * qc], &alone);
+        r0 += s.0;
+    }
+    // A sequence whose cache is shorter than its query block is refused, naming it.
+    let bad: Vec<RaggedSeq<'_, _>> = seqs
+        .iter()
+        .zip(&caches)
+        .enumerate()
+        .map(|(i, (&(t, kv_len, mask), (k, v)))| RaggedSeq { k_cache: k, v_cache: v, kv_len: if i == 1 { 0 } else { kv_len }, q_rows: t, mask })
+        .collect();
+    let e = g.attention_ragged(&qt, &bad, shape).err().expect("kv_len below q_rows is refused").to_string();
+    assert!(e.contains("sequence 1"), "{e}");
 }

@@ -384,7 +384,7 @@ pub trait Backend: Send + Sync {
     ///
     /// The default loops over the sequences (gather each block, [`Backend::attention`], concat
     /// the results); the CPU backend overrides it with one parallel pass over every
-    /// (row, head) of every sequence. The wgpu and CUDA backends use the default for now.
+    /// (row, head) of every sequence. The CUDA backend uses the default for now.
     /// Errors: row counts that do not add up to `q`'s rows, an empty block, and whatever
     /// [`Backend::attention`] refuses for a sequence.
     fn attention_ragged(&self, q: &Self::Tensor, seqs: &[RaggedSeq<'_, Self::Tensor>], shape: AttnShape) -> Result<Self::Tensor> {

@@ -12,7 +12,7 @@ use crate::tensor::{chunk_stride, encode, rows_per_chunk, stored_chunk_bytes, tr
 use crate::tensor::{WeightDtype, WeightStorage};
 use crate::WgpuBackend;
 use sparkling_core::select::ancestor_table;
-use sparkling_core::{ggml, AttnMask, AttnShape, Backend, CandidateArgs, CandidateTable, DraftTree, Error, GgmlWeight, Result, SampleParams, TopK};
+use sparkling_core::{ggml, AttnMask, AttnShape, Backend, CandidateArgs, CandidateTable, DraftTree, Error, GgmlWeight, RaggedSeq, Result, SampleParams, TopK};
 
 fn shape_err(op: &'static str, detail: String) -> Error {
     Error::Shape { op, detail }
@@ -458,66 +458,32 @@ impl Backend for WgpuBackend {
     fn attention(&self, q: &WgpuTensor, k_cache: &WgpuTensor, v_cache: &WgpuTensor, kv_len: usize, shape: AttnShape, mask: AttnMask<'_>) -> Result<WgpuTensor> {
         let g = &self.gpu;
         g.check()?;
-        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
-        let t = q.rows;
-        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q.cols != n_heads * head_dim {
-            return Err(shape_err("attention", format!("q [{t}, {}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv", q.cols)));
-        }
-        if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
-            return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
-        }
-        if head_dim > MAX_HEAD_DIM {
-            return Err(shape_err("attention", format!("head_dim {head_dim} above the kernel's maximum of {MAX_HEAD_DIM}")));
-        }
-        let prefix = kv_len - t;
-        let (mode, table) = match mask {
-            AttnMask::Causal => (0u32, None),
-            AttnMask::Full => (1u32, None),
-            AttnMask::Tree { parents } => {
-                if parents.len() != t {
-                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
-                }
-                (2u32, Some(ancestor_table(parents)?))
-            }
-        };
-        let out = g.alloc("attention", t, q.cols)?;
-        if t == 0 || head_dim == 0 || n_heads == 0 {
-            return Ok(out);
-        }
-        let tree_buf = match &table {
-            Some(words) => Some(g.upload_u32(words)?),
-            None => None,
-        };
-        let (tb, tbytes) = match (&tree_buf, &table) {
-            (Some(b), Some(w)) => (b.buffer(), w.len() as u64 * 4),
-            _ => (&self.dummy, 16),
-        };
-        let total = (t * n_heads) as u64;
-        let scale = 1.0 / (head_dim as f32).sqrt();
-        let params = [
-            t as u32,
-            kv_len as u32,
-            prefix as u32,
-            n_heads as u32,
-            (n_heads / n_kv_heads) as u32,
-            head_dim as u32,
-            q.cols as u32,
-            k_cache.cols as u32,
-            mode,
-            scale.to_bits(),
-            total as u32,
-        ];
-        let kv_bytes = (kv_len * k_cache.cols * 4) as u64;
+        check_attention(q.rows, q.cols, k_cache, v_cache, kv_len, shape)?;
+        let out = g.alloc("attention", q.rows, q.cols)?;
         let mut b = g.batch();
-        g.dispatch(
-            &mut b,
-            Kernel::Attention,
-            &params,
-            &[Bind::t(q), Bind::b(k_cache.buffer(), kv_bytes), Bind::b(v_cache.buffer(), kv_bytes), Bind::b(tb, tbytes), Bind::t(&out)],
-            total,
-        )?;
-        if let Some(tb) = tree_buf {
-            b.keep(tb);
+        self.encode_attention(&mut b, q, &out, 0, q.rows, k_cache, v_cache, kv_len, shape, mask)?;
+        g.submit(b);
+        Ok(out)
+    }
+
+    /// Every sequence's block in place in one output: one attention dispatch per sequence
+    /// reading its rows of the packed `q` and writing the same rows of the output (no gathers,
+    /// no concatenation), each row computed exactly as [`Backend::attention`] computes it.
+    /// Errors: as [`sparkling_core::check_ragged`] and `attention`, naming the sequence.
+    fn attention_ragged(&self, q: &WgpuTensor, seqs: &[RaggedSeq<'_, WgpuTensor>], shape: AttnShape) -> Result<WgpuTensor> {
+        let g = &self.gpu;
+        g.check()?;
+        sparkling_core::check_ragged(q.rows, seqs)?;
+        for (i, s) in seqs.iter().enumerate() {
+            check_attention(s.q_rows, q.cols, s.k_cache, s.v_cache, s.kv_len, shape)
+                .map_err(|e| shape_err("attention_ragged", format!("sequence {i}: {e}")))?;
+        }
+        let out = g.alloc("attention", q.rows, q.cols)?;
+        let mut b = g.batch();
+        let mut r0 = 0;
+        for s in seqs {
+            self.encode_attention(&mut b, q, &out, r0, s.q_rows, s.k_cache, s.v_cache, s.kv_len, shape, s.mask)?;
+            r0 += s.q_rows;
         }
         g.submit(b);
         Ok(out)
@@ -627,5 +593,94 @@ impl WgpuBackend {
             }
         }
         Ok(WgpuWeight { n, k, storage, chunks })
+    }
+}
+
+/// The shape checks of one attention block: `t` query rows of `q_cols` columns against caches
+/// of `kv_len` valid rows. Errors: [`Error::Shape`] naming what does not fit.
+fn check_attention(t: usize, q_cols: usize, k_cache: &WgpuTensor, v_cache: &WgpuTensor, kv_len: usize, shape: AttnShape) -> Result<()> {
+    let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || q_cols != n_heads * head_dim {
+        return Err(shape_err("attention", format!("q [{t}, {q_cols}] for {n_heads}x{head_dim} heads / {n_kv_heads} kv")));
+    }
+    if k_cache.cols != n_kv_heads * head_dim || v_cache.cols != k_cache.cols || v_cache.rows != k_cache.rows || kv_len > k_cache.rows || t > kv_len {
+        return Err(shape_err("attention", format!("kv [{}, {}] len {kv_len} for {t} queries", k_cache.rows, k_cache.cols)));
+    }
+    if head_dim > MAX_HEAD_DIM {
+        return Err(shape_err("attention", format!("head_dim {head_dim} above the kernel's maximum of {MAX_HEAD_DIM}")));
+    }
+    Ok(())
+}
+
+impl WgpuBackend {
+    /// Encode attention.wgsl for query rows `row0 .. row0 + t` of `q` into the same rows of
+    /// `out` (shapes checked by [`check_attention`]). Errors: a tree mask of the wrong length,
+    /// a failed allocation or dispatch.
+    #[allow(clippy::too_many_arguments)]
+    fn encode_attention(
+        &self,
+        b: &mut crate::ctx::Batch,
+        q: &WgpuTensor,
+        out: &WgpuTensor,
+        row0: usize,
+        t: usize,
+        k_cache: &WgpuTensor,
+        v_cache: &WgpuTensor,
+        kv_len: usize,
+        shape: AttnShape,
+        mask: AttnMask<'_>,
+    ) -> Result<()> {
+        let g = &self.gpu;
+        let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+        let prefix = kv_len - t;
+        let (mode, table) = match mask {
+            AttnMask::Causal => (0u32, None),
+            AttnMask::Full => (1u32, None),
+            AttnMask::Tree { parents } => {
+                if parents.len() != t {
+                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
+                }
+                (2u32, Some(ancestor_table(parents)?))
+            }
+        };
+        if t == 0 || head_dim == 0 || n_heads == 0 {
+            return Ok(());
+        }
+        let tree_buf = match &table {
+            Some(words) => Some(g.upload_u32(words)?),
+            None => None,
+        };
+        let (tb, tbytes) = match (&tree_buf, &table) {
+            (Some(b), Some(w)) => (b.buffer(), w.len() as u64 * 4),
+            _ => (&self.dummy, 16),
+        };
+        let total = (t * n_heads) as u64;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let params = [
+            t as u32,
+            kv_len as u32,
+            prefix as u32,
+            n_heads as u32,
+            (n_heads / n_kv_heads) as u32,
+            head_dim as u32,
+            q.cols as u32,
+            k_cache.cols as u32,
+            mode,
+            scale.to_bits(),
+            total as u32,
+            row0 as u32,
+        ];
+        let kv_bytes = (kv_len * k_cache.cols * 4) as u64;
+        g.dispatch(
+            b,
+            Kernel::Attention,
+            &params,
+            &[Bind::t(q), Bind::b(k_cache.buffer(), kv_bytes), Bind::b(v_cache.buffer(), kv_bytes), Bind::b(tb, tbytes), Bind::t(out)],
+            total,
+        )?;
+        if let Some(tb) = tree_buf {
+            b.keep(tb);
+        }
+        Ok(())
     }
 }
