@@ -193,6 +193,7 @@ fn ragged_attention_equals_each_sequence_alone() {
         .enumerate()
         .map(|(i, (&(t, kv_len, mask), (k, v)))| RaggedSeq { k_cache: k, v_cache: v, kv_len: if i == 1 { 0 } else { kv_len }, q_rows: t, mask })
         .collect();
-    let e = g.attention_ragged(&qt, &bad, shape).err().expect("kv_len below q_rows is refused").to_string();
+    let Err(e) = g.attention_ragged(&qt, &bad, shape) else { panic!("kv_len below q_rows is refused") };
+    let e = e.to_string();
     assert!(e.contains("sequence 1"), "{e}");
 }
