@@ -171,6 +171,36 @@ pub struct CudaBackend {
     target: kernels::Target,
     u32_cache: Mutex<U32Cache>,
     inv_freq: Mutex<InvFreqCache>,
+    /// What [`Backend::op_counts`](sparkling_core::Backend::op_counts) reports.
+    pub(crate) counts: Counters,
+}
+
+/// The counters behind [`sparkling_core::OpCounts`]: kernels launched (NVRTC kernels and
+/// cuBLAS GEMM calls), host waits (device→host copies, `synchronize`), bytes copied host→device,
+/// device buffers allocated (cudarc allocates per op; the driver's stream-ordered pool reuses
+/// the memory, but every allocation is a call).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) kernels: std::sync::atomic::AtomicU64,
+    pub(crate) syncs: std::sync::atomic::AtomicU64,
+    pub(crate) uploaded: std::sync::atomic::AtomicU64,
+    pub(crate) allocs: std::sync::atomic::AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(c: &std::sync::atomic::AtomicU64, n: u64) {
+        c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> sparkling_core::OpCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        sparkling_core::OpCounts {
+            kernels: self.kernels.load(Relaxed),
+            host_syncs: self.syncs.load(Relaxed),
+            bytes_uploaded: self.uploaded.load(Relaxed),
+            buffers_created: self.allocs.load(Relaxed),
+        }
+    }
 }
 
 /// Device `inv_freq` tables keyed by `(head_dim, theta bits)`.
@@ -237,6 +267,7 @@ impl CudaBackend {
             target,
             u32_cache: Mutex::new(U32Cache { entries: Vec::new() }),
             inv_freq: Mutex::new(HashMap::new()),
+            counts: Counters::default(),
         })
     }
 
@@ -263,17 +294,26 @@ impl CudaBackend {
     /// Wait until every enqueued op has finished (for timing; ops never need it).
     /// Errors: a failure of any earlier enqueued op ([`Error::Device`]).
     pub fn synchronize(&self) -> Result<()> {
+        Counters::add(&self.counts.syncs, 1);
         self.stream.synchronize().map_err(|e| Error::Device(format!("synchronize: {e}")))
+    }
+
+    /// A launch of kernel `f` on this backend's stream, counted in [`Counters::kernels`].
+    pub(crate) fn launch_builder<'a>(&'a self, f: &'a CudaFunction) -> cudarc::driver::LaunchArgs<'a> {
+        Counters::add(&self.counts.kernels, 1);
+        self.stream.launch_builder(f)
     }
 
     /// `f32` device buffer of `n` (≥ 1 allocated) uninitialised values.
     pub(crate) fn alloc_f32(&self, op: &str, n: usize) -> Result<CudaSlice<f32>> {
+        Counters::add(&self.counts.allocs, 1);
         // SAFETY: every caller writes the values it later reads.
         unsafe { self.stream.alloc::<f32>(n.max(1)) }.map_err(|e| Error::Device(format!("{op}: allocating {n} f32 values: {e}")))
     }
 
     /// Typed uninitialised device buffer of `n` (≥ 1 allocated) values.
     pub(crate) fn alloc<T: cudarc::driver::DeviceRepr>(&self, op: &str, n: usize) -> Result<CudaSlice<T>> {
+        Counters::add(&self.counts.allocs, 1);
         // SAFETY: every caller writes the values it later reads.
         unsafe { self.stream.alloc::<T>(n.max(1)) }.map_err(|e| Error::Device(format!("{op}: allocating {n} values: {e}")))
     }
@@ -284,9 +324,11 @@ impl CudaBackend {
         op: &str,
         data: &[T],
     ) -> Result<CudaSlice<T>> {
+        Counters::add(&self.counts.allocs, 1);
         if data.is_empty() {
             return self.stream.alloc_zeros::<T>(1).map_err(|e| Error::Device(format!("{op}: {e}")));
         }
+        Counters::add(&self.counts.uploaded, std::mem::size_of_val(data) as u64);
         self.stream.clone_htod(data).map_err(|e| Error::Device(format!("{op}: host→device copy of {} values: {e}", data.len())))
     }
 
@@ -328,6 +370,7 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
+        Counters::add(&self.counts.syncs, 1);
         self.stream.clone_dtoh(&buf.slice(0..n)).map_err(|e| Error::Device(format!("{op}: device→host copy: {e}")))
     }
 }

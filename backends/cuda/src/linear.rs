@@ -25,7 +25,7 @@ impl CudaBackend {
     /// `y[r, :] += bias` for rows `r < m` (shaders/cuda/add_bias.cu).
     pub(crate) fn add_bias(&self, y: &mut cudarc::driver::CudaSlice<f32>, bias: &CudaTensor, m: usize, n: usize) -> Result<()> {
         let (m32, n32) = (to_u32("matmul", "rows", m)?, to_u32("matmul", "N", n)?);
-        let mut b = self.stream.launch_builder(self.k.get("add_bias"));
+        let mut b = self.launch_builder(self.k.get("add_bias"));
         b.arg(y).arg(&bias.buf).arg(&m32).arg(&n32);
         // SAFETY: y holds at least m*n values, bias n.
         unsafe { b.launch(grid_1d(m * n)) }.map_err(dev("matmul bias"))?;

@@ -46,9 +46,16 @@ impl Backend for CudaBackend {
         Ok(CudaTensor { rows, cols, buf: self.upload_slice("upload", data)? })
     }
 
+    /// Kernels launched (NVRTC kernels and cuBLAS GEMM calls), device→host copies and
+    /// synchronizations, bytes copied host→device and device allocations so far.
+    fn op_counts(&self) -> Option<sparkling_core::OpCounts> {
+        Some(self.counts.snapshot())
+    }
+
     /// A zero-filled `[rows, cols]` tensor.
     fn zeros(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
         let n = rows.checked_mul(cols).ok_or_else(|| shape_err("zeros", format!("[{rows}, {cols}] overflows")))?;
+        crate::Counters::add(&self.counts.allocs, 1);
         let buf = self.stream.alloc_zeros::<f32>(n.max(1)).map_err(|e| Error::Device(format!("zeros: allocating [{rows}, {cols}]: {e}")))?;
         Ok(CudaTensor { rows, cols, buf })
     }
@@ -101,13 +108,13 @@ impl Backend for CudaBackend {
             let cfg = grid_1d(n);
             match &table.data {
                 WeightData::F32(t) => {
-                    let mut b = self.stream.launch_builder(self.k.get("embedding_f32"));
+                    let mut b = self.launch_builder(self.k.get("embedding_f32"));
                     b.arg(t).arg(idb.as_ref()).arg(&ni).arg(&k32).arg(&mut out);
                     // SAFETY: ids < N checked above; out holds ids.len()*K values.
                     unsafe { b.launch(cfg) }.map_err(dev("embedding"))?;
                 }
                 WeightData::Bf16(t) => {
-                    let mut b = self.stream.launch_builder(self.k.get("embedding_bf16"));
+                    let mut b = self.launch_builder(self.k.get("embedding_bf16"));
                     b.arg(t).arg(idb.as_ref()).arg(&ni).arg(&k32).arg(&mut out);
                     // SAFETY: as above.
                     unsafe { b.launch(cfg) }.map_err(dev("embedding"))?;
@@ -154,7 +161,7 @@ impl Backend for CudaBackend {
         match &w.data {
             WeightData::F32(wd) => {
                 let mut xp = self.alloc_f32("matmul", mp * k)?;
-                let mut b = self.stream.launch_builder(self.k.get("pack_f32"));
+                let mut b = self.launch_builder(self.k.get("pack_f32"));
                 b.arg(&x.buf).arg(&m32).arg(&k32).arg(&mp32).arg(&mut xp);
                 // SAFETY: x holds M*K values, xp Mp*K.
                 unsafe { b.launch(grid_1d(mp * k)) }.map_err(dev("matmul"))?;
@@ -164,6 +171,7 @@ impl Backend for CudaBackend {
                 for blk in 0..blocks {
                     let xo = xb + (blk * rb * k * 4) as u64;
                     let yo = yb + (blk * rb * n * 4) as u64;
+                    crate::Counters::add(&self.counts.kernels, 1);
                     // SAFETY: W is K×N (lda K), the x block K×rb (ldb K), the y block N×rb
                     // (ldc N), all inside their allocations; host alpha/beta.
                     unsafe {
@@ -189,7 +197,7 @@ impl Backend for CudaBackend {
             }
             WeightData::Bf16(wd) => {
                 let mut xp = self.alloc::<u16>("matmul", mp * k)?;
-                let mut b = self.stream.launch_builder(self.k.get("pack_bf16"));
+                let mut b = self.launch_builder(self.k.get("pack_bf16"));
                 b.arg(&x.buf).arg(&m32).arg(&k32).arg(&mp32).arg(&mut xp);
                 // SAFETY: x holds M*K values, xp Mp*K.
                 unsafe { b.launch(grid_1d(mp * k)) }.map_err(dev("matmul"))?;
@@ -199,6 +207,7 @@ impl Backend for CudaBackend {
                 for blk in 0..blocks {
                     let xo = xb + (blk * rb * k * 2) as u64;
                     let yo = yb + (blk * rb * n * 4) as u64;
+                    crate::Counters::add(&self.counts.kernels, 1);
                     // SAFETY: as the f32 case; A/B bf16, C f32, f32 compute.
                     unsafe {
                         cudarc::cublas::result::gemm_ex(
@@ -247,7 +256,7 @@ impl Backend for CudaBackend {
         if n_groups > 0 {
             let g = to_u32("rms_norm", "group", group)?;
             let cfg = LaunchConfig { grid_dim: (to_u32("rms_norm", "groups", n_groups)?, 1, 1), block_dim: (RMS_THREADS, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.stream.launch_builder(self.k.get("rms_norm"));
+            let mut b = self.launch_builder(self.k.get("rms_norm"));
             b.arg(&x.buf).arg(&w.buf).arg(&mut out).arg(&g).arg(&eps);
             // SAFETY: x and out hold n_groups*group values, w holds group values.
             unsafe { b.launch(cfg) }.map_err(dev("rms_norm"))?;
@@ -268,7 +277,7 @@ impl Backend for CudaBackend {
         let pos = self.upload_u32_cached("rope positions", positions)?;
         let (rows, cols, hd) = (to_u32("rope", "rows", x.rows)?, to_u32("rope", "cols", x.cols)?, to_u32("rope", "head_dim", head_dim)?);
         let cfg = grid_1d(x.len() / 2);
-        let mut b = self.stream.launch_builder(self.k.get("rope"));
+        let mut b = self.launch_builder(self.k.get("rope"));
         b.arg(&mut x.buf).arg(&rows).arg(&cols).arg(&hd).arg(pos.as_ref()).arg(inv_freq.as_ref());
         // SAFETY: x holds rows*cols values, pos one per row, inv_freq head_dim/2.
         unsafe { b.launch(cfg) }.map_err(dev("rope"))?;
@@ -284,7 +293,7 @@ impl Backend for CudaBackend {
         let mut out = self.alloc_f32("silu_mul", n)?;
         if n > 0 {
             let n32 = to_u32("silu_mul", "elements", n)?;
-            let mut b = self.stream.launch_builder(self.k.get("silu_mul"));
+            let mut b = self.launch_builder(self.k.get("silu_mul"));
             b.arg(&gate.buf).arg(&up.buf).arg(&mut out).arg(&n32);
             // SAFETY: all three buffers hold n values.
             unsafe { b.launch(grid_1d(n)) }.map_err(dev("silu_mul"))?;
@@ -300,7 +309,7 @@ impl Backend for CudaBackend {
         let n = x.len();
         if n > 0 {
             let n32 = to_u32("add_assign", "elements", n)?;
-            let mut b = self.stream.launch_builder(self.k.get("add_assign"));
+            let mut b = self.launch_builder(self.k.get("add_assign"));
             b.arg(&mut x.buf).arg(&y.buf).arg(&n32);
             // SAFETY: both buffers hold n values.
             unsafe { b.launch(grid_1d(n)) }.map_err(dev("add_assign"))?;
@@ -328,7 +337,7 @@ impl Backend for CudaBackend {
         for p in parts {
             if p.len() > 0 {
                 let (pc, o) = (to_u32("concat_cols", "cols", p.cols)?, to_u32("concat_cols", "offset", off)?);
-                let mut b = self.stream.launch_builder(self.k.get("copy_cols"));
+                let mut b = self.launch_builder(self.k.get("copy_cols"));
                 b.arg(&p.buf).arg(&r32).arg(&pc).arg(&mut out).arg(&c32).arg(&o);
                 // SAFETY: p holds rows*p.cols values; out holds rows*cols with off+p.cols <= cols.
                 unsafe { b.launch(grid_1d(p.len())) }.map_err(dev("concat_cols"))?;
@@ -460,12 +469,12 @@ impl Backend for CudaBackend {
             p.row0 = row0 as u32;
             let blocks = to_u32("attention", "blocks", rows * n_heads * s_max)?;
             let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.stream.launch_builder(self.k.get("attention_split"));
+            let mut b = self.launch_builder(self.k.get("attention_split"));
             b.arg(&p).arg(&q.buf).arg(&k_cache.buf).arg(&v_cache.buf).arg(tree.as_ref()).arg(&mut part_m).arg(&mut part_l).arg(&mut part_o);
             // SAFETY: shapes checked above; partial buffers sized for rows_per_launch rows.
             unsafe { b.launch(cfg) }.map_err(dev("attention"))?;
             let cfg = LaunchConfig { grid_dim: (to_u32("attention", "blocks", rows * n_heads)?, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-            let mut b = self.stream.launch_builder(self.k.get("attention_combine"));
+            let mut b = self.launch_builder(self.k.get("attention_combine"));
             b.arg(&p).arg(tree.as_ref()).arg(&part_m).arg(&part_l).arg(&part_o).arg(&mut out);
             // SAFETY: as above; out holds t*q_cols values.
             unsafe { b.launch(cfg) }.map_err(dev("attention"))?;
@@ -488,6 +497,7 @@ impl Backend for CudaBackend {
         if n == 0 || t.cols == 0 {
             return Ok(Vec::new());
         }
+        crate::Counters::add(&self.counts.syncs, 1);
         self.stream.clone_dtoh(&t.buf.slice(start * t.cols..(start + n) * t.cols)).map_err(|e| Error::Device(format!("download: device→host copy: {e}")))
     }
 
@@ -503,7 +513,7 @@ impl Backend for CudaBackend {
         }
         let mut ids = self.alloc::<u32>("argmax", rows)?;
         let c = to_u32("argmax", "cols", logits.cols)?;
-        let mut b = self.stream.launch_builder(self.k.get("argmax_rows"));
+        let mut b = self.launch_builder(self.k.get("argmax_rows"));
         b.arg(&logits.buf).arg(&c).arg(&mut ids);
         // SAFETY: logits holds rows*cols values, ids rows.
         unsafe { b.launch(cfg(to_u32("argmax", "rows", rows)?, 256)) }.map_err(dev("argmax"))?;
@@ -535,7 +545,7 @@ impl Backend for CudaBackend {
         let pbuf = if top_p < 1.0 { Some(self.alloc::<f64>("sample", rows * logits.cols)?) } else { None };
         let mut out = self.alloc::<u32>("sample", rows)?;
         let null = 0u64;
-        let mut b = self.stream.launch_builder(self.k.get("sample_rows"));
+        let mut b = self.launch_builder(self.k.get("sample_rows"));
         b.arg(&logits.buf).arg(&cols).arg(&inv_t).arg(&top_k).arg(&top_p).arg(&u);
         match &pbuf {
             Some(p) => b.arg(p),
@@ -702,7 +712,7 @@ impl Backend for CudaBackend {
         let mut node_slot = self.alloc::<u32>(OP, budget + 1)?;
         let mut out = self.alloc::<u32>(OP, 1 + 4 * budget)?;
         let (ld32, k32) = (to_u32(OP, "depth rows", ld)?, kk as u32);
-        let mut b = self.stream.launch_builder(self.k.get("tree_heap"));
+        let mut b = self.launch_builder(self.k.get("tree_heap"));
         b.arg(&cand).arg(&vals).arg(&slots).arg(&ld32).arg(&k32).arg(&budget32).arg(&anchor);
         b.arg(&mut heap).arg(&mut node_slot).arg(&mut out);
         // SAFETY: cand [n, ids] with n ≤ n_max, the packed [ld, n, min(k, n)] table in
@@ -724,7 +734,7 @@ impl CudaBackend {
         let words = idx.iter().map(|&r| to_u32(op, "row index", r)).collect::<Result<Vec<u32>>>()?;
         let ib = self.upload_u32_cached(op, &words)?;
         let (ni, c, b0) = (to_u32(op, "rows", idx.len())?, to_u32(op, "cols", x.cols)?, to_u32(op, "start row", base)?);
-        let mut b = self.stream.launch_builder(self.k.get("gather_rows"));
+        let mut b = self.launch_builder(self.k.get("gather_rows"));
         b.arg(&x.buf).arg(ib.as_ref()).arg(&ni).arg(&c).arg(&b0).arg(out);
         // SAFETY: every base+idx[i] < x.rows (checked by the callers); out holds idx.len()*cols.
         unsafe { b.launch(grid_1d(n)) }.map_err(dev(op))?;

@@ -65,14 +65,14 @@ impl CudaBackend {
         let mut part_max = self.alloc::<f32>("topk", rows * n_seg)?;
         let mut part_sum = self.alloc::<f64>("topk", rows * n_seg)?;
         let grid = LaunchConfig { grid_dim: (to_u32("topk", "rows", rows)?, ns32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = self.stream.launch_builder(self.k.get("topk_segments"));
+        let mut b = self.launch_builder(self.k.get("topk_segments"));
         b.arg(&logits.buf).arg(&c32).arg(&s32).arg(&k32).arg(&mut part_key).arg(&mut part_id).arg(&mut part_max).arg(&mut part_sum);
         // SAFETY: partial buffers hold rows*n_seg*k (keys/ids) and rows*n_seg (max/sum) values.
         unsafe { b.launch(grid) }.map_err(dev("topk"))?;
         let mut ids = self.alloc::<u32>("topk", rows * k)?;
         let mut vals = self.alloc::<f32>("topk", rows * k)?;
         let mut lse = self.alloc::<f32>("topk", rows)?;
-        let mut b = self.stream.launch_builder(self.k.get("topk_merge"));
+        let mut b = self.launch_builder(self.k.get("topk_merge"));
         b.arg(&logits.buf).arg(&c32).arg(&ns32).arg(&k32).arg(&cnt32).arg(&part_key).arg(&part_id).arg(&part_max).arg(&part_sum);
         b.arg(&mut ids).arg(&mut vals).arg(&mut lse);
         // SAFETY: count ≤ n_seg*k valid candidates per row; outputs rows*k and rows.
@@ -100,7 +100,7 @@ impl CudaBackend {
                     return Err(Error::Invalid(format!("{op}: {n_max} candidates exceed the bias kernel's grid")));
                 }
                 let grid = LaunchConfig { grid_dim: (tiles, tiles, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                let mut b = self.stream.launch_builder(self.k.get("markov_bias"));
+                let mut b = self.launch_builder(self.k.get("markov_bias"));
                 b.arg(&w1.buf).arg(&w2.buf).arg(&r32).arg(cand).arg(&mut bias);
                 // SAFETY: W1/W2 are [vocab, r] (checked), cand holds 1 + n ≤ 1 + n_max words with
                 // ids < vocab, bias n_max² ≥ n² values.
@@ -118,7 +118,7 @@ impl CudaBackend {
             shared_mem_bytes: if shared { (n_max * 4) as u32 } else { 0 },
         };
         let null = 0u64;
-        let mut b = self.stream.launch_builder(self.k.get(if shared { "markov_rows_shared" } else { "markov_rows_global" }));
+        let mut b = self.launch_builder(self.k.get(if shared { "markov_rows_shared" } else { "markov_rows_global" }));
         b.arg(&base.buf).arg(&v32).arg(cand).arg(&nmax32);
         match &bias {
             Some(bb) => b.arg(bb),
@@ -156,7 +156,7 @@ impl CudaBackend {
         to_u32(op, "ld·candidates", ld * c)?;
         let mut bits = self.alloc::<u32>(op, vocab.div_ceil(32))?;
         let mut cand = self.alloc::<u32>(op, 1 + n_max)?;
-        let mut b = self.stream.launch_builder(self.k.get("candidate_union"));
+        let mut b = self.launch_builder(self.k.get("candidate_union"));
         b.arg(&ids).arg(&ld32).arg(&c32).arg(&v32).arg(&anchor).arg(&mut bits).arg(&mut cand);
         // SAFETY: ids [ld, c] with every id < vocab, anchor < vocab (checked), bits
         // ceil(vocab/32) words, cand 1 + n_max ≥ 1 + n words (n ≤ min(ld·c + 1, vocab)).
