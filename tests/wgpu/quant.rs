@@ -157,20 +157,34 @@ fn malformed_blocks_are_refused() {
     assert!(matches!(g(ggml::F16, 2, 3, vec![0; 11]), Err(Error::Shape { .. })));
 }
 
-/// SmolLM2-135M-Instruct Q4_1 on wgpu native blocks against the CPU backend on the same
-/// values (the loader's dequantization, f32 arithmetic): greedy `ar` tokens equal on at least 4
-/// of 5 chat prompts × 32 tokens (summation orders differ, so a near-tie may go the other way:
-/// the first divergence's position and the CPU's top-2 logit margin there are printed). The weights a decode step reads
-/// stay within 1.1× the file's bytes of those tensors.
+/// SmolLM2-135M-Instruct Q4_1 (Q4_1 matrices, a Q8_0 tied head) through [`follow_cpu_tokens`].
 #[test]
 fn smollm2_native_blocks_follow_the_cpu_tokens() {
+    follow_cpu_tokens("smollm2-135m-instruct-q4_1.gguf", "smollm2");
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct Q4_K_M (Q4_K, Q5_0, Q6_K and Q8_0 blocks, QKV biases, an
+/// untied Q8_0 head) through [`follow_cpu_tokens`]; skipped unless fetched
+/// (`scripts/fetch-assets qwen2.5-coder-0.5b`, not part of CI: minutes on lavapipe).
+#[test]
+fn qwen_coder_native_blocks_follow_the_cpu_tokens() {
+    follow_cpu_tokens("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b");
+}
+
+/// A GGUF target on wgpu native blocks against the CPU backend on the same values (the
+/// loader's dequantization, f32 arithmetic): greedy `ar` tokens equal on at least 4 of 5 chat
+/// prompts × 32 tokens (summation orders differ, so a near-tie may go the
+/// other way: the first divergence's position and the CPU's top-2 logit margin there are
+/// printed). The weights a decode step reads stay within 1.1× the file's bytes of those tensors.
+/// Skips (loudly) when the asset is missing.
+fn follow_cpu_tokens(file: &str, fetch: &str) {
     use sparkling::cpu::{CpuBackend, WeightDtype as CpuDtype};
     use sparkling::decode::{Engine, Method};
     use sparkling::model::config::TargetConfig;
     use sparkling::model::target::{LogitRows, SeqInput, Target};
     use sparkling_core::AttnMask;
-    let Some(path) = asset("smollm2-135m-instruct-q4_1.gguf") else {
-        eprintln!("SKIPPED smollm2_native_blocks_follow_the_cpu_tokens: SmolLM2 asset missing (scripts/fetch-assets smollm2)");
+    let Some(path) = asset(file) else {
+        eprintln!("SKIPPED {file} on wgpu native blocks: asset missing (scripts/fetch-assets {fetch})");
         return;
     };
     let Some(b) = native(MatmulKernel::Auto, None) else { return };
@@ -188,7 +202,7 @@ fn smollm2_native_blocks_follow_the_cpu_tokens() {
     let head = if src.file.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
     let file_bytes: u64 = src.file.tensors.iter().filter(|t| per_step(&t.name) || t.name == head).map(|t| t.n_bytes()).sum();
     let stored = t_gpu.decode_weight_bytes(&b);
-    eprintln!("SmolLM2 Q4_1 on wgpu native: {stored} bytes read per decode step, file {file_bytes} ({:.3}×)", stored as f64 / file_bytes as f64);
+    eprintln!("{file} on wgpu native: {stored} bytes read per decode step, file {file_bytes} ({:.3}×)", stored as f64 / file_bytes as f64);
     assert!(stored as f64 <= 1.1 * file_bytes as f64, "{stored} stored bytes for {file_bytes} file bytes");
 
     let prompts =
@@ -213,5 +227,5 @@ fn smollm2_native_blocks_follow_the_cpu_tokens() {
         top.sort_by(|x, y| y.total_cmp(x));
         eprintln!("{q:?}: wgpu native diverges from cpu f32 at token {at} (cpu top-2 logit margin {:.4})", top[0] - top[1]);
     }
-    assert!(equal >= 4, "only {equal} of 5 prompts gave the CPU's 32 greedy tokens on wgpu native blocks");
+    assert!(equal >= 4, "{file}: only {equal} of 5 prompts gave the CPU's 32 greedy tokens on wgpu native blocks");
 }

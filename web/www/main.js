@@ -14,6 +14,18 @@ const DEFAULTS = {
   tokenizer: "",
 };
 const FETCH_HINT = "run `scripts/fetch-assets smollm2`, then restart `scripts/web-demo`";
+// The demo models this server may offer (the "server…" choices under Model): their addresses
+// and what to run when one is missing. scripts/web-demo links the Qwen file when it was fetched.
+const SERVER_MODELS = {
+  server: { ...DEFAULTS, hint: FETCH_HINT },
+  "server-qwen": {
+    target: "assets/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    drafters: "",
+    tokenizer: "",
+    hint: "run `scripts/fetch-assets qwen2.5-coder-0.5b` (about 478 MB), then restart `scripts/web-demo`",
+  },
+};
+const isServer = (src) => src in SERVER_MODELS;
 const SERVE_HINT = "serve the page with `scripts/web-demo` (it builds the package and links models/ and the fetched assets)";
 // Methods and the drafter kind each needs (src/decode: Method::drafter_kind).
 const NEEDS = { ar: null, lookup: null, dflash: "DFlash", ddtree: "DFlash", dspark: "DSpark", sparkling: "DSpark", treespark: "DSpark" };
@@ -194,6 +206,8 @@ function hintFor(url, what) {
   if (what === "tokenizer") return where + "leave it blank to use the model file's own tokenizer)";
   const demo = what === "drafter" ? DEFAULTS.drafters.split(",") : [DEFAULTS.target];
   if (demo.includes(url)) return what === "drafter" ? SERVE_HINT : FETCH_HINT;
+  const model = Object.values(SERVER_MODELS).find((m) => m.target === url);
+  if (what === "model" && model) return model.hint;
   return where + `the demo's ${what === "drafter" ? "drafters are" : "model is"} ${demo.join(" and ")})`;
 }
 const kindOf = (configText) => {
@@ -237,7 +251,7 @@ async function load() {
       throw new Error(`${e.message ?? e}${backend === "webgpu" ? "\nTo fix: pick “processor (CPU)” under “Run on”." : ""}`);
     }
     let targetName;
-    if (src === "server") {
+    if (isServer(src)) {
       const t = ui.target.value.trim().replace(/\/$/, "");
       targetName = t;
       if (t.endsWith(".gguf")) {
@@ -291,7 +305,7 @@ async function load() {
       }
     }
     const k = ui.tokenizer.value.trim().replace(/\/$/, "");
-    if (k && src === "server") {
+    if (k && isServer(src)) {
       s.set_tokenizer(await fetchText(`${k}/tokenizer.json`, hintFor(k, "tokenizer")), (await fetchText(`${k}/tokenizer_config.json`, null, true)) ?? undefined);
     }
     state.session = s;
@@ -318,7 +332,7 @@ async function load() {
     say(ui.loadinfo, `Loading failed after ${secs(t0)} s.`);
     const msg = `${e.message ?? e}`;
     // A file that is not a model (the engine names it): say what the page can open.
-    const fix = src !== "server" && !msg.includes("To fix") && !msg.startsWith("No ")
+    const fix = !isServer(src) && !msg.includes("To fix") && !msg.startsWith("No ")
       ? "\nTo fix: pick a .gguf model file (llama.cpp's format) or a folder with config.json + model.safetensors." : "";
     showError(`Could not load the model: ${msg}${fix}`, $("loaderror"));
   } finally {
@@ -777,6 +791,16 @@ ui.out.addEventListener("keydown", (e) => {
 });
 ui.maxnew.addEventListener("input", renderRuns);
 ui.ggufFile.addEventListener("change", () => { document.querySelector("input[name=src][value=file]").checked = true; });
+// Picking a demo model from this server fills in its addresses.
+for (const el of document.querySelectorAll("input[name=src]")) {
+  el.addEventListener("change", () => {
+    const m = SERVER_MODELS[el.value];
+    if (!el.checked || !m) return;
+    ui.target.value = m.target;
+    ui.drafters.value = m.drafters;
+    ui.tokenizer.value = m.tokenizer;
+  });
+}
 ui.dirFile.addEventListener("change", () => { document.querySelector("input[name=src][value=dir]").checked = true; });
 ui.backend.addEventListener("change", async () => {
   if (ui.backend.value === "webgpu") await checkGpu(false);
