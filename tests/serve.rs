@@ -147,7 +147,7 @@ fn reference(f: &Fixture, messages: &[Message<'_>], max_tokens: usize, temperatu
     let prompt = tok.encode_messages(messages).unwrap();
     let g = m.engine(&b, Method::Sparkling).unwrap().generate(&prompt, &p, &mut |_| {}).unwrap();
     let mut ts = TextStream::new();
-    ts.push(&tok, &g.tokens).unwrap()
+    ts.push(&tok, &g.tokens).unwrap() + &ts.finish(&tok).unwrap()
 }
 
 fn opts() -> ServeOptions {

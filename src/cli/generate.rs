@@ -389,6 +389,14 @@ fn generate<B: Backend>(m: Loaded<B>, method: Method, a: &GenerateArgs) -> Resul
         }
         return Err(super::stdout_error(e));
     }
+    // What the detokenizer still holds: an answer cut inside a multi-token character.
+    if let (Some(tok), false) = (&m.tokenizer, a.ids) {
+        let tail = text.finish(tok)?;
+        if !tail.is_empty() {
+            let mut out = stdout.lock();
+            write!(out, "{tail}").and_then(|_| out.flush()).map_err(super::stdout_error)?;
+        }
+    }
     outln!()?;
     // After the answer's last line, so its note does not run on from the streamed text.
     if let Some(c) = &g.cost_model {

@@ -314,7 +314,18 @@ impl Run {
                     }
                 }
                 Some(Event::Done { stopped, stats, cached_tokens }) => {
-                    let rest = if self.stop.stopped() { String::new() } else { self.stop.finish() };
+                    // What the detokenizer still holds (an answer cut inside a character), then
+                    // what the stop scanner holds.
+                    let tail = self.text.finish(&self.tok).map_err(|e| ApiError::status(500, format!("cannot decode the answer: {e}")))?;
+                    let rest = if self.stop.stopped() {
+                        String::new()
+                    } else {
+                        let mut r = self.stop.push(&tail);
+                        if !self.stop.stopped() {
+                            r.push_str(&self.stop.finish());
+                        }
+                        r
+                    };
                     self.finish = Some(if stopped || self.stop.stopped() { "stop" } else { "length" });
                     self.stats = Some(*stats);
                     self.cached_tokens = cached_tokens;

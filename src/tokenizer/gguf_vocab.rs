@@ -286,19 +286,34 @@ mod tests {
         conformance("llama-bpe", data!("ggml-vocab-llama-bpe.gguf.inp"), data!("ggml-vocab-llama-bpe.gguf.out"));
     }
 
-    /// Streaming detokenization (`TextStream`, the CLI's output) adds up to the decode of all
-    /// ids, whatever the chunking — multi-byte characters split across chunks included.
+    /// Streaming detokenization (`TextStream`, the CLI's and the server's output) adds up to
+    /// the decode of all ids, whatever the chunking — multi-byte characters split across chunks
+    /// included, every chunk ending inside a character (as a speculative round's several tokens
+    /// may), and an output cut inside a character (the held tail comes out of `finish`) — and
+    /// a complete character goes out with the push that completes it.
     #[test]
     fn text_stream_pushes_add_up_to_the_full_decode() {
         let Some(p) = asset_file("ggml-vocab-qwen2.gguf", false) else { return };
         let tok = crate::tokenizer::TextTokenizer::from_gguf(&GgufFile::open(&p).unwrap()).unwrap();
-        for (text, _) in cases(data!("ggml-vocab-qwen2.gguf.inp"), data!("ggml-vocab-qwen2.gguf.out")) {
+        let mut texts: Vec<String> = cases(data!("ggml-vocab-qwen2.gguf.inp"), data!("ggml-vocab-qwen2.gguf.out")).into_iter().map(|c| c.0).collect();
+        texts.push("Dogs: 🐶🐶🐶🐶🐶🐶 中文中文中文 🐱🦄".into());
+        for text in texts {
             let ids = tok.encode_raw(&text).unwrap();
-            let want = tok.decode(&ids, false).unwrap();
-            for chunk in [1usize, 2, 3, 7] {
-                let mut s = crate::tokenizer::TextStream::new();
-                let got: String = ids.chunks(chunk).map(|c| s.push(&tok, c).unwrap()).collect();
-                assert_eq!(got, want, "{text:?} in chunks of {chunk}");
+            for cut in [ids.len(), ids.len().saturating_sub(1)] {
+                let ids = &ids[..cut];
+                let want = tok.decode(ids, false).unwrap();
+                for chunk in [1usize, 2, 3, 7] {
+                    let mut s = crate::tokenizer::TextStream::new();
+                    let mut got = String::new();
+                    for (i, c) in ids.chunks(chunk).enumerate() {
+                        got += &s.push(&tok, c).unwrap();
+                        // Everything complete so far is out: at most a held incomplete tail.
+                        let so_far = tok.decode(&ids[..((i + 1) * chunk).min(ids.len())], false).unwrap();
+                        assert_eq!(got, so_far.trim_end_matches('\u{FFFD}'), "{text:?}: chunk {i} of {chunk}");
+                    }
+                    got += &s.finish(&tok).unwrap();
+                    assert_eq!(got, want, "{text:?} cut at {cut} in chunks of {chunk}");
+                }
             }
         }
     }

@@ -213,15 +213,22 @@ impl TextTokenizer {
 
 /// Incremental detokenizer for streaming output: each [`TextStream::push`] returns only the text
 /// the new ids add, decoding a short window of recent ids instead of the whole output (the
-/// window starts one step back, so context-dependent decoding — a stripped leading space, a
-/// multi-token UTF-8 character — comes out as in a decode of everything). An incomplete UTF-8
-/// tail (decoded as U+FFFD) is held back until a later push completes it. The concatenated
-/// pushes equal `decode(all ids)` for the byte-level BPE vocabularies the engine loads.
+/// window starts one complete step back, so context-dependent decoding — a stripped leading
+/// space, a multi-token UTF-8 character — comes out as in a decode of everything). The complete
+/// characters of a push go out at once; an incomplete UTF-8 tail (decoded as U+FFFD) is held
+/// back until a later push completes it, and [`TextStream::finish`] returns what is still held
+/// at the end (an answer cut inside a character ends as the full decode ends: in U+FFFD). The
+/// pushes plus `finish` equal `decode(all ids)` for the byte-level BPE vocabularies the engine
+/// loads, however the ids are chunked (a speculative round commits several at once).
 #[derive(Debug, Clone, Default)]
 pub struct TextStream {
     ids: Vec<u32>,
+    /// Start of the decoded window in `ids`.
     prefix: usize,
-    read: usize,
+    /// Bytes of `decode(ids[prefix..])` already returned.
+    emitted: usize,
+    /// End of the ids of the last push whose decode was complete (the next window's start).
+    complete: usize,
 }
 
 impl TextStream {
@@ -233,17 +240,26 @@ impl TextStream {
     /// Append `new` ids; returns the text they add (possibly empty). Errors: decoding failures.
     pub fn push(&mut self, tok: &TextTokenizer, new: &[u32]) -> Result<String> {
         self.ids.extend_from_slice(new);
-        let before = tok.decode(&self.ids[self.prefix..self.read], false)?;
         let text = tok.decode(&self.ids[self.prefix..], false)?;
-        if text.len() > before.len() && !text.ends_with('\u{FFFD}') {
-            if let Some(tail) = text.get(before.len()..) {
-                let tail = tail.to_string();
-                self.prefix = self.read;
-                self.read = self.ids.len();
-                return Ok(tail);
-            }
+        let stable = text.trim_end_matches('\u{FFFD}');
+        let out = stable.get(self.emitted..).unwrap_or_default().to_string();
+        self.emitted = self.emitted.max(stable.len());
+        if stable.len() == text.len() {
+            // Everything so far is complete: the window restarts one complete push back.
+            self.prefix = self.complete;
+            self.complete = self.ids.len();
+            self.emitted = tok.decode(&self.ids[self.prefix..], false)?.len();
         }
-        Ok(String::new())
+        Ok(out)
+    }
+
+    /// What is still held back at the end of the output (an incomplete UTF-8 tail, decoded as
+    /// the full decode decodes it); empty when everything went out. Errors: decoding failures.
+    pub fn finish(&mut self, tok: &TextTokenizer) -> Result<String> {
+        let text = tok.decode(&self.ids[self.prefix..], false)?;
+        let out = text.get(self.emitted..).unwrap_or_default().to_string();
+        self.emitted = self.emitted.max(text.len());
+        Ok(out)
     }
 }
 
