@@ -87,6 +87,13 @@ enum Command {
     ReduceVocab(reduce::ReduceVocabArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions,
     /// streaming, continuous batching, /metrics).
+    ///
+    /// Requests: `temperature` defaults to 0 (greedy: the target's own tokens, as `generate`);
+    /// with `temperature` > 0 and no `seed` each request draws its own seed, with a `seed` the
+    /// same text comes back alone or under load. `"sparkling": {"method": "ar", "budget": 8}`
+    /// chooses a request's method and tree budget; `usage.speculation` reports its rounds and τ
+    /// (committed tokens per round). Give `--drafter` once per kind (DFlash, DSpark) to offer
+    /// every method.
     Serve(serve::ServeArgs),
     /// List the wgpu adapters (index: name (backend, type, driver)) for `--adapter`.
     Adapters,

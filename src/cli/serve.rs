@@ -107,7 +107,16 @@ fn serve<B: Backend + 'static>(b: B, target: std::path::PathBuf, a: ServeArgs, m
         header_read_timeout: Duration::from_secs_f64(a.header_timeout),
         ..ServeOptions::default()
     };
-    let kinds: Vec<_> = method.drafter_kind().into_iter().collect();
+    // Requests choose their method: the default method's drafter kind and the kind of every
+    // --drafter given are loaded (a DFlash and a DSpark drafter side by side).
+    let mut kinds: Vec<_> = method.drafter_kind().into_iter().collect();
+    for d in &a.model.drafter {
+        let (cp, v) = sparkling::model::config::read_json(&super::load::resolve_path(d)?)?;
+        let kind = sparkling::model::config::DrafterConfig::from_hf_json(&cp, &v)?.kind;
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
     let cost_path = super::costs::cache_path(&a.model, &target, &b.name());
     let (loader_path, save_path) = (cost_path.clone(), cost_path);
     let n_max = sparkling::decode::Platform::of(&b).auto_max_budget(method);

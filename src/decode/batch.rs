@@ -390,7 +390,10 @@ impl<'a, B: Backend> Batch<'a, B> {
         let drafter = match params.method.drafter_kind() {
             None => None,
             Some(kind) => Some(*self.drafters.iter().find(|d| d.cfg.kind == kind).ok_or_else(|| {
-                Error::Input(format!("method `{}` needs a {kind:?} drafter, and the batch has none (Batch::with_drafter)", params.method.name()))
+                Error::Input(format!(
+                    "method `{}` needs a {kind:?} drafter, and none is loaded: load one (`--drafter DIR`; Batch::with_drafter) or choose another method",
+                    params.method.name()
+                ))
             })?),
         };
         let engine = Engine { backend: self.backend, target: self.target, drafter };

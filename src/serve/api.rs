@@ -118,7 +118,7 @@ fn num(v: &Value, k: &str) -> Result<Option<f64>, ApiError> {
 fn uint(v: &Value, k: &str) -> Result<Option<u64>, ApiError> {
     match obj_field(v, k) {
         None => Ok(None),
-        Some(x) => x.as_u64().map(Some).ok_or_else(|| ApiError::bad(k, format!("`{k}` must be a non-negative integer"))),
+        Some(x) => x.as_u64().map(Some).ok_or_else(|| ApiError::bad(k, format!("`{k}` must be a whole number"))),
     }
 }
 
@@ -140,7 +140,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], d: &Defaults) -> Result<GenRequest
                     Some("system") | Some("developer") => Role::System,
                     Some("user") => Role::User,
                     Some("assistant") => Role::Assistant,
-                    other => return Err(ApiError::bad("messages", format!("messages[{i}].role {other:?}: expected system, user or assistant"))),
+                    Some(other) => return Err(ApiError::bad("messages", format!("messages[{i}].role \"{other}\": expected system, user or assistant"))),
+                    None => return Err(ApiError::bad("messages", format!("messages[{i}] needs a string `role` (system, user or assistant)"))),
                 };
                 let content = match m.get("content") {
                     Some(Value::String(s)) => s.clone(),
@@ -221,9 +222,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8], d: &Defaults) -> Result<GenRequest
     if let Some(k) = uint(&v, "top_k")? {
         params.sampling.top_k = k as usize;
     }
-    if let Some(s) = obj_field(&v, "seed") {
-        params.seed = s.as_i64().map(|x| x as u64).ok_or_else(|| ApiError::bad("seed", "`seed` must be an integer"))?;
-    }
+    // Without a seed, a sampled request draws its own (OpenAI's behaviour: another call, another
+    // sample); with one, the same seed gives the same text alone or under load.
+    params.seed = match obj_field(&v, "seed") {
+        Some(s) => s.as_u64().or_else(|| s.as_i64().map(|x| x as u64)).ok_or_else(|| ApiError::bad("seed", "`seed` must be an integer"))?,
+        None if params.sampling.temperature > 0.0 => fresh_seed(),
+        None => params.seed,
+    };
     let stop: Vec<String> = match obj_field(&v, "stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -248,6 +253,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8], d: &Defaults) -> Result<GenRequest
     let include_usage = obj_field(&v, "stream_options").and_then(|o| obj_field(o, "include_usage")).and_then(Value::as_bool).unwrap_or(false);
     let model = obj_field(&v, "model").and_then(Value::as_str).map(str::to_string);
     Ok(GenRequest { endpoint, messages, prompt, params, stop, stream, include_usage, model })
+}
+
+/// A seed for a sampled request that gave none: std's per-instance random hasher keys
+/// (fresh OS randomness per process, a new key per call), so calls differ.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new().build_hasher().finish()
 }
 
 #[cfg(test)]
@@ -278,6 +290,23 @@ mod tests {
         assert_eq!(r.params.stop, vec![2]);
         assert!(r.stream && r.include_usage);
         assert_eq!(r.stop, vec!["\n".to_string()]);
+    }
+
+    /// A sampled request without a seed draws its own (two calls differ); a greedy one keeps
+    /// the default; any u64 seed is taken as given.
+    #[test]
+    fn seeds_are_drawn_only_when_sampling_without_one() {
+        let seed = |body: &[u8]| parse(Endpoint::Chat, body, &d()).unwrap().params.seed;
+        let (a, b) = (
+            seed(br#"{"messages":[{"role":"user","content":"hi"}],"temperature":1}"#),
+            seed(br#"{"messages":[{"role":"user","content":"hi"}],"temperature":1}"#),
+        );
+        assert_ne!(a, b, "two sampled requests without a seed drew the same one");
+        assert_eq!(seed(br#"{"messages":[{"role":"user","content":"hi"}]}"#), GenParams::new(Method::Sparkling, &Platform::HOST).seed);
+        assert_eq!(seed(br#"{"messages":[{"role":"user","content":"hi"}],"temperature":1,"seed":18446744073709551615}"#), u64::MAX);
+        assert_eq!(seed(br#"{"messages":[{"role":"user","content":"hi"}],"temperature":1,"seed":-1}"#), u64::MAX);
+        let e = parse(Endpoint::Chat, br#"{"messages":[{"role":"wizard","content":"hi"}]}"#, &d()).unwrap_err();
+        assert!(e.message.contains("role \"wizard\"") && !e.message.contains("Some("), "{e:?}");
     }
 
     #[test]
