@@ -628,6 +628,27 @@ fn a_slow_client_times_out_and_others_are_served() {
     assert_eq!(metric(addr, "sparkling:num_requests_running "), 0.0);
 }
 
+/// A client that sends its head and then stalls mid-body gets 408 within the header timeout
+/// (it held no request slot meanwhile), and the server goes on answering.
+#[test]
+fn a_stalled_body_is_408() {
+    let f = fixture();
+    let addr = start(&f, ServeOptions { header_read_timeout: Duration::from_millis(600), ..opts() });
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t0 = Instant::now();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\": ").unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let took = t0.elapsed();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("did not arrive within"), "{text}");
+    assert!(took >= Duration::from_millis(500) && took < Duration::from_secs(5), "answered after {took:?}");
+    assert_eq!(post(addr, "/v1/completions", &json!({"prompt": "fast", "max_tokens": 2})).0, 200);
+    assert_eq!(metric(addr, "sparkling:num_requests_running "), 0.0);
+}
+
 /// 200 clients start streams and drop them (half after the first event, half before any
 /// answer): afterwards nothing is queued or running, and a new request is answered as before.
 #[test]

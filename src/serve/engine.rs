@@ -50,6 +50,8 @@ pub enum Event {
     },
     /// It was refused (bad request: the prompt does not fit, …) or the engine failed.
     Failed(Error),
+    /// The server is shutting down and its drain timeout ended this request unfinished.
+    ShutDown,
 }
 
 /// Engine limits.
@@ -67,7 +69,10 @@ pub struct Limits {
 /// Run the engine until `jobs` is closed and every request has finished (or `stop` is set and
 /// the batch is empty). `learned`: the `--budget auto` state per method carries over from one
 /// request to the next (calibration, timings), as a long generation would keep it.
-pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, limits: Limits, metrics: &Arc<Metrics>) -> Result<()> {
+///
+/// `abort`: set when the server's drain timeout has passed: every request still waiting or
+/// running hears [`Event::ShutDown`] and the engine returns.
+pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, limits: Limits, metrics: &Arc<Metrics>, abort: &AtomicBool) -> Result<()> {
     let new_batch = |prefix: PrefixCache| -> Result<Batch<'_, B>> {
         let mut batch = Batch::new(backend, &models.target, BatchOptions { taps: Vec::new(), max_prefill_rows: limits.prefill_chunk })?;
         for d in &models.drafters {
@@ -82,6 +87,21 @@ pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, lim
     let mut learned: HashMap<Method, AutoState> = HashMap::new();
     let mut open = true;
     loop {
+        if abort.load(Ordering::SeqCst) {
+            for (id, (tx, _)) in live.drain() {
+                if let Some(f) = batch.cancel(id) {
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                    metrics.generation(&f.stats);
+                }
+                let _ = tx.send(Event::ShutDown);
+            }
+            metrics.queued.fetch_sub(waiting.len() as i64, Ordering::Relaxed);
+            for j in waiting.drain(..) {
+                let _ = j.events.send(Event::ShutDown);
+            }
+            metrics.running.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
         // New requests: wait for one only when there is nothing to step.
         if live.is_empty() && waiting.is_empty() {
             if !open {

@@ -8,7 +8,6 @@ use super::Shared;
 use crate::decode::Stats;
 use crate::tokenizer::{TextStream, TextTokenizer};
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -168,12 +167,28 @@ async fn not_found(State(s): State<Arc<Shared>>, headers: HeaderMap, req: Reques
     error(ApiError::status(404, format!("no route {} {}", req.method(), req.uri().path())))
 }
 
-async fn chat(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
     generate(s, Endpoint::Chat, headers, body).await.unwrap_or_else(error)
 }
 
-async fn completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
     generate(s, Endpoint::Completion, headers, body).await.unwrap_or_else(error)
+}
+
+/// The whole request body, within the body limit (413 beyond it) and within the header
+/// timeout from when its head arrived (408 for a client that stalls mid-body).
+async fn read_body(s: &Shared, body: Body) -> Result<Bytes, ApiError> {
+    let limit = s.opts.max_body_bytes;
+    match tokio::time::timeout(s.opts.header_read_timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => {
+            Err(ApiError::status(408, format!("the request body did not arrive within {:.0} s (--header-timeout)", s.opts.header_read_timeout.as_secs_f64())))
+        }
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) if std::error::Error::source(&e).is_some_and(|x| x.is::<http_body_util::LengthLimitError>()) => {
+            Err(ApiError::status(413, format!("the request body is larger than the server's limit of {limit} bytes")))
+        }
+        Ok(Err(e)) => Err(ApiError::status(400, format!("cannot read the request body: {e}"))),
+    }
 }
 
 fn now() -> u64 {
@@ -190,15 +205,10 @@ impl Drop for InFlight {
 }
 
 /// Parse, queue, and answer one generation request (streamed or whole).
-async fn generate(s: Arc<Shared>, endpoint: Endpoint, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn generate(s: Arc<Shared>, endpoint: Endpoint, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     authorize(&s, &headers)?;
     available(&s)?;
-    let body = body.map_err(|r| match r.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => {
-            ApiError::status(413, format!("the request body is larger than the server's limit of {} bytes", s.opts.max_body_bytes))
-        }
-        st => ApiError::status(st.as_u16().max(400), format!("cannot read the request body: {r}")),
-    })?;
+    let body = read_body(&s, body).await?;
     let (defaults, tok) = match (s.defaults.get(), s.tokenizer.get()) {
         (Some(d), Some(t)) => (d, t.clone()),
         _ => return Err(ApiError::status(503, "the model is loading")),
@@ -234,6 +244,7 @@ async fn generate(s: Arc<Shared>, endpoint: Endpoint, headers: HeaderMap, body: 
     match rx.recv().await {
         Some(Event::Started) => {}
         Some(Event::Failed(e)) => return Err(ApiError::status(400, e.to_string())),
+        Some(Event::ShutDown) => return Err(shutting_down(&s)),
         _ => return Err(ApiError::status(500, "the engine stopped before the request started")),
     }
     let id = format!("{}-{}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }, s.next_id.fetch_add(1, Ordering::Relaxed));
@@ -335,6 +346,7 @@ impl Run {
                 }
                 Some(Event::Started) => {}
                 Some(Event::Failed(e)) => return Err(ApiError::status(500, e.to_string())),
+                Some(Event::ShutDown) => return Err(shutting_down(&self.s)),
                 None => return Err(ApiError::status(500, "the engine stopped during the request")),
             }
         }
@@ -449,4 +461,12 @@ fn stream(run: Run, shape: Shape, req: GenRequest) -> Response {
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| error(ApiError::status(500, "cannot build the stream")))
+}
+
+/// 503 for a request the drain timeout ended.
+fn shutting_down(s: &Shared) -> ApiError {
+    ApiError::status(
+        503,
+        format!("the server is shutting down: its drain timeout ({:.0} s, --drain-timeout) ended this request unfinished", s.opts.drain_timeout.as_secs_f64()),
+    )
 }

@@ -115,6 +115,8 @@ pub(crate) struct Shared {
     pub opts: ServeOptions,
     pub ready: AtomicBool,
     pub draining: AtomicBool,
+    /// The drain timeout passed: the engine ends what is still in flight.
+    pub abort: AtomicBool,
     pub in_flight: AtomicUsize,
     pub metrics: Arc<Metrics>,
     pub jobs: Mutex<Option<std::sync::mpsc::Sender<engine::Job>>>,
@@ -143,6 +145,7 @@ where
         opts: opts.clone(),
         ready: AtomicBool::new(false),
         draining: AtomicBool::new(false),
+        abort: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         metrics: Arc::new(Metrics::default()),
         jobs: Mutex::new(Some(tx)),
@@ -196,7 +199,7 @@ where
                         prefill_chunk: shared.opts.prefill_chunk,
                         prefix_cache_bytes: shared.opts.prefix_cache_bytes,
                     };
-                    engine::run(&m.backend, &m.models, rx, limits, &shared.metrics)
+                    engine::run(&m.backend, &m.models, rx, limits, &shared.metrics, &shared.abort)
                 })();
                 if let Err(e) = r {
                     *fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
@@ -216,6 +219,20 @@ where
             while shared.in_flight.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            let left = shared.in_flight.load(Ordering::SeqCst);
+            if left > 0 {
+                // The rest end with an error their clients see (503, or an error event on a
+                // stream), and get a moment to send it.
+                eprintln!(
+                    "serve: the drain timeout ({:.0} s) passed with {left} request(s) in flight: they are ended with 503 \"shutting down\"",
+                    shared.opts.drain_timeout.as_secs_f64()
+                );
+                shared.abort.store(true, Ordering::SeqCst);
+                let grace = tokio::time::Instant::now() + Duration::from_secs(1);
+                while shared.in_flight.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < grace {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
         }
     };
     let served = rt.block_on(async {
@@ -228,7 +245,7 @@ where
                 loop {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     if shared.draining.load(Ordering::SeqCst) {
-                        tokio::time::sleep(shared.opts.drain_timeout + Duration::from_secs(1)).await;
+                        tokio::time::sleep(shared.opts.drain_timeout + Duration::from_secs(2)).await;
                         return;
                     }
                 }
