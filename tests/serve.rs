@@ -237,6 +237,8 @@ fn errors_have_the_right_status_and_shape() {
     let (st, _, _) = call("/v1/chat/completions", ok.as_bytes(), &[("Authorization", "Bearer wrong")]);
     assert_eq!(st, 401);
     assert_eq!(call("/v1/chat/completions", ok.as_bytes(), &auth).0, 200);
+    // The scheme name is case-insensitive.
+    assert_eq!(call("/v1/chat/completions", ok.as_bytes(), &[("Authorization", "bearer k3y")]).0, 200);
     // /health needs no key.
     assert_eq!(http(addr, "GET", "/health", None, &[]).0, 200);
     for (body, param) in [
@@ -264,6 +266,16 @@ fn errors_have_the_right_status_and_shape() {
     let (st, _, body) = http(addr, "GET", "/v1/nothing", None, &auth);
     assert_eq!(st, 404);
     assert!(serde_json::from_slice::<Value>(&body).unwrap()["error"]["message"].as_str().unwrap().contains("/v1/nothing"));
+    // A known route with the wrong method: 405 in the same shape, with Allow.
+    let (st, headers, body) = http(addr, "GET", "/v1/chat/completions", None, &auth);
+    assert_eq!(st, 405);
+    assert!(headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("allow") && v == "POST"), "{headers:?}");
+    assert!(serde_json::from_slice::<Value>(&body).unwrap()["error"]["message"].as_str().unwrap().contains("use POST"));
+    // Response ids differ across requests and carry a per-process random part.
+    let (_, _, a) = call("/v1/chat/completions", ok.as_bytes(), &auth);
+    let (_, _, b) = call("/v1/chat/completions", ok.as_bytes(), &auth);
+    assert_ne!(a["id"], b["id"]);
+    assert!(a["id"].as_str().unwrap().len() > "chatcmpl-".len() + 16, "{}", a["id"]);
 }
 
 #[test]

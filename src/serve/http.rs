@@ -30,6 +30,7 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(shared.clone(), announced_size))
         .layer(middleware::from_fn_with_state(shared.clone(), count))
@@ -120,8 +121,14 @@ fn error(e: ApiError) -> Response {
 /// 401 unless the request carries the server's key (when it has one).
 fn authorize(s: &Shared, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &s.opts.api_key else { return Ok(()) };
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if given.map(str::trim) == Some(key.as_str()) {
+    // The scheme name is case-insensitive (RFC 9110 §11.1).
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, k)| k.trim());
+    if given == Some(key.as_str()) {
         Ok(())
     } else {
         Err(ApiError::status(401, "missing or wrong API key: send `Authorization: Bearer <key>`"))
@@ -165,6 +172,14 @@ async fn not_found(State(s): State<Arc<Shared>>, headers: HeaderMap, req: Reques
         return error(e);
     }
     error(ApiError::status(404, format!("no route {} {}", req.method(), req.uri().path())))
+}
+
+/// 405 in the JSON error shape (GET on a POST route, OPTIONS, …).
+async fn method_not_allowed(req: Request) -> Response {
+    let allowed = if req.uri().path().starts_with("/v1/c") { "POST" } else { "GET" };
+    let mut r = error(ApiError::status(405, format!("{} {} is not served: use {allowed}", req.method(), req.uri().path())));
+    r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(if allowed == "POST" { "POST" } else { "GET" }));
+    r
 }
 
 async fn chat(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Body) -> Response {
@@ -247,7 +262,8 @@ async fn generate(s: Arc<Shared>, endpoint: Endpoint, headers: HeaderMap, body: 
         Some(Event::ShutDown) => return Err(shutting_down(&s)),
         _ => return Err(ApiError::status(500, "the engine stopped before the request started")),
     }
-    let id = format!("{}-{}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }, s.next_id.fetch_add(1, Ordering::Relaxed));
+    // A per-process random part keeps ids unique across restarts and replicas.
+    let id = format!("{}-{:016x}{}", if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }, s.id_base, s.next_id.fetch_add(1, Ordering::Relaxed));
     let model = req.model.clone().unwrap_or_else(|| s.opts.model_id.clone());
     let run = Run {
         s: s.clone(),

@@ -123,6 +123,8 @@ pub(crate) struct Shared {
     pub tokenizer: OnceLock<Arc<TextTokenizer>>,
     pub defaults: OnceLock<Defaults>,
     pub next_id: AtomicUsize,
+    /// Random per process: the first part of every response id.
+    pub id_base: u64,
 }
 
 /// Serve until SIGTERM / SIGINT: bind `opts.host:opts.port`, load the model with `load` on the
@@ -152,6 +154,10 @@ where
         tokenizer: OnceLock::new(),
         defaults: OnceLock::new(),
         next_id: AtomicUsize::new(0),
+        id_base: {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new().build_hasher().finish()
+        },
     });
     let shutdown = Arc::new(tokio::sync::Notify::new());
     let fatal: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
