@@ -308,6 +308,8 @@ fn stop_strings_are_cut_across_token_boundaries() {
         assert_eq!(text, free[..first], "stream {stream}");
         assert_eq!(finish, "stop");
     }
+    // A stop string is a normal finish, not a cancellation.
+    assert_eq!(metric(addr, "sparkling:requests_cancelled_total "), 0.0);
 }
 
 #[test]

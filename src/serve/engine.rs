@@ -123,13 +123,17 @@ pub fn run<B: Backend>(backend: &B, models: &Models<B>, jobs: Receiver<Job>, lim
                 }
             }
         }
-        // Cancel the requests nobody listens to any more.
+        // Cancel the requests nobody listens to any more (a closed channel: the client left) or
+        // that their handler ended (a stop string matched: a normal finish, not counted as a
+        // cancellation).
         let gone: Vec<SeqId> = live.iter().filter(|(_, (tx, c))| tx.is_closed() || c.load(Ordering::Relaxed)).map(|(&id, _)| id).collect();
         for id in gone {
             let (tx, _) = live.remove(&id).expect("listed above");
             method_of.remove(&id);
             if let Some(f) = batch.cancel(id) {
-                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                if tx.is_closed() {
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
                 metrics.generation(&f.stats);
                 if let Some(p) = batch.prefix_cache() {
                     metrics.prefix(&p.stats());

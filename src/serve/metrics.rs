@@ -71,7 +71,7 @@ pub struct Metrics {
     pub steps: AtomicU64,
     /// Σ sequences over steps (mean occupancy = this ÷ `steps`).
     pub step_seqs: AtomicU64,
-    /// Generations cancelled (client gone, stop string reached).
+    /// Generations cancelled because their client went away (a stop string is a normal finish).
     pub cancelled: AtomicU64,
     /// Rounds that verified a drafted or looked-up tree.
     pub drafts: AtomicU64,
@@ -148,7 +148,7 @@ impl Metrics {
         gauge(&mut o, "num_requests_running", "Sequences in the batch (its occupancy).", self.running.load(Ordering::Relaxed));
         counter(&mut o, "batch_steps_total", "Target forwards run (one per batch step).", ld(&self.steps));
         counter(&mut o, "batch_step_sequences_total", "Sequences summed over steps (mean occupancy = this / batch_steps_total).", ld(&self.step_seqs));
-        counter(&mut o, "requests_cancelled_total", "Generations cancelled before their end (client gone or a stop string).", ld(&self.cancelled));
+        counter(&mut o, "requests_cancelled_total", "Generations cancelled before their end because the client went away.", ld(&self.cancelled));
         counter(&mut o, "spec_decode_num_drafts_total", "Rounds that verified a proposed tree or chain.", ld(&self.drafts));
         counter(&mut o, "spec_decode_num_draft_tokens_total", "Proposed tokens verified.", ld(&self.draft_tokens));
         counter(&mut o, "spec_decode_num_accepted_tokens_total", "Proposed tokens accepted.", ld(&self.accepted_tokens));
