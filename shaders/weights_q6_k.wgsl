@@ -13,8 +13,7 @@ fn load_w4(k: u32, j: u32) -> vec4<f32> {
     let low = select(b & vec4<u32>(15u), b >> vec4<u32>(4u), t >= 2u);
     let hi = (q_byte4(kb, 128u + 32u * h + l, j) >> vec4<u32>(2u * t)) & vec4<u32>(3u);
     let q = vec4<i32>(low | (hi << vec4<u32>(4u))) - vec4<i32>(32);
-    let sc = sext8(q_byte4(kb, 192u + 8u * h + 2u * t + l / 16u, j));
-    return q_half4(kb, 0u, j) * vec4<f32>(sc) * vec4<f32>(q);
+    return q6k_scale(kb, h, t, l, j) * vec4<f32>(q);
 }
 
 // Values k .. k+3 (k a multiple of 4: one scale, one ql word, one qh word) of rows j .. j+3.
@@ -26,11 +25,15 @@ fn load_w16(k: u32, j: u32) -> mat4x4<f32> {
     let l = i % 32u;
     let low = q_fields4(q_word4(kb, (64u * h + l + 32u * (t % 2u)) / 4u, j), select(0u, 4u, t >= 2u), 4u);
     let hi = q_fields4(q_word4(kb, (128u + 32u * h + l) / 4u, j), 2u * t, 2u);
-    let sc = sext8(q_byte4(kb, 192u + 8u * h + 2u * t + l / 16u, j));
-    let ds = q_half4(kb, 0u, j) * vec4<f32>(sc);
+    let ds = q6k_scale(kb, h, t, l, j);
     var r: mat4x4<f32>;
     for (var u = 0u; u < 4u; u++) {
         r[u] = ds * vec4<f32>(vec4<i32>(low[u] | (hi[u] << vec4<u32>(4u))) - vec4<i32>(32));
     }
     return r;
+}
+
+// d·scale of value (h, t, l) of super-block kb for rows j .. j+3 (signed 8-bit scale 8h + 2t + l/16).
+fn q6k_scale(kb: u32, h: u32, t: u32, l: u32, j: u32) -> vec4<f32> {
+    return q_half4(kb, 0u, j) * vec4<f32>(sext8(q_byte4(kb, 192u + 8u * h + 2u * t + l / 16u, j)));
 }

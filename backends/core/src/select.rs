@@ -326,6 +326,23 @@ pub fn check_candidate_table_args(vocab: usize, candidates: usize, anchor: u32, 
     Ok(())
 }
 
+/// How the attention kernels (WGSL `attention.wgsl`, CUDA `attention.cu`) read the mask of a
+/// block of `t` query rows: mode 0 causal, 1 full, 2 tree with its [`ancestor_table`].
+/// Errors: a tree mask whose parent count is not `t` → [`Error::Shape`] (op `attention`);
+/// invalid parents as [`ancestor_table`].
+pub fn attention_mask_mode(mask: crate::AttnMask<'_>, t: usize) -> Result<(u32, Option<Vec<u32>>)> {
+    match mask {
+        crate::AttnMask::Causal => Ok((0, None)),
+        crate::AttnMask::Full => Ok((1, None)),
+        crate::AttnMask::Tree { parents } => {
+            if parents.len() != t {
+                return Err(Error::Shape { op: "attention", detail: format!("{} parents for {t} tree rows", parents.len()) });
+            }
+            Ok((2, Some(ancestor_table(parents)?)))
+        }
+    }
+}
+
 /// The ancestor table of a tree attention mask ([`crate::AttnMask::Tree`]), as the attention
 /// kernels read it: `[off_0, …, off_t, entries…]` where entries `off_i .. off_{i+1}` are the
 /// block indices of the ancestors-or-self of row `i` in ascending order (DDTree §4.8

@@ -12,7 +12,7 @@ use crate::tensor::{CudaTensor, CudaWeight, WeightData, WeightDtype};
 use crate::{dev, grid_1d, shape_err, to_u32, CudaBackend};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use sparkling_core::select::{self, ancestor_table, check_markov_table_args};
+use sparkling_core::select::{self, attention_mask_mode, check_markov_table_args};
 use sparkling_core::{AttnMask, AttnShape, Backend, CandidateArgs, CandidateTable, DraftTree, Error, Result, SampleParams, TopK};
 use std::ffi::c_void;
 
@@ -426,16 +426,7 @@ impl Backend for CudaBackend {
             return Err(shape_err("attention", format!("head_dim {head_dim} above the kernel's maximum of {MAX_HEAD_DIM}")));
         }
         let prefix = kv_len - t;
-        let (mode, table) = match mask {
-            AttnMask::Causal => (0u32, None),
-            AttnMask::Full => (1u32, None),
-            AttnMask::Tree { parents } => {
-                if parents.len() != t {
-                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
-                }
-                (2u32, Some(ancestor_table(parents)?))
-            }
-        };
+        let (mode, table) = attention_mask_mode(mask, t)?;
         let mut out = self.alloc_f32("attention", t * q.cols)?;
         if t == 0 || head_dim == 0 || n_heads == 0 {
             return Ok(CudaTensor { rows: t, cols: q.cols, buf: out });

@@ -11,7 +11,7 @@ use crate::quant::QFormat;
 use crate::tensor::{chunk_stride, encode, rows_per_chunk, stored_chunk_bytes, transpose_rows, WeightChunk, WgpuTensor, WgpuWeight};
 use crate::tensor::{WeightDtype, WeightStorage};
 use crate::WgpuBackend;
-use sparkling_core::select::ancestor_table;
+use sparkling_core::select::attention_mask_mode;
 use sparkling_core::{ggml, AttnMask, AttnShape, Backend, CandidateArgs, CandidateTable, DraftTree, Error, GgmlWeight, RaggedSeq, Result, SampleParams, TopK};
 
 fn shape_err(op: &'static str, detail: String) -> Error {
@@ -633,16 +633,7 @@ impl WgpuBackend {
         let g = &self.gpu;
         let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
         let prefix = kv_len - t;
-        let (mode, table) = match mask {
-            AttnMask::Causal => (0u32, None),
-            AttnMask::Full => (1u32, None),
-            AttnMask::Tree { parents } => {
-                if parents.len() != t {
-                    return Err(shape_err("attention", format!("{} parents for {t} tree rows", parents.len())));
-                }
-                (2u32, Some(ancestor_table(parents)?))
-            }
-        };
+        let (mode, table) = attention_mask_mode(mask, t)?;
         if t == 0 || head_dim == 0 || n_heads == 0 {
             return Ok(());
         }
